@@ -1,0 +1,79 @@
+"""gpucell: run a notebook cell's loop on every GPU of a cluster.
+
+``%load_ext gpucell`` registers ``%gpu_cluster`` and ``%%gpu_parallel``.  The same
+operations are a Python API: :func:`start_cluster`, :func:`connect`, :func:`stop`,
+:func:`status`, and :func:`device` on an engine.
+
+Importing gpucell is cheap on purpose: ipyparallel, pynvml, ipywidgets and torch are
+imported only when an operation needs them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ClusterError,
+    DeviceSelectionError,
+    GpucellError,
+    NoCluster,
+    NotParallelizable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterError",
+    "DeviceSelectionError",
+    "GpucellError",
+    "NoCluster",
+    "NotParallelizable",
+    "connect",
+    "device",
+    "load_ipython_extension",
+    "start_cluster",
+    "status",
+    "stop",
+    "unload_ipython_extension",
+]
+
+# name -> module that defines it; resolved on first access (PEP 562).
+_LAZY = {
+    "start_cluster": "gpucell.cluster",
+    "connect": "gpucell.cluster",
+    "stop": "gpucell.cluster",
+    "status": "gpucell.cluster",
+    "current": "gpucell.cluster",
+    "device": "gpucell.runtime",
+    "GpuCell": "gpucell.config",
+}
+
+if TYPE_CHECKING:
+    from .cluster import connect, current, start_cluster, status, stop
+    from .config import GpuCell
+    from .runtime import device
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'gpucell' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpucell``: register the magics (loading twice is harmless)."""
+    from .magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext gpucell``: stop the cluster gpucell started, drop the magics."""
+    from .magics import unload
+
+    unload(ipython)

@@ -1,0 +1,495 @@
+"""The cluster lifecycle: start, connect, describe, stop.
+
+Everything here goes through ipyparallel's own ``Cluster``, launchers and ``Client``;
+gpucell only decides which engines to start (:mod:`gpucell.topology`) and pins them
+through its launch hook (:mod:`gpucell.launcher`).  The magics call these functions.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from . import config as _config
+from .devices import Device, cpu_device, discover
+from .errors import ClusterError, NoCluster
+from .topology import EngineSpec, parse_gpu_selection, plan_engines
+
+if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
+    import ipyparallel as ipp
+
+    from .devices import NvmlApi
+
+__all__ = [
+    "EngineInfo",
+    "GpuCluster",
+    "connect",
+    "current",
+    "start_cluster",
+    "status",
+    "stop",
+]
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """One engine as the status table shows it."""
+
+    id: int
+    host: str
+    pid: int
+    kind: str  # "gpu" or "cpu"
+    index: int  # GPU index on its host, -1 for CPU
+    name: str
+    memory_total: int
+    label: str = ""
+    threads: int | None = None
+    cpu_affinity: tuple[int, ...] = ()
+    cuda_visible_devices: str | None = None
+    state: str = "idle"  # idle, busy, dead
+
+    @property
+    def device(self) -> str:
+        return f"GPU {self.index}" if self.kind == "gpu" else "CPU"
+
+
+@dataclass
+class GpuCluster:
+    """A cluster gpucell started (``owned``) or connected to, and its engines."""
+
+    client: ipp.Client
+    engines: dict[int, EngineInfo]
+    cluster: ipp.Cluster | None = None
+    owned: bool = False
+    startup_seconds: float = 0.0
+    description: str = ""
+    specs: tuple[EngineSpec, ...] = ()
+    selected: tuple[int, ...] | None = None  # default targets of later cells
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(self.engines)
+
+    def refresh(self) -> list[EngineInfo]:
+        """Engine states now: dead if unregistered, busy if it has work queued."""
+        alive = set(self.client.ids)
+        try:
+            queues = self.client.queue_status(verbose=False)
+        except Exception:
+            queues = {}
+        rows = []
+        for eid in self.ids:
+            info = self.engines[eid]
+            q = queues.get(eid, {}) if isinstance(queues, dict) else {}
+            if eid not in alive:
+                state = "dead"
+            elif q.get("queue", 0) or q.get("tasks", 0):
+                state = "busy"
+            else:
+                state = "idle"
+            info = replace(info, state=state)
+            self.engines[eid] = info
+            rows.append(info)
+        return rows
+
+    def stop(self) -> None:
+        """Stop what we started; only disconnect from a cluster we merely joined."""
+        try:
+            self.client.close()
+        except Exception:
+            pass
+        if self.owned and self.cluster is not None:
+            self.cluster.stop_cluster_sync()
+
+
+_current: GpuCluster | None = None
+
+
+def current() -> GpuCluster:
+    """The active cluster, or :class:`NoCluster` with the command to start one."""
+    if _current is None:
+        raise NoCluster()
+    return _current
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _profile_dir(profile: str) -> str:
+    """The directory of an existing IPython profile, or a ClusterError saying so."""
+    from IPython.core.profiledir import ProfileDir, ProfileDirError
+    from IPython.paths import get_ipython_dir
+
+    try:
+        return str(ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location)
+    except ProfileDirError:
+        raise ClusterError(
+            f"No IPython profile {profile!r} (looked in {get_ipython_dir()}). "
+            f"Create it with `ipython profile create {profile}` or leave out --profile."
+        ) from None
+
+
+def _engine_env(spec: EngineSpec) -> dict[str, str]:
+    env = dict(spec.env)
+    env.update(
+        {
+            "GPUCELL_PARENT_PID": str(os.getpid()),
+            "GPUCELL_ENGINE_LABEL": spec.label,
+            "GPUCELL_DEVICE_KIND": spec.device.kind,
+            "GPUCELL_DEVICE_INDEX": str(spec.device.index),
+            "GPUCELL_DEVICE_NAME": spec.device.name,
+            "GPUCELL_DEVICE_MEMORY": str(spec.device.memory_total),
+        }
+    )
+    if spec.cpu_affinity:
+        env["GPUCELL_CPU_AFFINITY"] = ",".join(map(str, spec.cpu_affinity))
+    return env
+
+
+def _fast_start_config() -> dict[str, Any]:
+    """ipyparallel settings that cut start-up on a small host (see bench/)."""
+    return {}
+
+
+def _describe_engines(client: ipp.Client, ids: Sequence[int], timeout: float) -> dict[int, dict[str, Any]]:
+    from .runtime import describe
+
+    view = client.direct_view(list(ids))
+    ar = view.apply_async(describe)
+    try:
+        infos = ar.get(timeout=timeout)
+    except Exception as e:
+        raise ClusterError(f"Engines did not answer within {timeout:.0f} s: {e}") from e
+    return dict(zip(ids, infos))
+
+
+def _info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
+    threads = d.get("threads", {}).get("GPUCELL_NUM_THREADS")
+    return EngineInfo(
+        id=eid,
+        host=d["host"],
+        pid=d["pid"],
+        kind=d["kind"],
+        index=d["index"],
+        name=d["name"] or ("CPU" if d["kind"] == "cpu" else "GPU"),
+        memory_total=d["memory_total"],
+        label=d["label"],
+        threads=int(threads) if threads else d.get("torch_threads"),
+        cpu_affinity=tuple(d.get("cpu_affinity", ())),
+        cuda_visible_devices=d.get("cuda_visible_devices"),
+    )
+
+
+def _summary(engines: dict[int, EngineInfo]) -> str:
+    counts: dict[str, int] = {}
+    for e in engines.values():
+        key = f"{e.device} ({e.name})" if e.kind == "gpu" else "CPU"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} × {k}" if n > 1 else k for k, n in counts.items())
+
+
+def start_cluster(
+    n: int | None = None,
+    *,
+    gpus: str | Sequence[int] | None = None,
+    per_gpu: int | None = None,
+    cpu_engines: int | None = None,
+    profile: str | None = None,
+    timeout: float | None = None,
+    nvml: NvmlApi | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> GpuCluster:
+    """Start a local cluster with one engine per GPU (or per core without GPUs).
+
+    Parameters
+    ----------
+    n
+        CPU engines when there is no GPU (default: one per core); with GPUs, use the
+        first ``n`` selected GPUs.
+    gpus
+        ``"all"`` (default), ``"none"``, or indices such as ``"0,2"`` / ``[0, 2]``.
+    per_gpu, cpu_engines
+        Engines per GPU; CPU engines added beside the GPU engines.
+    profile
+        An existing IPython profile whose ipyparallel config to use.
+    timeout
+        Seconds to wait for every engine; on expiry everything started is stopped.
+    nvml
+        NVML implementation (tests pass a fake).
+    echo
+        Where to print the one-line "ready" message (``print`` in the magics).
+    """
+    global _current
+    s = _config.settings()
+    t0 = time.perf_counter()
+    discovery = discover(nvml)
+    select = parse_gpu_selection(gpus if gpus is not None else s.gpus)
+    specs = plan_engines(
+        discovery.gpus,
+        cpu=cpu_device(),
+        cores=_cores(),
+        select=select,
+        n=n,
+        per_gpu=per_gpu if per_gpu is not None else s.per_gpu,
+        cpu_engines=cpu_engines if cpu_engines is not None else s.cpu_engines,
+        pin_cpu_engines=s.pin_cpu_engines,
+    )
+    if _current is not None:
+        if _current.owned and [x.label for x in _current.specs] == [x.label for x in specs]:
+            if echo:
+                echo(f"gpucell: cluster already running: {_current.description}")
+            return _current
+        raise ClusterError(
+            f"A cluster is already running ({len(_current.engines)} engines). "
+            "Stop it first with `%gpu_cluster stop` (or `gpucell.stop()`)."
+        )
+    profile_kw: dict[str, Any] = {}
+    if profile:
+        profile_kw["profile_dir"] = _profile_dir(profile)
+    timeout = timeout if timeout is not None else s.start_timeout
+
+    import ipyparallel as ipp
+
+    fast = _fast_start_config() if s.fast_start else {}
+    cluster = ipp.Cluster(
+        n=len(specs),
+        engine_launcher_class="gpucell",
+        controller_launcher_class="gpucell",
+        log_level=40,
+        **profile_kw,
+        **fast,
+    )
+    try:
+        client = _start_and_connect(cluster, specs, timeout)
+        infos = _describe_engines(client, client.ids, timeout)
+    except BaseException as e:
+        _stop_quietly(cluster)
+        if isinstance(e, ClusterError):
+            raise
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ClusterError(f"Cluster failed to start: {e}. Nothing is left running.") from e
+    engines = {eid: _info_from(eid, d) for eid, d in infos.items()}
+    elapsed = time.perf_counter() - t0
+    gc = GpuCluster(
+        client=client,
+        engines=engines,
+        cluster=cluster,
+        owned=True,
+        startup_seconds=elapsed,
+        specs=tuple(specs),
+    )
+    gc.description = f"{len(engines)} engines ({_summary(engines)})"
+    if discovery.gpus == () and discovery.notes:
+        gc.warnings.append("no GPU found: " + "; ".join(discovery.notes))
+    _current = gc
+    if echo:
+        echo(f"gpucell: {gc.description} ready in {elapsed:.1f} s")
+    return gc
+
+
+def _start_and_connect(
+    cluster: ipp.Cluster, specs: Sequence[EngineSpec], timeout: float
+) -> ipp.Client:
+    """Controller, then one engine set per spec, then wait for all to register.
+
+    Each engine is its own engine set so it gets its own environment (device,
+    threads, affinity); ipyparallel starts them without waiting for one another.
+    """
+    cluster.start_controller_sync()
+    for spec in specs:
+        cluster.start_engines_sync(
+            1, engine_set_id=spec.label, environment=_engine_env(spec)
+        )
+    client = cluster.connect_client_sync()
+    try:
+        client.wait_for_engines(len(specs), timeout=timeout)
+    except TimeoutError:
+        got = len(client.ids)
+        client.close()
+        raise ClusterError(
+            f"Only {got} of {len(specs)} engines registered within {timeout:.0f} s; "
+            "the cluster was stopped. Engine logs are in "
+            f"{cluster.profile_dir}/log. Raise GpuCell.start_timeout if this host "
+            "is slow."
+        ) from None
+    return client
+
+
+def _stop_quietly(cluster: ipp.Cluster) -> None:
+    try:
+        cluster.stop_cluster_sync()
+    except Exception:
+        pass
+
+
+def connect(
+    *,
+    profile: str | None = None,
+    cluster_id: str | None = None,
+    file: str | None = None,
+    ssh: str | None = None,
+    timeout: float | None = None,
+    min_engines: int = 1,
+    echo: Callable[[str], None] | None = None,
+) -> GpuCluster:
+    """Attach to a cluster started elsewhere (``ipcluster start``, another host).
+
+    Engines are assigned devices by their local rank on each host: the r-th engine
+    of a host with G GPUs gets GPU ``r % G``.
+    """
+    global _current
+    if _current is not None:
+        raise ClusterError(
+            f"A cluster is already active ({len(_current.engines)} engines). "
+            "Stop or leave it first with `%gpu_cluster stop`."
+        )
+    if not (profile or cluster_id or file):
+        raise ClusterError(
+            "connect needs --profile P, --cluster-id ID or --file ipcontroller-client.json."
+        )
+    s = _config.settings()
+    timeout = timeout if timeout is not None else s.connect_timeout
+    kw: dict[str, Any] = {"timeout": timeout}
+    if file:
+        if not os.path.exists(file):
+            raise ClusterError(f"No connection file {file!r}.")
+        kw["url_file"] = file
+    if profile:
+        kw["profile_dir"] = _profile_dir(profile)
+    if cluster_id:
+        kw["cluster_id"] = cluster_id
+    if ssh:
+        kw["sshserver"] = ssh
+    t0 = time.perf_counter()
+    import ipyparallel as ipp
+
+    try:
+        client = ipp.Client(**kw)
+    except Exception as e:
+        where = file or f"profile {profile or 'default'}" + (
+            f", cluster id {cluster_id}" if cluster_id else ""
+        )
+        raise ClusterError(
+            f"Could not connect to the cluster of {where}: {e}. Is it running "
+            "(`ipcluster start`)?"
+        ) from e
+    try:
+        try:
+            client.wait_for_engines(min_engines, timeout=timeout)
+        except TimeoutError:
+            raise ClusterError(
+                f"The cluster answered but no engine registered within {timeout:.0f} s. "
+                "Start engines (`ipcluster engines`) or raise --timeout."
+            ) from None
+        ids = list(client.ids)
+        engines = _assign_by_local_rank(client, ids, timeout)
+    except BaseException:
+        client.close()
+        raise
+    elapsed = time.perf_counter() - t0
+    gc = GpuCluster(client=client, engines=engines, owned=False, startup_seconds=elapsed)
+    gc.description = f"{len(engines)} engines ({_summary(engines)})"
+    _current = gc
+    if echo:
+        echo(f"gpucell: connected to {gc.description} in {elapsed:.1f} s")
+    return gc
+
+
+def _host_facts() -> dict[str, Any]:
+    """Runs on an engine: its host, cores and GPUs (for local-rank assignment)."""
+    import os
+    import socket
+
+    from gpucell.runtime import local_gpus
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return {"host": socket.gethostname(), "cores": cores, "gpus": local_gpus()}
+
+
+def _assign_by_local_rank(client: ipp.Client, ids: list[int], timeout: float) -> dict[int, EngineInfo]:
+    from .runtime import assign_device
+
+    view = client.direct_view(ids)
+    facts = dict(zip(ids, view.apply_async(_host_facts).get(timeout=timeout)))
+    by_host: dict[str, list[int]] = {}
+    for eid in ids:
+        by_host.setdefault(facts[eid]["host"], []).append(eid)
+    results = {}
+    for _host, eids in by_host.items():
+        for rank, eid in enumerate(sorted(eids)):
+            f = facts[eid]
+            gpus = f["gpus"]
+            threads = max(1, f["cores"] // len(eids))
+            if gpus:
+                g = gpus[rank % len(gpus)]
+                order = [g["index"]] + [x["index"] for x in gpus if x is not g]
+                args = ("gpu", g["index"], ",".join(map(str, order)), g["name"], g["memory_total"])
+            else:
+                args = ("cpu", -1, None, "CPU", 0)
+            ar = client[eid].apply_async(assign_device, *args, threads, f"r{rank}")
+            results[eid] = ar
+    engines = {}
+    warnings = []
+    for eid, ar in results.items():
+        d = ar.get(timeout=timeout)
+        if not d.get("pinned", True):
+            warnings.append(f"engine {eid}: CUDA already initialised; kept its device")
+        engines[eid] = _info_from(eid, d)
+    return engines
+
+
+def stop(echo: Callable[[str], None] | None = None) -> None:
+    """Stop the cluster gpucell started (or disconnect from one it joined)."""
+    global _current
+    gc, _current = _current, None
+    if gc is None:
+        if echo:
+            echo("gpucell: no cluster to stop.")
+        return
+    t0 = time.perf_counter()
+    gc.stop()
+    if echo:
+        what = "stopped" if gc.owned else "disconnected from"
+        echo(f"gpucell: {what} {gc.description} in {time.perf_counter() - t0:.1f} s")
+
+
+def status() -> list[EngineInfo]:
+    """Rows of the status table for the active cluster."""
+    return current().refresh()
+
+
+def format_status(rows: Sequence[EngineInfo], selected: Sequence[int] | None = None) -> str:
+    """The status table as text (pure)."""
+    head = ("engine", "host", "pid", "device", "name", "memory", "threads", "state")
+    body = []
+    for r in rows:
+        mem = f"{r.memory_total / 2**30:.1f} GiB" if r.memory_total else "-"
+        mark = "*" if selected is not None and r.id in selected else ""
+        body.append(
+            (
+                f"{r.id}{mark}",
+                r.host,
+                str(r.pid),
+                r.device,
+                r.name,
+                mem,
+                str(r.threads or "-"),
+                r.state,
+            )
+        )
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(line.rstrip() for line in lines)

@@ -1,0 +1,81 @@
+"""gpucell's settings, the IPython way.
+
+``GpuCell`` is a traitlets ``Configurable``: set it in ``ipython_config.py``
+(``c.GpuCell.per_gpu = 2``) or in a notebook (``%config GpuCell.per_gpu = 2``).
+Options on a magic's line override these for that call.
+"""
+
+from __future__ import annotations
+
+from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets.config import Configurable
+
+__all__ = ["GpuCell", "settings"]
+
+
+class GpuCell(Configurable):
+    """Defaults for ``%gpu_cluster`` and ``%%gpu_parallel``."""
+
+    per_gpu = Int(1, config=True, help="Engines started on each GPU (--per-gpu).")
+    cpu_engines = Int(
+        0, config=True, help="CPU engines started beside the GPU engines (--cpu-engines)."
+    )
+    gpus = Unicode(
+        "all", config=True, help="GPUs a local cluster uses: 'all', 'none' or '0,2'."
+    )
+    pin_cpu_engines = Bool(
+        True,
+        config=True,
+        help="Give each CPU engine its own share of cores (CPU affinity).",
+    )
+    start_timeout = Float(
+        60.0,
+        config=True,
+        help="Seconds to wait for a started cluster's engines before giving up.",
+    )
+    connect_timeout = Float(
+        30.0,
+        config=True,
+        help="Seconds to wait for an existing cluster to answer on connect.",
+    )
+    fast_start = Bool(
+        True,
+        config=True,
+        help="Start the controller with its schedulers in threads and engines without "
+        "a nanny process where that is safe, which halves start-up on small hosts.",
+    )
+    schedule = Enum(
+        ["guided", "dynamic", "static"],
+        "guided",
+        config=True,
+        help="Default chunk schedule of %%gpu_parallel.",
+    )
+    serial_fallback = Bool(
+        False,
+        config=True,
+        help="Without a cluster, run %%gpu_parallel cells serially in the kernel (with "
+        "a one-line note) instead of raising.",
+    )
+
+
+_settings: GpuCell | None = None
+
+
+def settings() -> GpuCell:
+    """The process-wide settings object (the one ``%config`` sees once loaded)."""
+    global _settings
+    if _settings is None:
+        _settings = GpuCell()
+    return _settings
+
+
+def install(shell: object) -> GpuCell:
+    """Bind the settings to an IPython shell's config and make ``%config`` see them."""
+    global _settings
+    cfg = getattr(shell, "config", None)
+    if _settings is None or (cfg is not None and _settings.config is not cfg):
+        _settings = GpuCell(parent=shell) if cfg is not None else GpuCell()
+    configurables = getattr(shell, "configurables", None)
+    if configurables is not None and _settings not in configurables:
+        configurables.append(_settings)
+    return _settings

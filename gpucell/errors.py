@@ -1,0 +1,37 @@
+"""One exception hierarchy for gpucell.
+
+Messages say what happened, where, and the next step, so a user never has to read
+our source to know what to do.
+"""
+
+from __future__ import annotations
+
+
+class GpucellError(Exception):
+    """Base class of every error gpucell raises on purpose."""
+
+
+class NotParallelizable(GpucellError, ValueError):
+    """The cell's loop cannot be run in parallel with serial-equivalent results.
+
+    Raised by the analysis before anything runs; the message names the variable, the
+    cell line, why parallel execution would differ, and how to rewrite the loop.
+    """
+
+
+class ClusterError(GpucellError, RuntimeError):
+    """Starting, connecting to or stopping a cluster failed; nothing is left running."""
+
+
+class NoCluster(ClusterError):
+    """An operation needs a cluster and none is started or connected."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message or "No cluster. Start one with `%gpu_cluster start` "
+            "(or `gpucell.start_cluster()`), or attach with `%gpu_cluster connect`."
+        )
+
+
+class DeviceSelectionError(GpucellError, ValueError):
+    """A device selection names a device this machine does not have."""
