@@ -1,0 +1,106 @@
+"""Diagnostics: every problem the analysis finds, collected and raised once.
+
+Modelled on pyflakes' ``Message`` classes: a problem is data (line, column, name,
+kind, text), so the dry-run report, the error message and tests all read the same
+record instead of parsing strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpucell.errors import NotParallelizable
+
+__all__ = ["Diagnostic", "DiagnosticSink", "raise_if_any", "format_diagnostics"]
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    """One problem (or warning) found in a cell.
+
+    Attributes
+    ----------
+    line : int
+        1-based line in the cell as the user sees it.
+    col : int
+        0-based column, as in ``ast`` and pyflakes.
+    name : str
+        The variable (or statement keyword) the problem is about.
+    kind : str
+        A short machine-readable tag, e.g. ``"loop-carried"`` or ``"break"``.
+    text : str
+        What would go wrong and how to rewrite the loop.
+    """
+
+    line: int
+    col: int
+    name: str
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.text}"
+
+
+class DiagnosticSink:
+    """Collects diagnostics, dropping exact duplicates.
+
+    Flow analysis walks some statements more than once (loop fixpoints, ``finally``
+    blocks); de-duplicating here keeps each walk simple.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[int, int, str, str]] = set()
+        self._items: list[Diagnostic] = []
+
+    def add(self, line: int, col: int, name: str, kind: str, text: str) -> None:
+        """Record a problem unless the same one was recorded already."""
+        key = (line, col, name, kind)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self._items.append(Diagnostic(line, col, name, kind, text))
+
+    def extend(self, items: Iterable[Diagnostic]) -> None:
+        """Record several diagnostics."""
+        for d in items:
+            self.add(d.line, d.col, d.name, d.kind, d.text)
+
+    def sorted(self) -> tuple[Diagnostic, ...]:
+        """All diagnostics in cell order, so messages read top to bottom."""
+        return tuple(sorted(self._items))
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+def format_diagnostics(diagnostics: Iterable[Diagnostic]) -> str:
+    """The user-facing error message for a list of refusals."""
+    items = sorted(diagnostics)
+    n = len(items)
+    head = (
+        "%%gpu_parallel cannot run this loop in parallel and keep the result "
+        f"identical to running it serially ({n} problem{'s' if n != 1 else ''}):"
+    )
+    lines = [head]
+    for d in items:
+        lines.append(f"  - line {d.line}: {d.text}")
+    lines.append(
+        "Nothing was run. Fix the lines above, or run the cell without %%gpu_parallel."
+    )
+    return "\n".join(lines)
+
+
+def raise_if_any(diagnostics: Iterable[Diagnostic]) -> None:
+    """Raise one :class:`NotParallelizable` carrying every diagnostic.
+
+    Raising once with all problems lets the user fix the whole cell in one edit,
+    instead of discovering the problems one run at a time.
+    """
+    items = tuple(sorted(diagnostics))
+    if not items:
+        return
+    err = NotParallelizable(format_diagnostics(items))
+    err.diagnostics = items  # type: ignore[attr-defined]
+    raise err

@@ -1,0 +1,334 @@
+"""Build the engine-side chunk program by rewriting the loop body's AST.
+
+The program runs on an engine in a fresh namespace holding the inputs, the
+recorder ``__gpucell_rec__`` and the chunk's items ``__gpucell_items__``::
+
+    __gpucell_rec__.setup({...})                      # names and operators
+    for __gpucell_i__, <target> in __gpucell_items__:
+        __gpucell_rec__.begin(__gpucell_i__)
+        try:
+            <body, with sink patterns replaced by recorder calls>
+        finally:
+            __gpucell_rec__.end(__gpucell_i__)
+
+Sink patterns (``L.append(e)``, ``D[k] = e``, ``acc += e``...) become recorder calls
+so the engine never changes a shipped object in place. Every original node keeps
+its line numbers, so a remote traceback points at the user's cell lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpucell.analysis.scope import target_parts
+
+__all__ = [
+    "REC",
+    "ITEMS",
+    "INDEX",
+    "DEVICE",
+    "RESULT",
+    "build_program",
+    "rewrite_cuda",
+]
+
+REC = "__gpucell_rec__"
+ITEMS = "__gpucell_items__"
+INDEX = "__gpucell_i__"
+DEVICE = "__gpucell_device__"
+RESULT = "__gpucell_result__"
+
+
+def _rec_call(method: str, args: list[ast.expr], loc: ast.AST) -> ast.Expr:
+    call = ast.Call(
+        func=ast.Attribute(ast.Name(REC, ast.Load()), method, ast.Load()),
+        args=args,
+        keywords=[],
+    )
+    stmt = ast.Expr(call)
+    ast.copy_location(call, loc)
+    ast.copy_location(call.func, loc)
+    ast.copy_location(call.func.value, loc)  # type: ignore[attr-defined]
+    return ast.copy_location(stmt, loc)
+
+
+def _const(value: Any, loc: ast.AST) -> ast.expr:
+    return ast.copy_location(ast.Constant(value), loc)
+
+
+class _SinkRewriter(ast.NodeTransformer):
+    """Replace sink patterns with recorder calls; leave everything else alone."""
+
+    def __init__(
+        self,
+        *,
+        gathers: Iterable[str],
+        writes: Iterable[str],
+        reductions: Iterable[str],
+        keyed: Iterable[str],
+        unions: Iterable[str],
+        deleted: Iterable[str],
+    ) -> None:
+        self.gathers = set(gathers)
+        self.writes = set(writes)
+        self.reductions = set(reductions)
+        self.keyed = set(keyed)
+        self.unions = set(unions)
+        self.deleted = set(deleted)
+        self._tmp = 0
+
+    # nested scopes hold no sink patterns (the classifier refused them)
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_ClassDef = visit_FunctionDef
+    visit_Lambda = visit_FunctionDef
+
+    def visit_Expr(self, node: ast.Expr) -> Any:
+        v = node.value
+        if (
+            isinstance(v, ast.Call)
+            and isinstance(v.func, ast.Attribute)
+            and isinstance(v.func.value, ast.Name)
+        ):
+            name, attr = v.func.value.id, v.func.attr
+            nm = _const(name, node)
+            if name in self.gathers and attr in ("append", "extend"):
+                return _rec_call(attr, [nm, *v.args], node)
+            if name in self.unions and attr in ("add", "update"):
+                return _rec_call(attr, [nm, *v.args], node)
+        return self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> Any:
+        t = node.target
+        if isinstance(t, ast.Name):
+            nm = _const(t.id, node)
+            if t.id in self.gathers:
+                return _rec_call("extend", [nm, node.value], node)
+            if t.id in self.reductions:
+                return _rec_call("reduce", [nm, node.value], node)
+        if (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and t.value.id in self.keyed
+        ):
+            return _rec_call(
+                "keyed", [_const(t.value.id, node), t.slice, node.value], node
+            )
+        return self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> Any:
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in self.reductions:
+                v = node.value
+                e = v.right if isinstance(v, ast.BinOp) else v.args[1]  # type: ignore[attr-defined]
+                return _rec_call("reduce", [_const(name, node), e], node)
+        sink_parts = [
+            p
+            for t in node.targets
+            for p in target_parts(t)
+            if isinstance(p, ast.Subscript)
+            and isinstance(p.value, ast.Name)
+            and p.value.id in self.writes
+        ]
+        if not sink_parts:
+            return self.generic_visit(node)
+        if (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and len(sink_parts) == 1
+        ):
+            p = sink_parts[0]
+            return _rec_call(
+                "setitem",
+                [node.value, _const(p.value.id, node), p.slice],
+                node,  # type: ignore[attr-defined]
+            )
+        # tuple or chained targets: assign to temporaries, then record the writes
+        replaced: list[tuple[str, ast.Subscript]] = []
+
+        def swap(t: ast.expr) -> ast.expr:
+            if isinstance(t, (ast.Tuple, ast.List)):
+                t.elts = [swap(e) for e in t.elts]
+                return t
+            if isinstance(t, ast.Starred):
+                t.value = swap(t.value)
+                return t
+            if any(t is p for p in sink_parts):
+                tmp = f"__gpucell_w{self._tmp}__"
+                self._tmp += 1
+                replaced.append((tmp, t))  # type: ignore[arg-type]
+                return ast.copy_location(ast.Name(tmp, ast.Store()), t)
+            return t
+
+        node.targets = [swap(t) for t in node.targets]
+        out: list[ast.stmt] = [node]
+        for tmp, sub in replaced:
+            out.append(
+                _rec_call(
+                    "setitem",
+                    [
+                        ast.copy_location(ast.Name(tmp, ast.Load()), sub),
+                        _const(sub.value.id, sub),  # type: ignore[attr-defined]
+                        sub.slice,
+                    ],
+                    sub,
+                )
+            )
+        return out
+
+    def visit_Delete(self, node: ast.Delete) -> Any:
+        names = [
+            p.id
+            for t in node.targets
+            for p in target_parts(t)
+            if isinstance(p, ast.Name) and p.id in self.deleted
+        ]
+        if not names:
+            return self.generic_visit(node)
+        return [node, _rec_call("deleted", [_const(tuple(names), node)], node)]
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> Any:
+        self.generic_visit(node)
+        if node.name and node.name in self.deleted:
+            node.body.insert(
+                0, _rec_call("deleted", [_const((node.name,), node)], node)
+            )
+        return node
+
+
+def _spec_expr(spec: Mapping[str, Any], loc: ast.AST) -> ast.expr:
+    expr = ast.parse(repr(dict(spec)), mode="eval").body
+    for n in ast.walk(expr):
+        ast.copy_location(n, loc)
+    return expr
+
+
+def build_program(
+    *,
+    loop_node: ast.stmt,
+    target: ast.expr,
+    body: list[ast.stmt],
+    spec: Mapping[str, Any],
+    gathers: Iterable[str],
+    writes: Iterable[str],
+    reductions: Iterable[str],
+    keyed: Iterable[str],
+    unions: Iterable[str],
+    deleted: Iterable[str],
+) -> ast.Module:
+    """The chunk program as an ``ast.Module`` with the cell's line numbers.
+
+    ``body`` and ``target`` are deep-copied; the analysis' own trees stay intact.
+    """
+    body = copy.deepcopy(body)
+    target = copy.deepcopy(target)
+    rw = _SinkRewriter(
+        gathers=gathers,
+        writes=writes,
+        reductions=reductions,
+        keyed=keyed,
+        unions=unions,
+        deleted=deleted,
+    )
+    new_body: list[ast.stmt] = []
+    for s in body:
+        r = rw.visit(s)
+        if isinstance(r, list):
+            new_body.extend(r)
+        elif r is not None:
+            new_body.append(r)
+    loc = loop_node
+    setup = _rec_call("setup", [_spec_expr(spec, loc)], loc)
+    idx_store = ast.copy_location(ast.Name(INDEX, ast.Store()), loc)
+    tgt = ast.copy_location(ast.Tuple([idx_store, target], ast.Store()), loc)
+    begin = _rec_call(
+        "begin", [ast.copy_location(ast.Name(INDEX, ast.Load()), loc)], loc
+    )
+    end = _rec_call("end", [ast.copy_location(ast.Name(INDEX, ast.Load()), loc)], loc)
+    guarded = ast.copy_location(
+        ast.Try(body=new_body, handlers=[], orelse=[], finalbody=[end]), loc
+    )
+    loop = ast.copy_location(
+        ast.For(
+            target=tgt,
+            iter=ast.copy_location(ast.Name(ITEMS, ast.Load()), loc),
+            body=[begin, guarded],
+            orelse=[],
+        ),
+        loc,
+    )
+    module = ast.Module(body=[setup, loop], type_ignores=[])
+    ast.fix_missing_locations(module)
+    return module
+
+
+# ---------------------------------------------------------------------------
+# CPU engines: make `.cuda()`-style code run on the engine's device
+# ---------------------------------------------------------------------------
+
+
+def _is_cuda_str(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value == "cuda" or node.value.startswith("cuda:"))
+    )
+
+
+class _CudaRewriter(ast.NodeTransformer):
+    """``.cuda()``, ``.to("cuda")``, ``device="cuda"``, ``torch.device("cuda")``."""
+
+    def __init__(self) -> None:
+        self.lines: list[int] = []
+
+    def _device(self, loc: ast.AST) -> ast.expr:
+        self.lines.append(getattr(loc, "lineno", 0))
+        return ast.copy_location(ast.Name(DEVICE, ast.Load()), loc)
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        self.generic_visit(node)
+        f = node.func
+        # torch.device("cuda") / torch.device("cuda", 1) / torch.device("cuda:1")
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "device"
+            and isinstance(f.value, ast.Name)
+            and f.value.id == "torch"
+            and node.args
+            and _is_cuda_str(node.args[0])
+        ):
+            return self._device(node)
+        if isinstance(f, ast.Attribute) and f.attr == "cuda":
+            # x.cuda(), x.cuda(0), x.cuda(non_blocking=True) -> x.to(device, ...)
+            kws = [k for k in node.keywords if k.arg not in ("device",)]
+            new = ast.Call(
+                func=ast.copy_location(ast.Attribute(f.value, "to", ast.Load()), f),
+                args=[self._device(node)],
+                keywords=kws,
+            )
+            return ast.copy_location(new, node)
+        if isinstance(f, ast.Attribute) and f.attr == "to":
+            if node.args and _is_cuda_str(node.args[0]):
+                node.args[0] = self._device(node.args[0])
+        for k in node.keywords:
+            if k.arg == "device" and _is_cuda_str(k.value):
+                k.value = self._device(k.value)
+        return node
+
+
+def rewrite_cuda(module: ast.Module) -> tuple[ast.Module, tuple[int, ...]]:
+    """Rewrite CUDA device selections in place; return the module and the lines.
+
+    Strings held in variables (``dev = "cuda"``) are not followed: only literal
+    device selections at the call are rewritten.
+    """
+    rw = _CudaRewriter()
+    module = rw.visit(module)
+    ast.fix_missing_locations(module)
+    return module, tuple(sorted(set(rw.lines)))

@@ -1,0 +1,275 @@
+"""Engine side: run one chunk of a parallel loop and return what it produced.
+
+Imported on every engine, so it needs only the standard library (and torch, lazily,
+when the program uses the engine's device). Only data travels: the chunk program
+(marshalled code plus the cell's text for tracebacks), the inputs, and a chunk
+object; the result is a plain, picklable :class:`ChunkResult`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import itertools
+import linecache
+import marshal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import CodeType, ModuleType
+from typing import Any
+
+from gpucell.analysis.iterspace import chunk_items
+from gpucell.merge import fold, own
+
+__all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
+
+_MISSING = object()
+
+
+@dataclass
+class ChunkResult:
+    """What one chunk of iterations produced. Plain data; pickles as is.
+
+    Attributes
+    ----------
+    start : int
+        Index of the chunk's first iteration.
+    count : int
+        Iterations run.
+    gathers : dict
+        ``name -> [items]`` appended/extended, in iteration order.
+    writes : dict
+        ``name -> [(key, value)]`` item writes, in iteration order.
+    reductions : dict
+        ``name -> (op, partial)``: contributions folded in iteration order. Absent
+        when no iteration contributed.
+    keyed : dict
+        ``name -> (op, [(key, partial)])``, keys in first-seen order.
+    unions : dict
+        ``name -> [("add", [items]) | ("update", payload)]`` in iteration order.
+    last_values : dict
+        ``name -> (iteration, kind, payload)`` for the chunk's last iteration that
+        assigned the local; kind is ``"value"``, ``"deleted"`` or ``"module"``
+        (payload: the module's name, since modules do not pickle).
+    """
+
+    start: int
+    count: int = 0
+    gathers: dict[str, list[Any]] = field(default_factory=dict)
+    writes: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
+    reductions: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    keyed: dict[str, tuple[str, list[tuple[Any, Any]]]] = field(default_factory=dict)
+    unions: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
+    last_values: dict[str, tuple[int, str, Any]] = field(default_factory=dict)
+
+
+def resolve_device(device: Any = None) -> Any:
+    """The value of ``__gpucell_device__``: a ``torch.device`` when torch exists."""
+    try:
+        import torch
+    except ImportError:
+        return device or "cpu"
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+class Recorder:
+    """Receives the rewritten body's contributions (``__gpucell_rec__``).
+
+    Never touches the shipped inputs: every contribution goes to this object.
+    """
+
+    def __init__(
+        self,
+        ns: dict[str, Any],
+        start: int,
+        *,
+        seed_fn: Callable[[int], Any] | None = None,
+        on_iteration: Callable[[int], Any] | None = None,
+        device: Any = None,
+    ) -> None:
+        self.ns = ns
+        self.result = ChunkResult(start=start)
+        self.seed_fn = seed_fn
+        self.on_iteration = on_iteration
+        self.device = device
+        self.locals: tuple[str, ...] = ()
+        self.red_ops: dict[str, str] = {}
+        self.keyed_ops: dict[str, str] = {}
+        self._partials: dict[str, Any] = {}
+        self._keyed: dict[str, list[list[Any]]] = {}
+        self._keyed_index: dict[str, dict[Any, int]] = {}
+        self._deleted: set[str] = set()
+        self.current: int | None = None
+
+    # -- called by the program ---------------------------------------------------
+
+    def setup(self, spec: Mapping[str, Any]) -> None:
+        self.locals = tuple(spec.get("locals", ()))
+        self.red_ops = dict(spec.get("reductions", {}))
+        self.keyed_ops = dict(spec.get("keyed", {}))
+        if spec.get("device"):
+            self.ns["__gpucell_device__"] = resolve_device(self.device)
+
+    def begin(self, index: int) -> None:
+        self.current = index
+        if self.on_iteration is not None:
+            self.on_iteration(index)
+        if self.seed_fn is not None:
+            self.seed_fn(index)
+
+    def end(self, index: int) -> None:
+        ns, last = self.ns, self.result.last_values
+        for name in self.locals:
+            value = ns.pop(name, _MISSING)
+            if value is not _MISSING:
+                if isinstance(value, ModuleType):
+                    last[name] = (index, "module", value.__name__)
+                else:
+                    last[name] = (index, "value", value)
+            elif name in self._deleted:
+                last[name] = (index, "deleted", None)
+        self._deleted.clear()
+        self.result.count += 1
+
+    def deleted(self, names: tuple[str, ...]) -> None:
+        self._deleted.update(names)
+
+    def append(self, name: str, value: Any) -> None:
+        self.result.gathers.setdefault(name, []).append(value)
+
+    def extend(self, name: str, values: Any) -> None:
+        self.result.gathers.setdefault(name, []).extend(values)
+
+    def setitem(self, value: Any, name: str, key: Any) -> None:
+        self.result.writes.setdefault(name, []).append((key, value))
+
+    def reduce(self, name: str, value: Any) -> None:
+        op = self.red_ops[name]
+        cur = self._partials.get(name, _MISSING)
+        if cur is _MISSING:
+            self._partials[name] = own(op, value)
+        else:
+            self._partials[name] = fold(op, cur, value)
+
+    def keyed(self, name: str, key: Any, value: Any) -> None:
+        op = self.keyed_ops[name]
+        entries = self._keyed.setdefault(name, [])
+        index = self._keyed_index.setdefault(name, {})
+        try:
+            pos = index.get(key)
+            hashable = True
+        except TypeError:  # unhashable keys (slices, lists) stay separate, in order
+            pos, hashable = None, False
+        if pos is None:
+            if hashable:
+                index[key] = len(entries)
+            entries.append([key, own(op, value)])
+        else:
+            entries[pos][1] = fold(op, entries[pos][1], value)
+
+    def add(self, name: str, value: Any) -> None:
+        ops = self.result.unions.setdefault(name, [])
+        if ops and ops[-1][0] == "add":
+            ops[-1][1].append(value)
+        else:
+            ops.append(("add", [value]))
+
+    def update(self, name: str, *args: Any) -> None:
+        ops = self.result.unions.setdefault(name, [])
+        for a in args:
+            ops.append(("update", dict(a) if isinstance(a, Mapping) else list(a)))
+
+    # -- called by run_chunk ---------------------------------------------------
+
+    def finish(self) -> ChunkResult:
+        r = self.result
+        for name, partial in self._partials.items():
+            r.reductions[name] = (self.red_ops[name], partial)
+        for name, entries in self._keyed.items():
+            r.keyed[name] = (self.keyed_ops[name], [(k, p) for k, p in entries])
+        return r
+
+
+def _as_code(program: Any) -> CodeType:
+    if isinstance(program, CodeType):
+        return program
+    if isinstance(program, tuple) and len(program) == 3:
+        filename, source, code = program
+        if source and filename not in linecache.cache:
+            lines = source.splitlines(True)
+            linecache.cache[filename] = (len(source), None, lines, filename)
+        return _as_code(code)
+    if isinstance(program, (bytes, bytearray)):
+        code = marshal.loads(program)
+        if not isinstance(code, CodeType):
+            raise TypeError("marshalled program is not a code object")
+        return code
+    if isinstance(program, ast.Module):
+        return compile(program, "<gpucell-chunk>", "exec", dont_inherit=True)
+    if isinstance(program, str):
+        return compile(program, "<gpucell-chunk>", "exec", dont_inherit=True)
+    raise TypeError(f"cannot run a chunk program of type {type(program).__name__}")
+
+
+def run_chunk(
+    program: Any,
+    namespace: Mapping[str, Any],
+    chunk_obj: tuple[Any, ...],
+    start_index: int,
+    *,
+    seed_fn: Callable[[int], Any] | None = None,
+    on_iteration: Callable[[int], Any] | None = None,
+    device: Any = None,
+) -> ChunkResult:
+    """Run the chunk program over one chunk's items.
+
+    Parameters
+    ----------
+    program : code, bytes, (filename, source, bytes), ast.Module or str
+        ``LoopPlan.engine_program()`` (or ``compile_chunk()``) from the kernel.
+    namespace : mapping
+        The inputs. Copied (shallowly) so it can be cached and reused across
+        chunks; the rewritten body never changes an input object in place.
+    chunk_obj : tuple
+        From ``Chunker.chunk(start, stop)``.
+    start_index : int
+        Index of the chunk's first iteration in the whole loop.
+    seed_fn : callable, optional
+        ``seed_fn(i)`` before iteration ``i`` runs (per-iteration seeding hook).
+    on_iteration : callable, optional
+        ``on_iteration(i)`` when iteration ``i`` starts (progress/output tagging).
+    device : str or torch.device, optional
+        The engine's device for ``__gpucell_device__`` (CUDA-rewritten programs);
+        default: ``cuda`` when available, else ``cpu``.
+
+    Raises
+    ------
+    BaseException
+        Whatever the body raised, with its original traceback (cell lines) and a
+        note naming the iteration; ``exc.gpucell_iteration`` holds its index.
+    """
+    code = _as_code(program)
+    ns: dict[str, Any] = dict(namespace)
+    ns.setdefault("__builtins__", builtins)
+    ns.setdefault("__name__", "__main__")
+    rec = Recorder(
+        ns, start_index, seed_fn=seed_fn, on_iteration=on_iteration, device=device
+    )
+    ns["__gpucell_rec__"] = rec
+    ns["__gpucell_items__"] = zip(
+        itertools.count(start_index), chunk_items(chunk_obj), strict=False
+    )
+    try:
+        exec(code, ns)
+    except BaseException as exc:
+        if rec.current is not None:
+            try:
+                exc.gpucell_iteration = rec.current  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"gpucell: raised in iteration {rec.current} of the loop")
+        raise
+    return rec.finish()
