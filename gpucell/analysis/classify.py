@@ -29,11 +29,11 @@ from gpucell.analysis.scope import (
     WELL_KNOWN_MODULES,
     is_inplace_method,
     is_mutating_method,
-    iter_scope,
     nested_free_loads,
     nested_statements,
     root_name,
     scope_bindings,
+    scope_nodes,
     target_names,
     target_parts,
 )
@@ -1028,5 +1028,4 @@ def classify_body(
 
 
 def _scope_nodes(s: ast.AST) -> Iterator[ast.AST]:
-    yield s
-    yield from iter_scope(s)
+    yield from scope_nodes(s)

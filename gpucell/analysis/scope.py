@@ -21,6 +21,7 @@ __all__ = [
     "target_names",
     "root_name",
     "scope_bindings",
+    "scope_nodes",
     "nested_free_loads",
     "iter_scope",
     "NESTED_SCOPES",
@@ -161,6 +162,17 @@ def iter_scope(node: ast.AST) -> Iterator[ast.AST]:
         yield from iter_scope(child)
 
 
+def scope_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """``node`` and every node of the same scope under it (see :func:`iter_scope`)."""
+    yield node
+    if isinstance(node, NESTED_SCOPES):
+        for part in _outer_parts(node):
+            yield part
+            yield from iter_scope(part)
+    else:
+        yield from iter_scope(node)
+
+
 def _outer_parts(node: ast.AST) -> list[ast.AST]:
     """Parts of a def/lambda/class evaluated in the enclosing scope."""
     parts: list[ast.AST] = []
@@ -195,7 +207,7 @@ def scope_bindings(
     """
     bound: set[str] = set()
     for top in stmts:
-        for node in [top, *iter_scope(top)]:
+        for node in scope_nodes(top):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 if id(node) not in exclude:
                     bound.add(node.id)

@@ -1,0 +1,790 @@
+"""Unit tests of the pure analysis: split, classes, refusals, rewrite, formatting."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from gpucell.analysis import (
+    GATHER,
+    INPUT,
+    KEYED,
+    LOCAL,
+    REDUCTION,
+    UNION,
+    WRITE,
+    LoopPlan,
+    analyse,
+    chunk_items,
+    format_plan,
+    make_chunker,
+)
+from gpucell.errors import NotParallelizable
+
+KNOWN = {
+    "xs", "ys", "n", "out", "d", "acc", "total", "s", "model", "opt", "data", "arr",
+    "kd", "mx", "np", "torch", "f", "obj", "L", "D", "S", "t", "lst", "prev",
+}  # fmt: skip
+
+
+def plan(src: str, **kw: object) -> LoopPlan:
+    return analyse(textwrap.dedent(src), known_names=KNOWN, **kw)  # type: ignore[arg-type]
+
+
+def refusals(src: str) -> list[tuple[str, str, int]]:
+    with pytest.raises(NotParallelizable) as info:
+        plan(src)
+    err = info.value
+    diags = err.diagnostics  # type: ignore[attr-defined]
+    for d in diags:  # the message names every variable and line
+        assert f"line {d.line}" in str(err)
+        assert d.name in str(err)
+    return [(d.name, d.kind, d.line) for d in diags]
+
+
+def classes(p: LoopPlan) -> dict[str, str]:
+    return {i.name: i.cls for i in p.names}
+
+
+# -- split -------------------------------------------------------------------------
+
+
+def test_split_prelude_loop_epilogue() -> None:
+    p = plan(
+        """\
+        a = 1
+        b = a + 1
+        for i in range(n):
+            out.append(i * a)
+        c = len(out)
+        """
+    )
+    assert p.kind == "for"
+    assert p.prelude_lines == (1, 2)
+    assert p.loop_lines == (3, 4)
+    assert p.epilogue_lines == (5, 5)
+    assert p.prelude_source.splitlines() == ["a = 1", "b = a + 1"]
+    assert p.epilogue_source == "c = len(out)"
+    assert p.loop_header == "for i in range(n)"
+
+
+def test_first_top_level_loop_only_and_nested_loops_belong_to_iteration() -> None:
+    p = plan(
+        """\
+        for i in range(n):
+            for j in range(3):
+                out.append(i * j)
+            t2 = [j for j in range(i)]
+        for z in xs:
+            pass
+        """
+    )
+    assert p.loop_lines == (1, 4)
+    assert p.epilogue_lines == (5, 6)
+    assert classes(p)["out"] == GATHER
+    assert "j" in p.locals and "t2" in p.locals
+
+
+def test_for_else_is_epilogue() -> None:
+    p = plan(
+        """\
+        for i in range(n):
+            out.append(i)
+        else:
+            done = True
+        """
+    )
+    assert p.epilogue_lines == (4, 4)
+    assert "done = True" in p.epilogue_source
+    ns: dict[str, object] = {}
+    code = p.compile_epilogue()
+    assert code is not None
+    exec(code, ns)
+    assert ns["done"] is True
+
+
+def test_listcomp_form() -> None:
+    p = plan("a = 2\nres = [x * a for x in xs if x > 1]\nprint(res)\n")
+    assert p.kind == "listcomp"
+    assert p.result_name == "res"
+    assert p.loop_lines == (2, 2)
+    assert p.hidden == ("x",)
+    assert "x" not in p.locals
+    assert p.inputs == ("a",)
+
+
+def test_no_loop_refused() -> None:
+    assert refusals("x = 1\ny = x + 1\n") == [("", "no-loop", 1)]
+
+
+def test_no_loop_dry_run_not_raised() -> None:
+    p = analyse("x = 1\n", raise_errors=False)
+    assert p.kind is None and p.diagnostics
+    assert "no parallel loop" in format_plan(p)
+
+
+# -- syntax errors -------------------------------------------------------------------
+
+
+def test_syntax_error_has_cell_line_and_filename() -> None:
+    src = "a = 1\nfor i in range(3):\n    x = (1 +\n"
+    with pytest.raises(SyntaxError) as info:
+        analyse(src, filename="<cell-7>")
+    assert info.value.filename == "<cell-7>"
+    assert info.value.lineno == 3
+
+
+def test_syntax_error_line_matches_python() -> None:
+    src = "for i in range(3):\n    y = 1\n    z = = 2\n"
+    with pytest.raises(SyntaxError) as info:
+        analyse(src)
+    with pytest.raises(SyntaxError) as ref:
+        compile(src, "<gpucell-cell>", "exec")
+    assert info.value.lineno == ref.value.lineno == 3
+
+
+# -- the table, row by row -------------------------------------------------------------
+
+
+def test_inputs_and_locals_and_target() -> None:
+    p = plan(
+        """\
+        for i in range(n):
+            y = model(xs[i]) + len(xs)
+            z = y * 2
+        """
+    )
+    c = classes(p)
+    assert c["model"] == c["xs"] == INPUT
+    assert c["i"] == c["y"] == c["z"] == LOCAL
+    assert "len" not in c and "range" not in c  # builtins never ship
+    assert p.inputs == ("model", "xs")
+
+
+def test_shadowed_builtin_is_an_input() -> None:
+    p = analyse("for i in range(3):\n    y = len(i)\n", known_names={"len"})
+    assert p.inputs == ("len",)
+
+
+@pytest.mark.parametrize(
+    "stmt",
+    ["out.append(i)", "out.extend([i, i])", "out += [i]", "out += [j for j in xs]"],
+)
+def test_ordered_gather(stmt: str) -> None:
+    p = plan(f"for i in range(n):\n    {stmt}\n")
+    assert classes(p)["out"] == GATHER
+    assert p.gathers == ("out",)
+    assert "out" not in p.inputs
+
+
+@pytest.mark.parametrize("stmt", ["d[i] = i", "d[i, 0] = i * 2", "d[i % 3] = xs[i]"])
+def test_indexed_write(stmt: str) -> None:
+    p = plan(f"for i in range(n):\n    {stmt}\n")
+    assert classes(p)["d"] == WRITE
+
+
+@pytest.mark.parametrize(
+    "stmt,op,aug",
+    [
+        ("acc += i", "+", True),
+        ("acc -= i", "-", True),
+        ("acc *= i", "*", True),
+        ("acc |= i", "|", True),
+        ("acc &= i", "&", True),
+        ("acc = acc + i", "+", False),
+        ("acc = acc @ i", "@", False),
+        ("acc = max(acc, i)", "max", False),
+        ("acc = min(acc, i * 2)", "min", False),
+    ],
+)
+def test_reductions(stmt: str, op: str, aug: bool) -> None:
+    p = plan(f"for i in range(n):\n    {stmt}\n")
+    assert classes(p)["acc"] == REDUCTION
+    (r,) = p.reductions
+    assert (r.name, r.op, r.augmented, r.line) == ("acc", op, aug, 2)
+
+
+def test_keyed_reduction() -> None:
+    p = plan("for i in range(n):\n    kd[i % 3] += i\n")
+    assert classes(p)["kd"] == KEYED
+    assert p.keyed == (("kd", "+"),)
+
+
+@pytest.mark.parametrize("stmt", ["s.add(i)", "s.update([i, i + 1])"])
+def test_set_union(stmt: str) -> None:
+    p = plan(f"for i in range(n):\n    {stmt}\n")
+    assert classes(p)["s"] == UNION
+
+
+def test_local_accumulator_is_local_not_reduction() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            tot = 0
+            for j in range(3):
+                tot += j * x
+            out.append(tot)
+        """
+    )
+    assert classes(p)["tot"] == LOCAL
+    assert classes(p)["out"] == GATHER
+
+
+def test_local_list_methods_are_fine() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            row = []
+            row.append(x)
+            row.sort()
+            loss = model(x)
+            loss.backward()
+            out.append(row)
+        """
+    )
+    assert classes(p)["row"] == LOCAL
+
+
+def test_tuple_targets() -> None:
+    p = plan(
+        """\
+        for i, (a, b) in enumerate(zip(xs, ys)):
+            c, *rest = a, b, i
+            out.append(c)
+        """,
+    )
+    assert {"i", "a", "b", "c", "rest"} <= set(p.locals)
+
+
+def test_tuple_target_with_write_uses_temporaries() -> None:
+    p = plan("for i in range(n):\n    d[i], q = i, i * 2\n")
+    assert classes(p)["d"] == WRITE
+    assert "__gpucell_rec__.setitem(__gpucell_w0__, 'd', i)" in p.chunk_source
+
+
+def test_if_else_definite_assignment() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            if x > 1:
+                y = 1
+            else:
+                y = 2
+            out.append(y)
+        """
+    )
+    assert classes(p)["y"] == LOCAL
+
+
+def test_conditional_assignment_then_read_is_refused() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            if x > 1:
+                y = 1
+            out.append(y)
+        """
+    )
+    assert r == [("y", "loop-carried", 4)]
+
+
+def test_continue_branch_counts_as_not_falling_through() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            if x > 1:
+                y = 1
+            else:
+                continue
+            out.append(y)
+        """
+    )
+    assert classes(p)["y"] == LOCAL
+
+
+def test_try_except_and_handler_name() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            try:
+                q = 10 // x
+            except ZeroDivisionError as e:
+                q = -1
+            out.append(q)
+        """
+    )
+    assert classes(p)["q"] == LOCAL
+    assert "e" in p.locals
+    assert "__gpucell_rec__.deleted(('e',))" in p.chunk_source
+
+
+def test_try_finally() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            try:
+                q = x
+            finally:
+                r = 1
+            out.append(q + r)
+        """
+    )
+    assert {"q", "r"} <= set(p.locals)
+
+
+def test_with_statement() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            with torch.no_grad() as g:
+                y = model(x)
+            out.append(y)
+        """
+    )
+    assert {"g", "y"} <= set(p.locals)
+    assert "torch" in p.inputs
+
+
+def test_nested_function_and_lambda() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            scale = 2
+            g = lambda v: v * scale + acc0
+            def h(v, k=scale):
+                w = v + k
+                return w
+            out.append(g(h(x)))
+        """
+    )
+    assert {"g", "h", "scale"} <= set(p.locals)
+    assert "acc0" in p.inputs
+    assert "w" not in p.locals and "v" not in p.inputs
+
+
+def test_nested_function_reading_later_local_is_refused() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            g = lambda: later
+            later = x
+            out.append(g())
+        """
+    )
+    assert ("later", "loop-carried", 2) in r
+
+
+def test_comprehension_scope() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            sq = [j * x for j in range(3) if j != x]
+            tot = sum(v for v in sq)
+            out.append(tot)
+        """
+    )
+    assert "j" not in p.locals and "v" not in p.locals
+    assert "j" not in p.inputs and "v" not in p.inputs
+
+
+def test_walrus() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            if (y := x * 2) > 3:
+                out.append(y)
+            zs = [(m := j) for j in range(3)]
+        """
+    )
+    assert {"y", "m", "zs"} <= set(p.locals)
+
+
+def test_walrus_maybe_assigned_then_read_refused() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            ok = x > 1 and (y := x) > 2
+            out.append(y)
+        """
+    )
+    assert ("y", "loop-carried", 3) in r
+
+
+def test_imports_in_body_bind_locals() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            import math
+            from os import path as osp
+            out.append(math.sqrt(x))
+        """
+    )
+    assert {"math", "osp"} <= set(p.locals)
+    assert "math" not in p.inputs
+
+
+def test_augassign_to_local_subscript_and_attribute() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            buf = [0, 0]
+            buf[0] += x
+            o = Box()
+            o.v = x
+            o.v += 1
+            out.append(buf)
+        """
+    )
+    assert {"buf", "o"} <= set(p.locals)
+
+
+# -- refusals -----------------------------------------------------------------------
+
+
+def test_loop_carried_dependency() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            out.append(prev)
+            prev = x
+        """
+    )
+    assert r == [("prev", "loop-carried", 2)]
+
+
+def test_loop_carried_non_reduction_update() -> None:
+    r = refusals("for x in xs:\n    acc = acc * 2 + x\n")
+    assert r == [("acc", "loop-carried", 2)]
+
+
+@pytest.mark.parametrize(
+    "stmt,name,kind",
+    [
+        ("break", "break", "break"),
+        ("return x", "return", "return"),
+        ("yield x", "yield", "yield"),
+        ("await f(x)", "await", "await"),
+        ("global gg", "gg", "global"),
+        ("del xs", "xs", "del-outer"),
+        ("model.w = x", "model", "outer-mutation"),
+        ("opt.step()", "opt", "outer-mutation"),
+        ("t.add_(x)", "t", "outer-mutation"),
+        ("lst.sort()", "lst", "outer-mutation"),
+        ("d.setdefault(x, 1)", "d", "outer-mutation"),
+        ("v = d.pop(x)", "d", "outer-mutation"),
+        ("model.fc.weight += x", "model", "outer-mutation"),
+        ("data[0][1] = x", "data", "outer-mutation"),
+        ("torch.nn.init.zeros_(t)", "t", "outer-mutation"),
+        ("from m import *", "*", "star-import"),
+    ],
+)
+def test_refused_statements(stmt: str, name: str, kind: str) -> None:
+    r = refusals(f"out2 = []\nfor x in xs:\n    y = x\n    {stmt}\n")
+    assert (name, kind, 4) in r
+
+
+def test_nonlocal_in_nested_function_refused() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            def g():
+                global counter
+                counter = 1
+        """
+    )
+    assert ("counter", "global", 3) in r
+
+
+def test_mutation_of_outer_inside_nested_function_refused() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            def g():
+                model.w = 1
+            g()
+        """
+    )
+    assert ("model", "outer-mutation", 3) in r
+
+
+def test_break_in_nested_loop_is_fine() -> None:
+    p = plan(
+        """\
+        for x in xs:
+            hit = -1
+            for j in range(10):
+                if j == x:
+                    hit = j
+                    break
+            out.append(hit)
+        """
+    )
+    assert classes(p)["hit"] == LOCAL
+
+
+@pytest.mark.parametrize(
+    "stmt",
+    ["out.append(len(out))", "y = out[-1]", "acc += acc", "print(d)", "kd[x] += kd[0]"],
+)
+def test_sink_read_elsewhere_refused(stmt: str) -> None:
+    src = f"for x in xs:\n    out.append(x)\n    acc += x\n    d[x] = 1\n    kd[x] += 1\n    {stmt}\n"
+    r = refusals(src)
+    assert any(kind == "sink-read" and line == 6 for _n, kind, line in r)
+
+
+def test_mixed_sink_kinds_refused() -> None:
+    r = refusals("for x in xs:\n    out.append(x)\n    out[0] = x\n")
+    assert ("out", "mixed-use", 3) in r
+
+
+def test_mixed_reduction_ops_refused() -> None:
+    r = refusals("for x in xs:\n    acc += x\n    acc *= 2\n")
+    assert ("acc", "mixed-reduction", 3) in r
+
+
+def test_iterating_over_mutated_container_refused() -> None:
+    r = refusals("for x in out:\n    out.append(x)\n")
+    assert ("out", "iterable-mutated", 1) in r
+
+
+def test_in_place_change_of_loop_item_refused() -> None:
+    r = refusals("for row in data:\n    row += 1\n")
+    assert ("row", "outer-mutation", 2) in r
+    r = refusals("for row in data:\n    row.append(0)\n")
+    assert ("row", "outer-mutation", 2) in r
+    r = refusals("for i in range(n):\n    r = data[i]\n    r[0] = 1\n")
+    assert ("r", "outer-mutation", 3) in r
+
+
+def test_range_loop_target_can_be_rebound() -> None:
+    p = plan("for i in range(n):\n    i += 1\n    out.append(i)\n")
+    assert classes(p)["i"] == LOCAL
+
+
+def test_all_problems_reported_at_once() -> None:
+    r = refusals(
+        """\
+        for x in xs:
+            out.append(prev)
+            prev = x
+            model.w = x
+            break
+        """
+    )
+    assert [(n, line) for n, _k, line in r] == [("prev", 2), ("model", 4), ("break", 5)]
+
+
+def test_unknown_function_with_outer_argument_is_accepted() -> None:
+    p = plan("for x in xs:\n    f(model)\n    y = model(x).sum()\n    v = d.get(x)\n")
+    assert {"f", "model", "d"} <= set(p.inputs)
+
+
+def test_undefined_input_warns() -> None:
+    p = plan("for x in xs:\n    out.append(nope)\n")
+    assert [w.name for w in p.warnings] == ["nope"]
+
+
+def test_dry_run_shows_refusals() -> None:
+    p = analyse("for x in xs:\n    break\n", raise_errors=False)
+    text = format_plan(p)
+    assert "REFUSED (1)" in text and "line 2" in text and p.chunk_ast is None
+
+
+# -- iteration space --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "it,kind,leaves",
+    [
+        ("range(n)", "range", ("range(n)",)),
+        ("xs", "name", ("xs",)),
+        ("enumerate(xs, 1)", "enumerate", ("xs", "1")),
+        ("zip(xs, range(3))", "zip", ("xs", "range(3)")),
+        ("d.items()", "expr", ("d.items()",)),
+    ],
+)
+def test_iter_space_description(it: str, kind: str, leaves: tuple[str, ...]) -> None:
+    p = plan(f"for v in {it}:\n    out.append(v)\n")
+    assert p.iter_space is not None
+    assert p.iter_space.kind == kind
+    assert p.iter_space.leaves == leaves
+
+
+def test_shadowed_range_is_a_plain_expression() -> None:
+    p = analyse("for v in range(3):\n    pass\n", known_names={"range"})
+    assert p.iter_space is not None and p.iter_space.kind == "expr"
+
+
+def test_chunker_range_is_not_materialised() -> None:
+    p = plan("for i in range(10**12):\n    out.append(i)\n")
+    assert p.iter_space is not None
+    ch = make_chunker(p.iter_space, [range(10**12)])
+    assert ch.count == 10**12 and not ch.materialised
+    obj = ch.chunk(5, 8)
+    assert obj == ("range", range(5, 8))
+    assert list(ch.items(obj)) == [5, 6, 7]
+
+
+def test_chunker_enumerate_zip_and_views() -> None:
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    p = plan("for i, (a, b) in enumerate(zip(arr, t), 10):\n    out.append(a)\n")
+    assert p.iter_space is not None
+    arr, t = np.arange(12.0).reshape(6, 2), torch.arange(6.0)
+    ch = make_chunker(p.iter_space, [arr, t, 10])
+    assert ch.count == 6
+    obj = ch.chunk(2, 4)
+    assert obj[0] == "enumerate" and obj[1] == 12
+    a_view = obj[2][1][0][1]
+    t_view = obj[2][1][1][1]
+    assert np.shares_memory(a_view, arr)  # a view, not a copy
+    assert t_view.data_ptr() == t[2:].data_ptr()
+    items = list(chunk_items(obj))
+    assert [i for i, _ in items] == [12, 13]
+    assert float(items[0][1][1]) == 2.0
+
+
+def test_chunker_materialises_generators() -> None:
+    p = plan("for v in (y for y in xs):\n    out.append(v)\n")
+    assert p.iter_space is not None
+    ch = make_chunker(p.iter_space, [(y for y in [1, 2, 3])])
+    assert ch.materialised and ch.count == 3
+    assert list(chunk_items(ch.chunk(1, 3))) == [2, 3]
+
+
+def test_chunker_zip_strict_mismatch() -> None:
+    p = plan("for a, b in zip(xs, ys, strict=True):\n    pass\n")
+    assert p.iter_space is not None
+    with pytest.raises(ValueError, match="strict"):
+        make_chunker(p.iter_space, [[1, 2], [1], True])
+
+
+# -- rewrite -------------------------------------------------------------------------
+
+
+def test_chunk_program_keeps_cell_line_numbers() -> None:
+    p = plan(
+        """\
+        a = 1
+        for i in range(n):
+            y = i * 2
+            z = 1 / (i - 3)
+            out.append(z)
+        """
+    )
+    assert p.chunk_ast is not None
+    lines = {n.lineno for n in ast.walk(p.chunk_ast) if hasattr(n, "lineno")}
+    assert lines <= {2, 3, 4, 5}
+    from gpucell.engine import run_chunk
+
+    with pytest.raises(ZeroDivisionError) as info:
+        run_chunk(p.engine_program(), {}, ("range", range(0, 5)), 0)
+    tb = info.value.__traceback__
+    while tb.tb_next is not None:  # type: ignore[union-attr]
+        tb = tb.tb_next  # type: ignore[union-attr]
+    assert tb.tb_frame.f_code.co_filename == "<gpucell-cell>"  # type: ignore[union-attr]
+    assert tb.tb_lineno == 4  # type: ignore[union-attr]
+    assert info.value.gpucell_iteration == 3  # type: ignore[attr-defined]
+
+
+def test_chunk_program_never_touches_shipped_inputs() -> None:
+    p = plan("for i in range(n):\n    out.append(i)\n    d[i] = i\n")
+    assert "out" not in p.inputs and "d" not in p.inputs
+    assert "out.append" not in p.chunk_source
+
+
+def test_cuda_rewrite_only_when_asked() -> None:
+    src = textwrap.dedent(
+        """\
+        for x in xs:
+            a = x.cuda()
+            b = x.to("cuda:1")
+            c = torch.zeros(3, device="cuda")
+            dev = torch.device("cuda")
+            e = x.cuda(non_blocking=True)
+            out.append(a)
+        """
+    )
+    p = analyse(src, known_names=KNOWN)
+    assert not p.cuda_rewritten and ".cuda()" in p.chunk_source
+    q = analyse(src, known_names=KNOWN, for_cpu=True)
+    assert q.cuda_rewritten and q.cuda_lines == (2, 3, 4, 5, 6)
+    text = q.chunk_source
+    assert "cuda" not in text.replace("'device': True", "")
+    assert "x.to(__gpucell_device__)" in text
+    assert "device=__gpucell_device__" in text
+    assert "x.to(__gpucell_device__, non_blocking=True)" in text
+    assert "'device': True" in text
+
+
+def test_cuda_rewrite_runs_on_cpu() -> None:
+    torch = pytest.importorskip("torch")
+    from gpucell.engine import run_chunk
+
+    src = "for x in xs:\n    y = x.cuda() * 2\n    out.append(torch.ones(1, device='cuda') + y)\n"
+    p = analyse(src, known_names=KNOWN, for_cpu=True)
+    xs = torch.arange(3.0)
+    r = run_chunk(p.engine_program(), {"torch": torch}, ("seq", xs), 0, device="cpu")
+    assert [float(v) for v in r.gathers["out"]] == [1.0, 3.0, 5.0]
+
+
+def test_no_cuda_rewrite_reported_when_none() -> None:
+    p = plan("for x in xs:\n    out.append(x)\n", for_cpu=True)
+    assert not p.cuda_rewritten
+
+
+# -- format_plan -------------------------------------------------------------------
+
+
+def test_format_plan_is_short_and_complete() -> None:
+    p = plan(
+        """\
+        import math
+        for i, x in enumerate(xs):
+            y = model(x)
+            out.append(y)
+            acc += y
+            print(i)
+        total = acc
+        """
+    )
+    text = format_plan(p)
+    assert "lines 2-6" in text
+    assert "enumerate" in text
+    for needle in (
+        "input",
+        "model",
+        "ordered gather",
+        "out",
+        "reduction",
+        "acc",
+        "local",
+    ):
+        assert needle in text
+    assert "ships to engines: model" in text
+    assert "refusals: none" in text
+    assert len(text.splitlines()) < 20
+
+
+def test_import_graph_is_one_directional() -> None:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "gpucell"
+    pure = [*sorted((root / "analysis").glob("*.py")), root / "merge.py"]
+    for path in pure:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            mods: list[str] = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            for m in mods:
+                if m.startswith("gpucell"):
+                    assert m == "gpucell.errors" or m.startswith("gpucell.analysis"), (
+                        path,
+                        m,
+                    )
+                assert not m.startswith("ipyparallel"), (path, m)
