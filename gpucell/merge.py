@@ -299,7 +299,12 @@ def _plan_inplace(name: str, v0: Any, op: str, c: Any) -> tuple[Any, Callable[[]
         return v0, lambda: iop(v0, c)
     if isinstance(v0, list) and op == "+":
         items = list(c)
-        return v0, lambda: v0.extend(items)
+
+        def extend() -> Any:
+            v0.extend(items)
+            return v0
+
+        return v0, extend
     if hasattr(type(v0), dunder):
         # validate on an out-of-place computation (or a shallow copy)
         if isinstance(v0, (list, set, dict)):
