@@ -18,6 +18,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import strategies as st
+
 from gpucell.analysis import analyse, make_chunker
 from gpucell.engine import ChunkResult, run_chunk
 from gpucell.merge import prepare
@@ -46,6 +48,7 @@ def fresh_namespace() -> dict[str, Any]:
         "d": {"pre": 0},
         "w": [0, 0, 0, 0, 0],
         "acc": 0,
+        "neg": 0,
         "facc": 0.0,
         "prod": 1,
         "bits": 0,
@@ -95,7 +98,12 @@ def run_serial(cell: str | GenCell, ns: dict[str, Any]) -> dict[str, Any]:
 
 
 def _roundtrip(obj: Any) -> Any:
-    return pickle.loads(pickle.dumps(obj))
+    """What crossing to an engine does to an object (cloudpickle, as engines use)."""
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover
+        return pickle.loads(pickle.dumps(obj))
+    return pickle.loads(cloudpickle.dumps(obj))
 
 
 def chunk_bounds(count: int, cuts: Sequence[float]) -> list[tuple[int, int]]:
@@ -195,3 +203,208 @@ def assert_same_namespace(
             assert kept_serial == kept_parallel, (
                 f"{name}: identity differs (serial kept the object: {kept_serial})"
             )
+
+
+# ---------------------------------------------------------------------------
+# the generator
+# ---------------------------------------------------------------------------
+
+
+class _Gen:
+    """Draws one cell body; tracks definitely-assigned int locals as it goes."""
+
+    def __init__(self, draw: Callable[[Any], Any]) -> None:
+        self.draw = draw
+        self.counter = 0
+        self.refused = False
+        self.kinds: list[str] = []
+
+    def fresh(self, prefix: str = "t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def expr(self, avail: list[str]) -> str:
+        v = self.draw(st.sampled_from(avail))
+        w = self.draw(st.sampled_from(avail))
+        c = self.draw(st.integers(1, 7))
+        form = self.draw(st.integers(0, 6))
+        return [
+            f"{v} * {c}",
+            f"{v} + {c}",
+            f"({v} % {c})",
+            f"{v} - {w}",
+            f"base + {v}",
+            f"k * {v} - {w}",
+            f"len(xs) - {v}",
+        ][form]
+
+    def block(self, avail: list[str], depth: int, top: bool, size: int) -> list[str]:
+        lines: list[str] = []
+        avail = list(avail)
+        for _ in range(size):
+            lines.extend(self.stmt(avail, depth, top))
+        return lines or ["pass"]
+
+    def stmt(self, avail: list[str], depth: int, top: bool) -> list[str]:  # noqa: C901
+        d = self.draw
+        kind = d(
+            st.sampled_from(
+                [
+                    "local", "local", "gather", "gather2", "write", "reduce",
+                    "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
+                    "walrus", "continue", "refused",
+                ]
+            )
+        )  # fmt: skip
+        if depth >= 2 and kind in ("if", "for", "try", "with"):
+            kind = "local"
+        self.kinds.append(kind)
+        e = self.expr(avail)
+        if kind == "local":
+            name = self.fresh()
+            avail.append(name)
+            return [f"{name} = {e}"]
+        if kind == "gather":
+            form = d(st.integers(0, 2))
+            return [
+                [f"out.append({e})"],
+                [f"out.extend([{e}, {self.expr(avail)}])"],
+                [f"out += [{e}]"],
+            ][form]
+        if kind == "gather2":
+            return [f"out2.append(({e}, {self.expr(avail)}))"]
+        if kind == "write":
+            return [
+                d(st.sampled_from([f"d[({e}) % 4] = {self.expr(avail)}",
+                                   f"w[({e}) % 5] = {self.expr(avail)}"]))
+            ]  # fmt: skip
+        if kind == "reduce":
+            return [
+                d(
+                    st.sampled_from(
+                        [
+                            f"acc += {e}",
+                            f"neg -= {e}",
+                            f"prod *= 1 + ({e}) % 2",
+                            f"bits |= 1 << ({e}) % 8",
+                            f"mask &= ~(1 << ({e}) % 8)",
+                            f"facc = facc + ({e}) * 0.1",
+                            f"mx = max(mx, {e})",
+                            f"mn = min(mn, {e})",
+                        ]
+                    )
+                )
+            ]
+        if kind == "keyed":
+            return [
+                d(st.sampled_from([f"kd[({e}) % 3] += {self.expr(avail)}",
+                                   f"dd[({e}) % 4] += 1",
+                                   f"cnt[({e}) % 3] += {self.expr(avail)}"]))
+            ]  # fmt: skip
+        if kind == "union":
+            return [d(st.sampled_from([f"s.add(({e}) % 7)", f"s.update([{e}, 1])"]))]
+        if kind == "if":
+            body = self.block(avail, depth + 1, top, d(st.integers(1, 3)))
+            out = [f"if ({e}) % 2 == 0:", *("    " + b for b in body)]
+            if d(st.booleans()):
+                other = self.block(avail, depth + 1, top, d(st.integers(1, 2)))
+                out += ["else:", *("    " + b for b in other)]
+            return out
+        if kind == "for":
+            j = self.fresh("j")
+            body = self.block([*avail, j], depth + 1, False, d(st.integers(1, 3)))
+            return [f"for {j} in range(({e}) % 3):", *("    " + b for b in body)]
+        if kind == "try":
+            name = self.fresh("q")
+            avail.append(name)
+            return [
+                "try:",
+                f"    {name} = 10 // (({e}) % 3)",
+                "except ZeroDivisionError:",
+                f"    {name} = -1",
+            ]
+        if kind == "with":
+            body = self.block(avail, depth + 1, top, d(st.integers(1, 2)))
+            return ["with nullcontext():", *("    " + b for b in body)]
+        if kind == "comp":
+            name = self.fresh()
+            avail.append(name)
+            v = d(st.sampled_from(avail[:-1]))
+            return [
+                d(
+                    st.sampled_from(
+                        [
+                            f"{name} = sum([z * {v} for z in range(3) if z != {v}])",
+                            f"{name} = sum(z + k for z in range(({e}) % 4))",
+                            f"{name} = len({{z % 3 for z in range({v} % 5 + 1)}})",
+                        ]
+                    )
+                )
+            ]
+        if kind == "lambda":
+            f = self.fresh("f")
+            name = self.fresh()
+            avail.append(name)
+            return [f"{f} = lambda z: z * 2 + {e}", f"{name} = {f}(k)"]
+        if kind == "walrus":
+            name = self.fresh("m")
+            body = self.block([*avail, name], depth + 1, top, 1)
+            avail.append(name)
+            return [f"if ({name} := {e}) > 2:", *("    " + b for b in body)]
+        if kind == "continue":
+            if not top:  # continue inside a nested loop: still fine
+                return [f"if ({e}) % 5 == 0:", "    continue"]
+            return [f"if ({e}) % 5 == 1:", "    continue"]
+        # refused patterns
+        self.refused = True
+        u = self.fresh("u")
+        pattern = d(st.integers(0, 8))
+        return [
+            [f"out.append(prev + {e})", f"prev = {e}"],
+            [f"if ({e}) % 4 == 3:", "    break"] if top else [f"obj.v = {e}"],
+            [f"out.append(len(out) + {e})"],
+            ["xs.sort()"],
+            [f"if ({e}) % 2:", f"    {u} = 1", f"out.append({u})"],
+            [f"obj.v = {e}"],
+            ["del base"],
+            [f"acc = acc * 2 + {e}"],
+            ["global gg", "gg = 1"],
+        ][pattern]
+
+
+@st.composite
+def cells(draw: Callable[[Any], Any]) -> GenCell:
+    """A small cell: optional prelude, a parallel loop, optional epilogue."""
+    g = _Gen(draw)
+    lines: list[str] = []
+    if draw(st.booleans()):
+        lines.append(draw(st.sampled_from(["out2 = []", "base = base + 1", "k = 2"])))
+    if draw(st.integers(0, 5)) == 0:
+        # list-comprehension form
+        cond = draw(st.sampled_from(["", " if i % 3", " if (m := i * 2) > 4"]))
+        more = draw(st.sampled_from(["", " for j in range(i % 3)"]))
+        elt = (
+            "i * k + j" if more else draw(st.sampled_from(["i * k", "(t := i + base)"]))
+        )
+        lines.append(f"res = [{elt} for i in range(n){cond}{more}]")
+        g.kinds.append("listcomp")
+    else:
+        header, avail = draw(
+            st.sampled_from(
+                [
+                    ("for i in range(n):", ["i"]),
+                    ("for x in xs:", ["x"]),
+                    ("for i, x in enumerate(xs):", ["i", "x"]),
+                    ("for x, y in zip(xs, ys):", ["x"]),
+                    ("for i in range(2, n, 3):", ["i"]),
+                ]
+            )
+        )
+        body = g.block(avail, 0, True, draw(st.integers(1, 6)))
+        if header.startswith("for x, y") and draw(st.booleans()):
+            body.append("facc += y")
+        lines.append(header)
+        lines.extend("    " + b for b in body)
+    if draw(st.booleans()):
+        lines.append("total = acc + len(out) + sum(s)")
+    return GenCell("\n".join(lines) + "\n", g.refused, g.kinds)

@@ -1,0 +1,70 @@
+"""Property: a parallel run (chunked, merged) leaves the namespace a serial run does.
+
+Cells come from ``tests/cellgen.py``. Either the analysis refuses the cell (and
+then the generator must have put a refused pattern in it), or the chunk program,
+run chunk by chunk with random boundaries through ``gpucell.engine.run_chunk`` and
+merged by ``gpucell.merge``, reproduces ``exec`` of the cell.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpucell.analysis import analyse
+from gpucell.errors import NotParallelizable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cellgen import (  # noqa: E402
+    GenCell,
+    assert_same_namespace,
+    cells,
+    fresh_namespace,
+    run_parallel_local,
+    run_serial,
+)
+
+
+@settings(
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    cell=cells(),
+    cuts=st.lists(st.floats(0, 1), max_size=5),
+    reverse=st.booleans(),
+)
+def test_parallel_equals_serial(
+    cell: GenCell, cuts: list[float], reverse: bool
+) -> None:
+    known = fresh_namespace().keys()
+    if cell.refused:
+        with pytest.raises(NotParallelizable) as info:
+            analyse(cell.source, known_names=known)
+        n_lines = len(cell.source.splitlines())
+        diags = info.value.diagnostics  # type: ignore[attr-defined]
+        assert diags
+        for d in diags:
+            assert 1 <= d.line <= n_lines
+            assert f"line {d.line}" in str(info.value)
+        return
+    order = (lambda ix: ix[::-1]) if reverse else None
+    serial = fresh_namespace()
+    serial_before = dict(serial)
+    try:
+        run_serial(cell, serial)
+    except Exception as exc:
+        # documented exception: if an iteration raises, the parallel run raises
+        # too (and merges nothing); it need not match the partial serial state
+        with pytest.raises(type(exc)):
+            run_parallel_local(cell, fresh_namespace(), cuts, order=order)
+        return
+    parallel = fresh_namespace()
+    parallel_before = dict(parallel)
+    run_parallel_local(cell, parallel, cuts, order=order)
+    assert_same_namespace(serial, parallel, serial_before, parallel_before)
