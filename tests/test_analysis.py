@@ -529,7 +529,10 @@ def test_break_in_nested_loop_is_fine() -> None:
     ["out.append(len(out))", "y = out[-1]", "acc += acc", "print(d)", "kd[x] += kd[0]"],
 )
 def test_sink_read_elsewhere_refused(stmt: str) -> None:
-    src = f"for x in xs:\n    out.append(x)\n    acc += x\n    d[x] = 1\n    kd[x] += 1\n    {stmt}\n"
+    src = (
+        "for x in xs:\n    out.append(x)\n    acc += x\n    d[x] = 1\n"
+        f"    kd[x] += 1\n    {stmt}\n"
+    )
     r = refusals(src)
     assert any(kind == "sink-read" and line == 6 for _n, kind, line in r)
 
@@ -592,7 +595,7 @@ def test_dry_run_shows_refusals() -> None:
     assert "REFUSED (1)" in text and "line 2" in text and p.chunk_ast is None
 
 
-# -- iteration space --------------------------------------------------------------------
+# -- iteration space -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -713,6 +716,7 @@ def test_cuda_rewrite_only_when_asked() -> None:
     assert q.cuda_rewritten and q.cuda_lines == (2, 3, 4, 5, 6)
     text = q.chunk_source
     assert "cuda" not in text.replace("'device': True", "")
+    assert "torch.device(__gpucell_device__)" in text
     assert "x.to(__gpucell_device__)" in text
     assert "device=__gpucell_device__" in text
     assert "x.to(__gpucell_device__, non_blocking=True)" in text
@@ -723,7 +727,10 @@ def test_cuda_rewrite_runs_on_cpu() -> None:
     torch = pytest.importorskip("torch")
     from gpucell.engine import run_chunk
 
-    src = "for x in xs:\n    y = x.cuda() * 2\n    out.append(torch.ones(1, device='cuda') + y)\n"
+    src = (
+        "for x in xs:\n    y = x.cuda() * 2\n"
+        "    out.append(torch.ones(1, device='cuda') + y)\n"
+    )
     p = analyse(src, known_names=KNOWN, for_cpu=True)
     xs = torch.arange(3.0)
     r = run_chunk(p.engine_program(), {"torch": torch}, ("seq", xs), 0, device="cpu")

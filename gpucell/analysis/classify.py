@@ -27,12 +27,12 @@ from gpucell.analysis.scope import (
     ENGINE_PROVIDED,
     NESTED_SCOPES,
     WELL_KNOWN_MODULES,
+    bindings_of,
     is_inplace_method,
     is_mutating_method,
     nested_free_loads,
     nested_statements,
     root_name,
-    scope_bindings,
     scope_nodes,
     target_names,
     target_parts,
@@ -875,16 +875,18 @@ def classify_body(
         Names bound by ``import`` in the prelude (receivers whose in-place functions
         modify their argument rather than themselves).
     """
+    stmts = list(block_statements(body))
+    nodes = [n for s in body for n in scope_nodes(s)]
     cands: list[Candidate] = []
-    for s in block_statements(body):
+    for s in stmts:
         cands.extend(match_candidates(s, is_builtin))
     own_store_ids = {
         id(n) for c in cands for n in c.own if isinstance(n.ctx, ast.Store)
     }
     # names bound in the body other than by a candidate's own store: a name that
     # is also assigned by ordinary code is a plain local, not a sink
-    other_bound = {n.id for n in target_names(loop_target)} | scope_bindings(
-        list(body), exclude=own_store_ids
+    other_bound = {n.id for n in target_names(loop_target)} | bindings_of(
+        nodes, exclude=own_store_ids
     )
 
     sinks: dict[str, Candidate] = {}
@@ -947,25 +949,36 @@ def classify_body(
     if loop_iter is not None:
         names, _ = _target_taint(loop_target, loop_iter, is_builtin)
         tainted |= names
-    for _ in range(len(body_bound) + 1):
+    # (kind, expression, names it binds) for every binding that may alias
+    aliasing: list[tuple[str, ast.expr, set[str]]] = []
+    for s in stmts:
+        if isinstance(s, ast.Assign):
+            names = {n.id for t in s.targets for n in target_names(t)}
+            aliasing.append(("alias", s.value, names))
+        elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
+            s.iter, is_builtin
+        ):
+            aliasing.append(
+                ("mentions", s.iter, {n.id for n in target_names(s.target)})
+            )
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                if item.optional_vars is not None:
+                    names = {n.id for n in target_names(item.optional_vars)}
+                    aliasing.append(("alias", item.context_expr, names))
+    for node in nodes:
+        if isinstance(node, ast.NamedExpr):
+            aliasing.append(("alias", node.value, {node.target.id}))
+    for _ in range(len(aliasing) + 1):
         before = len(tainted)
-        for s in block_statements(body):
-            if isinstance(s, ast.Assign) and _alias_expr(s.value, is_outer):
-                for t in s.targets:
-                    tainted |= {n.id for n in target_names(t)}
-            elif isinstance(s, (ast.For, ast.AsyncFor)) and (
-                _mentions(s.iter, is_outer) and not _is_range(s.iter, is_builtin)
-            ):
-                tainted |= {n.id for n in target_names(s.target)}
-            elif isinstance(s, (ast.With, ast.AsyncWith)):
-                for item in s.items:
-                    if item.optional_vars is not None and _alias_expr(
-                        item.context_expr, is_outer
-                    ):
-                        tainted |= {n.id for n in target_names(item.optional_vars)}
-        for node in (n for s in body for n in _scope_nodes(s)):
-            if isinstance(node, ast.NamedExpr) and _alias_expr(node.value, is_outer):
-                tainted.add(node.target.id)
+        for kind, e, names in aliasing:
+            if names <= tainted:
+                continue
+            hit = (
+                _alias_expr(e, is_outer) if kind == "alias" else _mentions(e, is_outer)
+            )
+            if hit:
+                tainted |= names
         if len(tainted) == before:
             break
     tainted &= body_bound
@@ -1016,16 +1029,11 @@ def classify_body(
     first_lines: dict[str, int] = {}
     for n in target_names(loop_target):
         first_lines.setdefault(n.id, n.lineno)
-    for s in body:
-        for node in _scope_nodes(s):
-            if isinstance(node, ast.Name) and node.id in body_bound:
-                first_lines.setdefault(node.id, node.lineno)
+    for node in nodes:
+        if isinstance(node, ast.Name) and node.id in body_bound:
+            first_lines.setdefault(node.id, node.lineno)
     result.locals = {n: first_lines.get(n, 0) for n in sorted(body_bound)}
     result.locals = dict(sorted(result.locals.items(), key=lambda kv: (kv[1], kv[0])))
     result.deleted_locals = ctx.deleted & body_bound
     result.prints = sorted(set(ctx.prints))
     return result
-
-
-def _scope_nodes(s: ast.AST) -> Iterator[ast.AST]:
-    yield from scope_nodes(s)

@@ -261,6 +261,8 @@ def analyse(
             "keyed": dict(keyed),
             "device": False,
         }
+        # the loop's nodes are rewritten in place: the plan keeps only the
+        # prelude and epilogue trees, and classification is done
         chunk_ast = build_program(
             loop_node=loop,
             target=target,

@@ -19,7 +19,6 @@ its line numbers, so a remote traceback points at the user's cell lines.
 from __future__ import annotations
 
 import ast
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,8 +58,12 @@ def _const(value: Any, loc: ast.AST) -> ast.expr:
     return ast.copy_location(ast.Constant(value), loc)
 
 
-class _SinkRewriter(ast.NodeTransformer):
-    """Replace sink patterns with recorder calls; leave everything else alone."""
+class _SinkRewriter:
+    """Replace sink patterns with recorder calls; leave everything else alone.
+
+    Sink patterns are statements, so only statement lists are walked (not every
+    expression, which is what makes ``ast.NodeTransformer`` slow on long cells).
+    """
 
     def __init__(
         self,
@@ -80,13 +83,36 @@ class _SinkRewriter(ast.NodeTransformer):
         self.deleted = set(deleted)
         self._tmp = 0
 
-    # nested scopes hold no sink patterns (the classifier refused them)
-    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
-        return node
+    def block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for s in stmts:
+            r = self.stmt(s)
+            if isinstance(r, list):
+                out.extend(r)
+            else:
+                out.append(r)
+        return out
 
-    visit_AsyncFunctionDef = visit_FunctionDef
-    visit_ClassDef = visit_FunctionDef
-    visit_Lambda = visit_FunctionDef
+    def stmt(self, s: ast.stmt) -> Any:
+        # nested scopes hold no sink patterns (the classifier refused them)
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return s
+        handler = getattr(self, "visit_" + type(s).__name__, None)
+        if handler is not None:
+            r = handler(s)
+            if r is not None:
+                return r
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(s, name, None)
+            if block:
+                setattr(s, name, self.block(block))
+        for h in getattr(s, "handlers", ()):
+            h.body = self.block(h.body)
+            if h.name and h.name in self.deleted:
+                h.body.insert(0, _rec_call("deleted", [_const((h.name,), h)], h))
+        for case in getattr(s, "cases", ()):
+            case.body = self.block(case.body)
+        return s
 
     def visit_Expr(self, node: ast.Expr) -> Any:
         v = node.value
@@ -101,7 +127,7 @@ class _SinkRewriter(ast.NodeTransformer):
                 return _rec_call(attr, [nm, *v.args], node)
             if name in self.unions and attr in ("add", "update"):
                 return _rec_call(attr, [nm, *v.args], node)
-        return self.generic_visit(node)
+        return None
 
     def visit_AugAssign(self, node: ast.AugAssign) -> Any:
         t = node.target
@@ -119,7 +145,7 @@ class _SinkRewriter(ast.NodeTransformer):
             return _rec_call(
                 "keyed", [_const(t.value.id, node), t.slice, node.value], node
             )
-        return self.generic_visit(node)
+        return None
 
     def visit_Assign(self, node: ast.Assign) -> Any:
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -137,7 +163,7 @@ class _SinkRewriter(ast.NodeTransformer):
             and p.value.id in self.writes
         ]
         if not sink_parts:
-            return self.generic_visit(node)
+            return None
         if (
             len(node.targets) == 1
             and isinstance(node.targets[0], ast.Subscript)
@@ -190,16 +216,8 @@ class _SinkRewriter(ast.NodeTransformer):
             if isinstance(p, ast.Name) and p.id in self.deleted
         ]
         if not names:
-            return self.generic_visit(node)
+            return None
         return [node, _rec_call("deleted", [_const(tuple(names), node)], node)]
-
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> Any:
-        self.generic_visit(node)
-        if node.name and node.name in self.deleted:
-            node.body.insert(
-                0, _rec_call("deleted", [_const((node.name,), node)], node)
-            )
-        return node
 
 
 def _spec_expr(spec: Mapping[str, Any], loc: ast.AST) -> ast.expr:
@@ -224,10 +242,9 @@ def build_program(
 ) -> ast.Module:
     """The chunk program as an ``ast.Module`` with the cell's line numbers.
 
-    ``body`` and ``target`` are deep-copied; the analysis' own trees stay intact.
+    ``body`` and ``target`` are rewritten in place: pass a tree the analysis does
+    not keep (re-parsing the cell is much cheaper than ``copy.deepcopy``).
     """
-    body = copy.deepcopy(body)
-    target = copy.deepcopy(target)
     rw = _SinkRewriter(
         gathers=gathers,
         writes=writes,
@@ -236,13 +253,7 @@ def build_program(
         unions=unions,
         deleted=deleted,
     )
-    new_body: list[ast.stmt] = []
-    for s in body:
-        r = rw.visit(s)
-        if isinstance(r, list):
-            new_body.extend(r)
-        elif r is not None:
-            new_body.append(r)
+    new_body = rw.block(list(body))
     loc = loop_node
     setup = _rec_call("setup", [_spec_expr(spec, loc)], loc)
     idx_store = ast.copy_location(ast.Name(INDEX, ast.Store()), loc)
@@ -263,9 +274,9 @@ def build_program(
         ),
         loc,
     )
-    module = ast.Module(body=[setup, loop], type_ignores=[])
-    ast.fix_missing_locations(module)
-    return module
+    # every node made here got a location from the loop or the node it replaces,
+    # so no whole-tree ast.fix_missing_locations pass is needed
+    return ast.Module(body=[setup, loop], type_ignores=[])
 
 
 # ---------------------------------------------------------------------------
@@ -281,8 +292,11 @@ def _is_cuda_str(node: ast.AST) -> bool:
     )
 
 
-class _CudaRewriter(ast.NodeTransformer):
-    """``.cuda()``, ``.to("cuda")``, ``device="cuda"``, ``torch.device("cuda")``."""
+class _CudaRewriter:
+    """``.cuda()``, ``.to("cuda")``, ``device="cuda"``, ``torch.device("cuda")``.
+
+    Every rewrite changes a ``Call`` node in place, so one ``ast.walk`` suffices.
+    """
 
     def __init__(self) -> None:
         self.lines: list[int] = []
@@ -291,35 +305,35 @@ class _CudaRewriter(ast.NodeTransformer):
         self.lines.append(getattr(loc, "lineno", 0))
         return ast.copy_location(ast.Name(DEVICE, ast.Load()), loc)
 
-    def visit_Call(self, node: ast.Call) -> Any:
-        self.generic_visit(node)
+    def call(self, node: ast.Call) -> None:
         f = node.func
-        # torch.device("cuda") / torch.device("cuda", 1) / torch.device("cuda:1")
+        if not isinstance(f, ast.Attribute):
+            for k in node.keywords:
+                if k.arg == "device" and _is_cuda_str(k.value):
+                    k.value = self._device(k.value)
+            return
         if (
-            isinstance(f, ast.Attribute)
-            and f.attr == "device"
+            f.attr == "device"
             and isinstance(f.value, ast.Name)
             and f.value.id == "torch"
             and node.args
             and _is_cuda_str(node.args[0])
         ):
-            return self._device(node)
-        if isinstance(f, ast.Attribute) and f.attr == "cuda":
+            # torch.device("cuda"[, n]) -> torch.device(__gpucell_device__)
+            node.args = [self._device(node)]
+            node.keywords = []
+            return
+        if f.attr == "cuda":
             # x.cuda(), x.cuda(0), x.cuda(non_blocking=True) -> x.to(device, ...)
-            kws = [k for k in node.keywords if k.arg not in ("device",)]
-            new = ast.Call(
-                func=ast.copy_location(ast.Attribute(f.value, "to", ast.Load()), f),
-                args=[self._device(node)],
-                keywords=kws,
-            )
-            return ast.copy_location(new, node)
-        if isinstance(f, ast.Attribute) and f.attr == "to":
-            if node.args and _is_cuda_str(node.args[0]):
-                node.args[0] = self._device(node.args[0])
+            node.func = ast.copy_location(ast.Attribute(f.value, "to", ast.Load()), f)
+            node.args = [self._device(node)]
+            node.keywords = [k for k in node.keywords if k.arg != "device"]
+            return
+        if f.attr == "to" and node.args and _is_cuda_str(node.args[0]):
+            node.args[0] = self._device(node.args[0])
         for k in node.keywords:
             if k.arg == "device" and _is_cuda_str(k.value):
                 k.value = self._device(k.value)
-        return node
 
 
 def rewrite_cuda(module: ast.Module) -> tuple[ast.Module, tuple[int, ...]]:
@@ -329,6 +343,7 @@ def rewrite_cuda(module: ast.Module) -> tuple[ast.Module, tuple[int, ...]]:
     device selections at the call are rewritten.
     """
     rw = _CudaRewriter()
-    module = rw.visit(module)
-    ast.fix_missing_locations(module)
+    for node in ast.walk(module):
+        if isinstance(node, ast.Call):
+            rw.call(node)
     return module, tuple(sorted(set(rw.lines)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 __all__ = [
     "BUILTIN_NAMES",
@@ -21,6 +21,7 @@ __all__ = [
     "target_names",
     "root_name",
     "scope_bindings",
+    "bindings_of",
     "scope_nodes",
     "nested_free_loads",
     "iter_scope",
@@ -143,34 +144,31 @@ def root_name(node: ast.expr) -> ast.Name | None:
 def iter_scope(node: ast.AST) -> Iterator[ast.AST]:
     """Walk ``node``'s children without entering nested functions/classes/lambdas.
 
-    Comprehensions are entered: their walrus targets bind in this scope.
+    Comprehensions are entered (their walrus targets bind in this scope) but their
+    own targets are skipped. Pre-order, in source order; iterative, because this
+    runs over every node of the cell several times.
     """
-    for child in ast.iter_child_nodes(node):
+    stack: list[ast.AST] = list(reversed(_scope_children(node)))
+    while stack:
+        child = stack.pop()
         yield child
-        if isinstance(child, ast.comprehension):
-            # the comprehension's own targets do not bind in this scope
-            for sub in [child.iter, *child.ifs]:
-                yield sub
-                yield from iter_scope(sub)
-            continue
-        if isinstance(child, NESTED_SCOPES):
-            # decorators, defaults, bases are evaluated in this scope
-            for sub in _outer_parts(child):
-                yield sub
-                yield from iter_scope(sub)
-            continue
-        yield from iter_scope(child)
+        stack.extend(reversed(_scope_children(child)))
+
+
+def _scope_children(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.comprehension):
+        # the comprehension's own targets do not bind in this scope
+        return [node.iter, *node.ifs]
+    if isinstance(node, NESTED_SCOPES):
+        # decorators, defaults, bases are evaluated in this scope
+        return _outer_parts(node)
+    return list(ast.iter_child_nodes(node))
 
 
 def scope_nodes(node: ast.AST) -> Iterator[ast.AST]:
     """``node`` and every node of the same scope under it (see :func:`iter_scope`)."""
     yield node
-    if isinstance(node, NESTED_SCOPES):
-        for part in _outer_parts(node):
-            yield part
-            yield from iter_scope(part)
-    else:
-        yield from iter_scope(node)
+    yield from iter_scope(node)
 
 
 def _outer_parts(node: ast.AST) -> list[ast.AST]:
@@ -205,26 +203,32 @@ def scope_bindings(
     ``exclude`` holds ``id()`` of ``Name`` nodes to ignore (sink patterns' own
     stores, which do not make a name local).
     """
+    return bindings_of(
+        (node for top in stmts for node in scope_nodes(top)), exclude=exclude
+    )
+
+
+def bindings_of(
+    nodes: Iterable[ast.AST], exclude: Collection[int] = frozenset()
+) -> set[str]:
+    """Names bound by ``nodes`` (already walked with :func:`scope_nodes`)."""
     bound: set[str] = set()
-    for top in stmts:
-        for node in scope_nodes(top):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                if id(node) not in exclude:
-                    bound.add(node.id)
-            elif isinstance(
-                node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-            ):
-                bound.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for alias in node.names:
-                    if alias.name != "*":
-                        bound.add(alias.asname or alias.name.split(".")[0])
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                bound.add(node.name)
-            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-                bound.add(node.name)
-            elif isinstance(node, ast.MatchMapping) and node.rest:
-                bound.add(node.rest)
+    for node in nodes:
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Store) and id(node) not in exclude:
+                bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name != "*":
+                    bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
     return bound
 
 

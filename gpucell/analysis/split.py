@@ -33,6 +33,7 @@ class CellSplit:
     prelude: tuple[ast.stmt, ...]
     loop: ast.stmt | None
     epilogue: tuple[ast.stmt, ...]
+    index: int = -1  # position of the loop among the module's statements
 
     @property
     def is_comprehension(self) -> bool:
@@ -68,7 +69,7 @@ def split_cell(module: ast.Module) -> CellSplit:
             epilogue = list(body[i + 1 :])
             if isinstance(node, (ast.For, ast.AsyncFor)) and node.orelse:
                 epilogue = list(node.orelse) + epilogue
-            return CellSplit(module, tuple(body[:i]), node, tuple(epilogue))
+            return CellSplit(module, tuple(body[:i]), node, tuple(epilogue), i)
     return CellSplit(module, tuple(body), None, ())
 
 
