@@ -25,10 +25,12 @@ __version__ = "0.1.0"
 __all__ = [
     "ClusterError",
     "DeviceSelectionError",
+    "GpuCell",
     "GpucellError",
     "NoCluster",
     "NotParallelizable",
     "connect",
+    "current",
     "device",
     "load_ipython_extension",
     "start_cluster",

@@ -5,6 +5,7 @@ hook sets that command).  Before the real module is imported this:
 
 * asks Linux to kill the process when the process that started it dies
   (``PR_SET_PDEATHSIG``), so no engine outlives its kernel, even a SIGKILLed one;
+  processes it forks later get the same, tied to it;
   a watchdog thread backs it up where ``prctl`` is not available;
 * applies the CPU affinity in ``GPUCELL_CPU_AFFINITY`` (e.g. ``0,1``).
 
@@ -23,8 +24,15 @@ import threading
 import time
 
 
+def _death_signal() -> int:
+    """SIGKILL for engines (works even inside C code); the controller may ask for
+    SIGTERM so it can remove its connection files."""
+    name = os.environ.get("GPUCELL_DEATH_SIGNAL", "SIGKILL")
+    return int(getattr(signal, name, signal.SIGKILL))
+
+
 def _set_parent_death_signal(parent: int) -> bool:
-    """Ask the kernel to SIGKILL us when our parent exits (Linux only)."""
+    """Ask the kernel to signal us when our parent exits (Linux only)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -32,7 +40,7 @@ def _set_parent_death_signal(parent: int) -> bool:
 
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, _death_signal(), 0, 0, 0) != 0:
             return False
     except Exception:
         return False
@@ -69,9 +77,20 @@ def main(argv: list[str]) -> None:
     parent = int(os.environ.get("GPUCELL_PARENT_PID", os.getppid()))
     if parent == os.getppid() and not _set_parent_death_signal(parent):
         _watch_parent(parent)
+    # prctl's setting is not inherited across fork: processes the controller or an
+    # engine forks (schedulers, helpers) get it anew, tied to their own parent.
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(
+            after_in_child=lambda: _set_parent_death_signal(os.getppid())
+        )
     aff = os.environ.get("GPUCELL_CPU_AFFINITY", "")
     if aff:
         _apply_affinity(aff)
+    for name in filter(None, os.environ.get("GPUCELL_PREIMPORT", "").split(",")):
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     module, rest = argv[0], argv[1:]
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

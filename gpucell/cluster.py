@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import config as _config
-from .devices import Device, cpu_device, discover
+from .devices import cpu_device, discover
 from .errors import ClusterError, NoCluster
 from .topology import EngineSpec, parse_gpu_selection, plan_engines
 
@@ -129,7 +129,9 @@ def _profile_dir(profile: str) -> str:
     from IPython.paths import get_ipython_dir
 
     try:
-        return str(ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location)
+        return str(
+            ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location
+        )
     except ProfileDirError:
         raise ClusterError(
             f"No IPython profile {profile!r} (looked in {get_ipython_dir()}). "
@@ -147,6 +149,9 @@ def _engine_env(spec: EngineSpec) -> dict[str, str]:
             "GPUCELL_DEVICE_INDEX": str(spec.device.index),
             "GPUCELL_DEVICE_NAME": spec.device.name,
             "GPUCELL_DEVICE_MEMORY": str(spec.device.memory_total),
+            # imported while the engine waits for the controller anyway; the first
+            # message it deserialises would import it otherwise
+            "GPUCELL_PREIMPORT": "numpy",
         }
     )
     if spec.cpu_affinity:
@@ -154,12 +159,40 @@ def _engine_env(spec: EngineSpec) -> dict[str, str]:
     return env
 
 
-def _fast_start_config() -> dict[str, Any]:
-    """ipyparallel settings that cut start-up on a small host (see bench/)."""
-    return {}
+#: Always on: the controller's schedulers run as threads of one process, so
+#: ``PR_SET_PDEATHSIG`` (which forked children do not inherit) covers all of it.
+_CONTROLLER_ARGS = ["--IPController.use_threads=True"]
 
 
-def _describe_engines(client: ipp.Client, ids: Sequence[int], timeout: float) -> dict[int, dict[str, Any]]:
+def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Cluster kwargs, controller args and engine args for a quick start.
+
+    Measured on a 2-core host (bench/bench_startup.py): registration waits for a
+    heartbeat round, so the default 3 s heartbeat period dominates start-up; the
+    per-engine nanny process costs another ~0.5 s.  Without the nanny, interrupts of
+    local engines are delivered by signalling their pids directly.
+    """
+    if not fast:
+        return {}, list(_CONTROLLER_ARGS), []
+    cluster_kw = {"delay": 0.0, "send_engines_connection_env": False}
+    # A 100 ms heartbeat with 300 misses still tolerates 30 s of silence (the
+    # default) on a loaded host; gpucell notices dead local engines by pid sooner.
+    controller = [
+        *_CONTROLLER_ARGS,
+        "--HeartMonitor.period=100",
+        "--HeartMonitor.max_heartmonitor_misses=300",
+    ]
+    engine = [
+        "--IPEngine.enable_nanny=False",
+        "--IPEngine.max_heartbeat_misses=300",
+        "--IPEngine.wait_for_url_file=60",
+    ]
+    return cluster_kw, controller, engine
+
+
+def _describe_engines(
+    client: ipp.Client, ids: Sequence[int], timeout: float
+) -> dict[int, dict[str, Any]]:
     from .runtime import describe
 
     view = client.direct_view(list(ids))
@@ -168,7 +201,7 @@ def _describe_engines(client: ipp.Client, ids: Sequence[int], timeout: float) ->
         infos = ar.get(timeout=timeout)
     except Exception as e:
         raise ClusterError(f"Engines did not answer within {timeout:.0f} s: {e}") from e
-    return dict(zip(ids, infos))
+    return dict(zip(ids, infos, strict=True))
 
 
 def _info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
@@ -243,7 +276,9 @@ def start_cluster(
         pin_cpu_engines=s.pin_cpu_engines,
     )
     if _current is not None:
-        if _current.owned and [x.label for x in _current.specs] == [x.label for x in specs]:
+        if _current.owned and [x.label for x in _current.specs] == [
+            x.label for x in specs
+        ]:
             if echo:
                 echo(f"gpucell: cluster already running: {_current.description}")
             return _current
@@ -258,17 +293,18 @@ def start_cluster(
 
     import ipyparallel as ipp
 
-    fast = _fast_start_config() if s.fast_start else {}
+    cluster_kw, controller_args, engine_args = _fast_start_settings(s.fast_start)
     cluster = ipp.Cluster(
         n=len(specs),
         engine_launcher_class="gpucell",
         controller_launcher_class="gpucell",
+        controller_args=controller_args,
         log_level=40,
         **profile_kw,
-        **fast,
+        **cluster_kw,
     )
     try:
-        client = _start_and_connect(cluster, specs, timeout)
+        client = _start_and_connect(cluster, specs, engine_args, timeout)
         infos = _describe_engines(client, client.ids, timeout)
     except BaseException as e:
         _stop_quietly(cluster)
@@ -276,7 +312,9 @@ def start_cluster(
             raise
         if isinstance(e, KeyboardInterrupt):
             raise
-        raise ClusterError(f"Cluster failed to start: {e}. Nothing is left running.") from e
+        raise ClusterError(
+            f"Cluster failed to start: {e}. Nothing is left running."
+        ) from e
     engines = {eid: _info_from(eid, d) for eid, d in infos.items()}
     elapsed = time.perf_counter() - t0
     gc = GpuCluster(
@@ -297,7 +335,10 @@ def start_cluster(
 
 
 def _start_and_connect(
-    cluster: ipp.Cluster, specs: Sequence[EngineSpec], timeout: float
+    cluster: ipp.Cluster,
+    specs: Sequence[EngineSpec],
+    engine_args: list[str],
+    timeout: float,
 ) -> ipp.Client:
     """Controller, then one engine set per spec, then wait for all to register.
 
@@ -307,11 +348,14 @@ def _start_and_connect(
     cluster.start_controller_sync()
     for spec in specs:
         cluster.start_engines_sync(
-            1, engine_set_id=spec.label, environment=_engine_env(spec)
+            1,
+            engine_set_id=spec.label,
+            environment=_engine_env(spec),
+            engine_args=list(engine_args),
         )
     client = cluster.connect_client_sync()
     try:
-        client.wait_for_engines(len(specs), timeout=timeout)
+        client.wait_for_engines(len(specs), timeout=timeout, interactive=False)
     except TimeoutError:
         got = len(client.ids)
         client.close()
@@ -354,7 +398,8 @@ def connect(
         )
     if not (profile or cluster_id or file):
         raise ClusterError(
-            "connect needs --profile P, --cluster-id ID or --file ipcontroller-client.json."
+            "connect needs --profile P, --cluster-id ID or "
+            "--file ipcontroller-client.json."
         )
     s = _config.settings()
     timeout = timeout if timeout is not None else s.connect_timeout
@@ -384,11 +429,12 @@ def connect(
         ) from e
     try:
         try:
-            client.wait_for_engines(min_engines, timeout=timeout)
+            client.wait_for_engines(min_engines, timeout=timeout, interactive=False)
         except TimeoutError:
             raise ClusterError(
-                f"The cluster answered but no engine registered within {timeout:.0f} s. "
-                "Start engines (`ipcluster engines`) or raise --timeout."
+                "The cluster answered but no engine registered within "
+                f"{timeout:.0f} s. Start engines (`ipcluster engines`) "
+                "or raise --timeout."
             ) from None
         ids = list(client.ids)
         engines = _assign_by_local_rank(client, ids, timeout)
@@ -396,7 +442,9 @@ def connect(
         client.close()
         raise
     elapsed = time.perf_counter() - t0
-    gc = GpuCluster(client=client, engines=engines, owned=False, startup_seconds=elapsed)
+    gc = GpuCluster(
+        client=client, engines=engines, owned=False, startup_seconds=elapsed
+    )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
     _current = gc
     if echo:
@@ -418,11 +466,14 @@ def _host_facts() -> dict[str, Any]:
     return {"host": socket.gethostname(), "cores": cores, "gpus": local_gpus()}
 
 
-def _assign_by_local_rank(client: ipp.Client, ids: list[int], timeout: float) -> dict[int, EngineInfo]:
+def _assign_by_local_rank(
+    client: ipp.Client, ids: list[int], timeout: float
+) -> dict[int, EngineInfo]:
     from .runtime import assign_device
 
     view = client.direct_view(ids)
-    facts = dict(zip(ids, view.apply_async(_host_facts).get(timeout=timeout)))
+    answers = view.apply_async(_host_facts).get(timeout=timeout)
+    facts = dict(zip(ids, answers, strict=True))
     by_host: dict[str, list[int]] = {}
     for eid in ids:
         by_host.setdefault(facts[eid]["host"], []).append(eid)
@@ -435,7 +486,13 @@ def _assign_by_local_rank(client: ipp.Client, ids: list[int], timeout: float) ->
             if gpus:
                 g = gpus[rank % len(gpus)]
                 order = [g["index"]] + [x["index"] for x in gpus if x is not g]
-                args = ("gpu", g["index"], ",".join(map(str, order)), g["name"], g["memory_total"])
+                args = (
+                    "gpu",
+                    g["index"],
+                    ",".join(map(str, order)),
+                    g["name"],
+                    g["memory_total"],
+                )
             else:
                 args = ("cpu", -1, None, "CPU", 0)
             ar = client[eid].apply_async(assign_device, *args, threads, f"r{rank}")
@@ -470,7 +527,9 @@ def status() -> list[EngineInfo]:
     return current().refresh()
 
 
-def format_status(rows: Sequence[EngineInfo], selected: Sequence[int] | None = None) -> str:
+def format_status(
+    rows: Sequence[EngineInfo], selected: Sequence[int] | None = None
+) -> str:
     """The status table as text (pure)."""
     head = ("engine", "host", "pid", "device", "name", "memory", "threads", "state")
     body = []
@@ -489,7 +548,11 @@ def format_status(rows: Sequence[EngineInfo], selected: Sequence[int] | None = N
                 r.state,
             )
         )
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    widths = [
+        max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+        for i, h in enumerate(head)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    for b in body:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)))
     return "\n".join(line.rstrip() for line in lines)

@@ -18,7 +18,9 @@ class GpuCell(Configurable):
 
     per_gpu = Int(1, config=True, help="Engines started on each GPU (--per-gpu).")
     cpu_engines = Int(
-        0, config=True, help="CPU engines started beside the GPU engines (--cpu-engines)."
+        0,
+        config=True,
+        help="CPU engines started beside the GPU engines (--cpu-engines).",
     )
     gpus = Unicode(
         "all", config=True, help="GPUs a local cluster uses: 'all', 'none' or '0,2'."

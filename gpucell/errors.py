@@ -28,7 +28,8 @@ class NoCluster(ClusterError):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(
-            message or "No cluster. Start one with `%gpu_cluster start` "
+            message
+            or "No cluster. Start one with `%gpu_cluster start` "
             "(or `gpucell.start_cluster()`), or attach with `%gpu_cluster connect`."
         )
 

@@ -49,4 +49,8 @@ class PinnedControllerLauncher(LocalControllerLauncher):
 
     @default("environment")
     def _default_environment(self) -> dict[str, str]:
-        return {"GPUCELL_PARENT_PID": str(os.getpid())}
+        # SIGTERM lets the controller remove its connection files as it goes.
+        return {
+            "GPUCELL_PARENT_PID": str(os.getpid()),
+            "GPUCELL_DEATH_SIGNAL": "SIGTERM",
+        }

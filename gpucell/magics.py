@@ -21,15 +21,25 @@ def _parser(prog: str, description: str) -> MagicArgumentParser:
 
 def _build_parsers() -> dict[str, MagicArgumentParser]:
     start = _parser("%gpu_cluster start", "Start a local cluster, one engine per GPU.")
-    start.add_argument("-n", type=int, default=None, help="CPU engines without GPUs "
-                       "(default: one per core); with GPUs, use the first N.")
+    start.add_argument(
+        "-n",
+        type=int,
+        default=None,
+        help="CPU engines without GPUs "
+        "(default: one per core); with GPUs, use the first N.",
+    )
     start.add_argument("--gpus", default=None, help="'all' (default), 'none' or '0,2'.")
     start.add_argument("--per-gpu", type=int, default=None, help="Engines per GPU.")
-    start.add_argument("--cpu-engines", type=int, default=None,
-                       help="CPU engines beside the GPU engines.")
+    start.add_argument(
+        "--cpu-engines",
+        type=int,
+        default=None,
+        help="CPU engines beside the GPU engines.",
+    )
     start.add_argument("--profile", default=None, help="An existing IPython profile.")
-    start.add_argument("--timeout", type=float, default=None,
-                       help="Seconds to wait for the engines.")
+    start.add_argument(
+        "--timeout", type=float, default=None, help="Seconds to wait for the engines."
+    )
 
     conn = _parser("%gpu_cluster connect", "Attach to a cluster started elsewhere.")
     conn.add_argument("--profile", default=None)

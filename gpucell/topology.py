@@ -75,7 +75,7 @@ def parse_gpu_selection(spec: str | Sequence[int] | None) -> str | tuple[int, ..
 
 
 def visible_devices_order(gpu: int, all_gpus: Sequence[int]) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for an engine of ``gpu``: its GPU first, then the rest."""
+    """``CUDA_VISIBLE_DEVICES`` for ``gpu``'s engine: its GPU first, then the rest."""
     rest = [g for g in all_gpus if g != gpu]
     return ",".join(str(g) for g in [gpu, *rest])
 
@@ -181,6 +181,8 @@ def plan_engines(
         env = {"CUDA_VISIBLE_DEVICES": ""} if chosen or gpus else {}
         env.update(thread_env(t))
         specs.append(
-            EngineSpec(label=f"cpu{k}", device=cpu, env=env, cpu_affinity=aff, threads=t)
+            EngineSpec(
+                label=f"cpu{k}", device=cpu, env=env, cpu_affinity=aff, threads=t
+            )
         )
     return specs

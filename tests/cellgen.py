@@ -401,7 +401,13 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
             )
         )
         body = g.block(avail, 0, True, draw(st.integers(1, 6)))
-        if header.startswith("for x, y") and draw(st.booleans()):
+        if (
+            header.startswith("for x, y")
+            and draw(st.booleans())
+            and not any(b.lstrip().startswith("facc =") for b in body)
+        ):
+            # one reduction form per name: mixing `facc = facc + e` with
+            # `facc += e` is refused by design (see test_analysis)
             body.append("facc += y")
         lines.append(header)
         lines.extend("    " + b for b in body)

@@ -1,0 +1,102 @@
+"""Shared fixtures: a real 2-engine cluster per session and a real IPython shell."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+import gpucell
+import gpucell.cluster as gc_mod
+
+# Engines unpickle functions defined in test modules by importing those modules:
+# let every engine the tests start find them.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p
+)
+
+
+def _has_nvidia() -> bool:
+    try:
+        from gpucell.devices import PynvmlApi
+
+        return bool(PynvmlApi().gpus())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    if _has_nvidia():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU and driver (NVML found none)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython shell with gpucell loaded."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "gpucell")
+    return shell
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[gc_mod.GpuCluster]:
+    """One real 2-engine CPU cluster for the whole session (starting one costs s)."""
+    c = gpucell.start_cluster(2, gpus="none")
+    yield c
+    gpucell.stop()
+
+
+@pytest.fixture
+def no_active_cluster() -> Iterator[None]:
+    """Set the session cluster aside so a test can start or connect its own."""
+    saved = gc_mod._current
+    gc_mod._current = None
+    try:
+        yield
+    finally:
+        leftover = gc_mod._current
+        if leftover is not None and leftover is not saved:
+            gpucell.stop()
+        gc_mod._current = saved
+
+
+def children() -> set[int]:
+    """PIDs of this process's live descendants (engines, controllers)."""
+    out = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: set[int] | list[int], timeout: float = 10.0) -> set[int]:
+    """Wait until none of ``pids`` runs; return those still running."""
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if _running(p)}
+        if alive:
+            time.sleep(0.1)
+    return alive

@@ -1,0 +1,322 @@
+"""The cluster lifecycle on real ipyparallel engine processes (nothing mocked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from conftest import children, wait_gone
+from fake_nvml import FakeNvml, a100s
+from IPython.core.error import UsageError
+
+import gpucell
+import gpucell.cluster as gc_mod
+from gpucell.errors import ClusterError, DeviceSelectionError
+
+pytestmark = pytest.mark.cluster
+
+
+def _engine_facts():
+    import os
+
+    import torch
+
+    return {
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "mkl": os.environ.get("MKL_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": str(__import__("gpucell").device()),
+    }
+
+
+def test_two_cpu_engines_are_pinned_and_thread_limited(cluster):
+    assert len(cluster.engines) == 2
+    facts = cluster.client[:].apply_sync(_engine_facts)
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // 2)
+    for f in facts:
+        assert f["omp"] == f["mkl"] == str(share)
+        assert f["torch_threads"] == share
+        assert f["cvd"] is None  # no GPU on this host: nothing to hide
+        assert f["device"] == "cpu"
+    if len(cores) >= 2:
+        a, b = (set(f["affinity"]) for f in facts)
+        assert a and b and not (a & b), "each engine gets its own cores"
+        assert a | b <= set(cores)
+
+
+def test_status_table_lists_every_engine(ip, cluster, capsys):
+    ip.run_line_magic("gpu_cluster", "status")
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:4] == ["engine", "host", "pid", "device"]
+    assert len(lines) == 3
+    pids = {str(e.pid) for e in cluster.engines.values()}
+    assert {line.split()[2] for line in lines[1:]} == pids
+    assert all(line.split()[-1] == "idle" for line in lines[1:])
+    for e in cluster.engines.values():
+        assert psutil.pid_exists(e.pid)
+
+
+def test_engine_ids_map_to_the_engine_that_reports_them(cluster):
+    for eid, info in cluster.engines.items():
+        assert cluster.client[eid].apply_sync(os.getpid) == info.pid
+
+
+def test_start_via_magic_then_stop_leaves_no_process(ip, no_active_cluster, capsys):
+    before = children()
+    ip.run_line_magic("gpu_cluster", "start -n 2 --gpus none")
+    out = capsys.readouterr().out
+    assert out.startswith("gpucell: 2 engines") and "ready in" in out
+    started = children() - before
+    engine_pids = {e.pid for e in gc_mod.current().engines.values()}
+    assert engine_pids <= started
+    # starting the same cluster again is harmless (re-running a notebook)
+    ip.run_line_magic("gpu_cluster", "start -n 2 --gpus none")
+    assert "already running" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="already running"):
+        ip.run_line_magic("gpu_cluster", "start -n 1 --gpus none")
+    ip.run_line_magic("gpu_cluster", "stop")
+    assert "stopped" in capsys.readouterr().out
+    assert not wait_gone(started), "engine or controller outlived stop"
+    with pytest.raises(UsageError, match="No cluster"):
+        ip.run_line_magic("gpu_cluster", "status")
+
+
+def test_fake_gpus_pin_engines_by_cuda_visible_devices(no_active_cluster):
+    """The GPU path end to end, with NVML faked: engines get the GPU env."""
+    c = gpucell.start_cluster(nvml=FakeNvml(a100s(2)), gpus="all")
+    try:
+        facts = {
+            c.engines[eid].label: c.client[eid].apply_sync(
+                lambda: (
+                    __import__("os").environ["CUDA_VISIBLE_DEVICES"],
+                    __import__("gpucell").runtime.device_string(),
+                )
+            )
+            for eid in c.ids
+        }
+        assert facts == {"gpu0": ("0,1", "cuda"), "gpu1": ("1,0", "cuda")}
+        assert {e.device for e in c.engines.values()} == {"GPU 0", "GPU 1"}
+        assert all(e.memory_total == 80 * 2**30 for e in c.engines.values())
+    finally:
+        gpucell.stop()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("start --gpus 3", "no GPU 3 on this host"),
+        ("start -n 0", "-n 0"),
+        (
+            "start --profile does-not-exist-xyz",
+            "No IPython profile 'does-not-exist-xyz'",
+        ),
+        (
+            "connect --profile does-not-exist-xyz",
+            "No IPython profile 'does-not-exist-xyz'",
+        ),
+        ("connect", "needs --profile"),
+        ("frobnicate", "unknown command 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_nothing_runs(
+    ip, no_active_cluster, line, message
+):
+    before = children()
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("gpu_cluster", line)
+    assert gc_mod._current is None
+    assert not wait_gone(children() - before, timeout=5)
+
+
+def test_unknown_gpu_index_from_the_api(no_active_cluster):
+    with pytest.raises(DeviceSelectionError, match="GPUs here: 0, 1"):
+        gpucell.start_cluster(gpus="0,5", nvml=FakeNvml(a100s(2)))
+
+
+def test_engines_that_miss_the_timeout_are_stopped(no_active_cluster):
+    before = children()
+    with pytest.raises(ClusterError, match="registered within"):
+        gpucell.start_cluster(1, gpus="none", timeout=0.05)
+    assert gc_mod._current is None
+    assert not wait_gone(children() - before), "a timed-out start left processes"
+
+
+def test_connect_to_a_dead_controller_times_out(tmp_path, no_active_cluster):
+    f = tmp_path / "ipcontroller-client.json"
+    f.write_text(
+        json.dumps(
+            {
+                "ssh": "",
+                "interface": "tcp://127.0.0.1",
+                "registration": 1,
+                "control": 2,
+                "mux": 3,
+                "task": 4,
+                "iopub": 5,
+                "hb_ping": 6,
+                "hb_pong": 7,
+                "broadcast": 8,
+                "notification": 9,
+                "task_scheme": "leastload",
+                "key": "a0436f6c-1916-498b-8eb9-e81ab9368e84",
+                "location": "127.0.0.1",
+                "pack": "json",
+                "unpack": "json",
+                "signature_scheme": "hmac-sha256",
+            }
+        )
+    )
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="Could not connect"):
+        gpucell.connect(file=str(f), timeout=1)
+    assert time.monotonic() - t0 < 15
+    assert gc_mod._current is None
+
+
+@pytest.fixture
+def ipcluster(tmp_path):
+    """A cluster started by `ipcluster start --profile X` in another process."""
+    ipdir = tmp_path / "ipython"
+    env = dict(os.environ, IPYTHONDIR=str(ipdir))
+    exe = os.path.join(os.path.dirname(sys.executable), "ipcluster")
+    subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "ipython"),
+            "profile",
+            "create",
+            "X",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    proc = subprocess.Popen(
+        [exe, "start", "--profile=X", "-n", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(ipdir)
+    try:
+        yield proc
+    finally:
+        subprocess.run(
+            [exe, "stop", "--profile=X"], env=env, capture_output=True, timeout=60
+        )
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if old is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = old
+
+
+def test_connect_to_an_ipcluster_profile(ip, ipcluster, no_active_cluster, capsys):
+    deadline = time.monotonic() + 60
+    while True:  # ipcluster writes its connection file once the controller is up
+        try:
+            ip.run_line_magic("gpu_cluster", "connect --profile X --timeout 30")
+            break
+        except UsageError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    out = capsys.readouterr().out
+    assert "connected to" in out
+    c = gc_mod.current()
+    deadline = time.monotonic() + 60
+    while len(c.client.ids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not c.owned
+    assert len(c.engines) >= 1
+    # engines got a device by local rank, and thread limits
+    labels = sorted(e.label for e in c.engines.values())
+    assert labels[0] == "r0"
+    for eid in c.ids:
+        env = c.client[eid].apply_sync(
+            lambda: (
+                __import__("os").environ.get("GPUCELL_DEVICE_KIND"),
+                __import__("os").environ.get("OMP_NUM_THREADS"),
+            )
+        )
+        assert env[0] == "cpu" and int(env[1]) >= 1
+    ip.run_line_magic("gpu_cluster", "status")
+    assert "engine" in capsys.readouterr().out
+    engine_pids = [e.pid for e in c.engines.values()]
+    ip.run_line_magic("gpu_cluster", "stop")
+    assert "disconnected" in capsys.readouterr().out
+    # a cluster we only joined keeps running
+    assert all(psutil.pid_exists(p) for p in engine_pids)
+    assert ipcluster.poll() is None
+
+
+def test_engines_die_with_a_sigkilled_kernel(tmp_path):
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, os, sys, time, psutil, gpucell
+            gpucell.start_cluster(2, gpus="none")
+            kids = [p.pid for p in psutil.Process().children(recursive=True)]
+            print(json.dumps(kids), flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stdout.readline()
+        kids = json.loads(line)
+        assert len(kids) >= 3  # controller + 2 engines
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert not wait_gone(kids, timeout=15), "processes outlived their kernel"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_unload_stops_the_cluster(no_active_cluster):
+    from IPython.testing.globalipapp import get_ipython
+
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "gpucell")
+    gpucell.start_cluster(1, gpus="none")
+    pids = {e.pid for e in gc_mod.current().engines.values()}
+    shell.run_line_magic("unload_ext", "gpucell")
+    assert gc_mod._current is None
+    assert not wait_gone(pids)
+    assert "gpu_cluster" not in shell.magics_manager.magics["line"]
+    shell.run_line_magic("load_ext", "gpucell")
+    shell.run_line_magic("load_ext", "gpucell")  # twice is harmless
+    assert "gpu_cluster" in shell.magics_manager.magics["line"]
+
+
+def test_config_traitlets_set_defaults(ip, no_active_cluster):
+    ip.run_line_magic("config", "GpuCell.per_gpu = 2")
+    try:
+        assert gpucell.GpuCell is type(__import__("gpucell.config").config.settings())
+        s = __import__("gpucell.config").config.settings()
+        assert s.per_gpu == 2
+        ip.run_line_magic("config", "GpuCell.gpus = 'none'")
+        assert s.gpus == "none"
+    finally:
+        ip.run_line_magic("config", "GpuCell.per_gpu = 1")
+        ip.run_line_magic("config", "GpuCell.gpus = 'all'")
