@@ -1,0 +1,286 @@
+"""Which iterations go to which engine, and when (pure: no I/O, no clock).
+
+The schedule is a small state machine the dispatcher drives: it asks for an engine's
+next chunk, reports chunks done (with the engine's measured compute time) or lost
+(engine died), and reads :attr:`Schedule.finished`.  Time is passed in, never read,
+so the property tests can drive it with made-up speeds.
+
+Modes
+-----
+guided (default)
+    Guided self-scheduling: a chunk is a share of what is left, large first, small
+    at the end, scaled by the engine's measured speed so a GPU beside a CPU engine
+    (or mixed GPU models) finish together.
+dynamic
+    Fixed-size chunks handed out on demand (``chunksize``, or the calibrated
+    minimum).
+static
+    One contiguous block per engine, decided up front.
+
+In guided and dynamic modes no chunk is made smaller than the calibrated minimum:
+the chunk size at which dispatch overhead is under ``target_overhead`` (5%) of the
+chunk's compute time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Chunk", "Schedule"]
+
+PENDING, RUNNING, DONE, LOST = "pending", "running", "done", "lost"
+
+
+@dataclass
+class Chunk:
+    """A contiguous run of iterations ``[start, stop)`` and its fate."""
+
+    id: int
+    start: int
+    stop: int
+    engine: int | None = None
+    state: str = PENDING
+    attempt: int = 0  # 0 the first time; +1 per re-run after a lost engine
+    seconds: float = 0.0  # engine-measured compute time
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class _EngineStats:
+    iterations: int = 0
+    seconds: float = 0.0
+
+    @property
+    def per_iteration(self) -> float | None:
+        if self.iterations == 0 or self.seconds <= 0:
+            return None
+        return self.seconds / self.iterations
+
+
+@dataclass
+class Schedule:
+    """Chunks of ``range(n)`` for a set of engines.
+
+    Parameters
+    ----------
+    n
+        Iterations in the loop.
+    engines
+        Engine ids that may receive work.
+    mode
+        ``"guided"``, ``"dynamic"`` or ``"static"``.
+    chunksize
+        Fixed chunk size (dynamic), or the minimum chunk size (guided).
+    overhead
+        Seconds one chunk costs in dispatch (round trip, serialisation); updated
+        from measurements with :meth:`observe_overhead`.
+    depth
+        Chunks outstanding per engine: 2 keeps the next chunk queued on the engine
+        so it never idles on a round trip.
+    """
+
+    n: int
+    engines: Sequence[int]
+    mode: str = "guided"
+    chunksize: int | None = None
+    overhead: float = 0.003
+    target_overhead: float = 0.05
+    depth: int = 2
+    factor: float = 2.0
+    chunks: list[Chunk] = field(default_factory=list)
+    _cursor: int = 0
+    _free: list[tuple[int, int, int]] = field(
+        default_factory=list
+    )  # start, stop, attempt
+    _stats: dict[int, _EngineStats] = field(default_factory=dict)
+    _alive: list[int] = field(default_factory=list)
+    _static: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("guided", "dynamic", "static"):
+            raise ValueError(f"unknown schedule {self.mode!r}")
+        if self.chunksize is not None and self.chunksize < 1:
+            raise ValueError("chunksize must be >= 1")
+        if not self.engines:
+            raise ValueError("a schedule needs at least one engine")
+        self._alive = list(self.engines)
+        self._stats = {e: _EngineStats() for e in self.engines}
+        if self.mode == "static":
+            k = len(self._alive)
+            for i, e in enumerate(self._alive):
+                lo, hi = i * self.n // k, (i + 1) * self.n // k
+                self._static[e] = [(lo, hi)] if hi > lo else []
+            self._cursor = self.n
+
+    # -- queries ---------------------------------------------------------------
+
+    @property
+    def alive(self) -> list[int]:
+        return list(self._alive)
+
+    @property
+    def finished(self) -> bool:
+        """Every iteration is in a chunk that is done."""
+        return self.done_iterations == self.n
+
+    @property
+    def done_iterations(self) -> int:
+        return sum(c.size for c in self.chunks if c.state == DONE)
+
+    def outstanding(self, engine: int) -> list[Chunk]:
+        return [c for c in self.chunks if c.engine == engine and c.state == RUNNING]
+
+    def wants_work(self, engine: int) -> bool:
+        """True when ``engine`` has fewer chunks outstanding than it should."""
+        if engine not in self._alive or not self._has_unassigned(engine):
+            return False
+        depth = self.depth if self._plenty_left() else 1
+        return len(self.outstanding(engine)) < depth
+
+    def min_chunk(self) -> int:
+        """Smallest chunk that keeps dispatch overhead under the target."""
+        if self.mode == "dynamic" and self.chunksize:
+            return self.chunksize
+        floor = self.chunksize or 1
+        rates = [s.per_iteration for s in self._stats.values() if s.per_iteration]
+        if not rates:
+            return floor
+        t = min(rates)  # the fastest engine needs the largest chunks
+        return max(floor, math.ceil(self.overhead / (self.target_overhead * t)))
+
+    # -- transitions -------------------------------------------------------------
+
+    def next_chunk(self, engine: int) -> Chunk | None:
+        """Assign ``engine`` its next chunk (or ``None`` if nothing is left)."""
+        if engine not in self._alive:
+            return None
+        if self.mode == "static":
+            own = self._static.get(engine, [])
+            if own:
+                start, stop = own.pop(0)
+                return self._new(start, stop, engine, 0)
+        size = self._size_for(engine)
+        if self._free:
+            start, stop, attempt = self._free.pop(0)
+            if stop - start > size:
+                self._free.insert(0, (start + size, stop, attempt))
+                stop = start + size
+            return self._new(start, stop, engine, attempt)
+        if self._cursor >= self.n:
+            return None
+        start = self._cursor
+        stop = min(self.n, start + size)
+        self._cursor = stop
+        return self._new(start, stop, engine, 0)
+
+    def complete(self, chunk_id: int, seconds: float) -> None:
+        """Record a chunk done, with its engine-measured compute time."""
+        c = self.chunks[chunk_id]
+        if c.state != RUNNING:
+            return
+        c.state = DONE
+        c.seconds = seconds
+        if c.engine is not None and c.engine in self._stats:
+            st = self._stats[c.engine]
+            st.iterations += c.size
+            st.seconds += seconds
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Update the per-chunk dispatch cost (round trip minus compute)."""
+        if seconds > 0:
+            self.overhead = 0.7 * self.overhead + 0.3 * seconds
+
+    def lose_engine(self, engine: int) -> list[Chunk]:
+        """``engine`` is gone: its unfinished chunks go back to the pool.
+
+        Returns the lost chunks (for provenance and the retry limit).
+        """
+        if engine in self._alive:
+            self._alive.remove(engine)
+        lost = [c for c in self.chunks if c.engine == engine and c.state == RUNNING]
+        for c in lost:
+            c.state = LOST
+            self._free.append((c.start, c.stop, c.attempt + 1))
+        for start, stop in self._static.pop(engine, []):
+            self._free.append((start, stop, 0))
+        self._free.sort()
+        return lost
+
+    def pending_ranges(self) -> list[tuple[int, int]]:
+        """Iterations not yet done (for error messages about lost work)."""
+        done = sorted((c.start, c.stop) for c in self.chunks if c.state == DONE)
+        out, at = [], 0
+        for a, b in done:
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < self.n:
+            out.append((at, self.n))
+        return out
+
+    # -- internals -------------------------------------------------------------
+
+    def _new(self, start: int, stop: int, engine: int, attempt: int) -> Chunk:
+        c = Chunk(len(self.chunks), start, stop, engine, RUNNING, attempt)
+        self.chunks.append(c)
+        return c
+
+    def _remaining(self) -> int:
+        return (self.n - self._cursor) + sum(b - a for a, b, _ in self._free)
+
+    def _has_unassigned(self, engine: int) -> bool:
+        if self._free or self._cursor < self.n:
+            return True
+        return bool(self._static.get(engine))
+
+    def _plenty_left(self) -> bool:
+        """Queue ahead only while there is enough work that it cannot unbalance."""
+        if self.mode == "static":
+            return True
+        k = max(1, len(self._alive))
+        return self._remaining() >= 2 * k * max(1, self.min_chunk())
+
+    def _speed_share(self, engine: int) -> float:
+        """Engine's speed relative to the mean of the live engines (1.0 unknown)."""
+        rates = {
+            e: self._stats[e].per_iteration
+            for e in self._alive
+            if self._stats[e].per_iteration
+        }
+        mine = rates.get(engine)
+        if not mine or len(rates) < 2:
+            return 1.0
+        speeds = {e: 1.0 / r for e, r in rates.items()}
+        return speeds[engine] / (sum(speeds.values()) / len(speeds))
+
+    def _size_for(self, engine: int) -> int:
+        remaining = self._remaining()
+        if remaining <= 0:
+            return 1
+        floor = self.min_chunk()
+        if self.mode == "dynamic":
+            return max(1, min(remaining, floor))
+        k = max(1, len(self._alive))
+        share = remaining / (self.factor * k) * self._speed_share(engine)
+        if self._stats[engine].per_iteration is None and len(self._alive) > 1:
+            # calibration: an unmeasured engine gets a small first chunk, so a
+            # slow engine cannot be handed a quarter of the loop before anyone
+            # knows it is slow
+            share /= 4
+        return max(1, min(remaining, max(floor, math.ceil(share))))
+
+
+def covers(chunks: Iterable[Chunk], n: int) -> bool:
+    """True when the done chunks tile ``range(n)`` exactly (for tests and checks)."""
+    spans = sorted((c.start, c.stop) for c in chunks if c.state == DONE)
+    at = 0
+    for a, b in spans:
+        if a != at:
+            return False
+        at = b
+    return at == n
