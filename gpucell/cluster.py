@@ -69,10 +69,25 @@ class GpuCluster:
     specs: tuple[EngineSpec, ...] = ()
     selected: tuple[int, ...] | None = None  # default targets of later cells
     warnings: list[str] = field(default_factory=list)
+    # engine id -> {input name: fingerprint} of what that engine caches
+    input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dead: set[int] = field(default_factory=set)
 
     @property
     def ids(self) -> list[int]:
         return sorted(self.engines)
+
+    def mark_dead(self, eid: int) -> None:
+        """An engine died mid-cell: later cells skip it, status shows it dead."""
+        self.dead.add(eid)
+        self.input_cache.pop(eid, None)
+        if eid in self.engines:
+            self.engines[eid] = replace(self.engines[eid], state="dead")
+
+    def live_ids(self) -> list[int]:
+        """Engines that are registered and not known dead."""
+        registered = set(self.client.ids)
+        return [e for e in self.ids if e in registered and e not in self.dead]
 
     def refresh(self) -> list[EngineInfo]:
         """Engine states now: dead if unregistered, busy if it has work queued."""
@@ -85,7 +100,7 @@ class GpuCluster:
         for eid in self.ids:
             info = self.engines[eid]
             q = queues.get(eid, {}) if isinstance(queues, dict) else {}
-            if eid not in alive:
+            if eid not in alive or eid in self.dead:
                 state = "dead"
             elif q.get("queue", 0) or q.get("tasks", 0):
                 state = "busy"

@@ -36,3 +36,19 @@ class NoCluster(ClusterError):
 
 class DeviceSelectionError(GpucellError, ValueError):
     """A device selection names a device this machine does not have."""
+
+
+class IterationError(GpucellError, RuntimeError):
+    """An iteration raised on an engine and its exception could not be rebuilt here.
+
+    (When it can be, the user's own exception type is raised instead, with
+    gpucell's context attached as a note.)
+    """
+
+
+class EnginesLost(GpucellError, RuntimeError):
+    """Every engine died before the loop finished; nothing was merged."""
+
+
+class CellTimeout(GpucellError, TimeoutError):
+    """``%%gpu_parallel --timeout`` expired; outstanding work was cancelled."""

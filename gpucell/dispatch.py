@@ -1,0 +1,411 @@
+"""Run a loop plan's chunks on the engines: the only code that talks to ipyparallel
+during a ``%%gpu_parallel`` cell.
+
+It ships the program and inputs (once per engine, cached across cells), feeds each
+engine chunks from :class:`gpucell.schedule.Schedule` with the next one already
+queued, relays output as it arrives, and gathers results.  It survives an engine
+dying (its chunks go to the others), honours interrupts and timeouts (queued work
+is aborted, running work is signalled, engines end idle), and raises an iteration's
+exception with its context.  It never touches the user's namespace: it returns the
+chunk results in iteration order and the merge does the rest.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import wire
+from .cluster import GpuCluster
+from .errors import CellTimeout, EnginesLost, IterationError
+from .provenance import ChunkRecord, LastRun
+from .schedule import Chunk, Schedule
+
+__all__ = ["Options", "run_chunks"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The knobs of one run (from the magic line and the GpuCell settings)."""
+
+    schedule: str = "guided"
+    chunksize: int | None = None
+    seed: int | None = None
+    timeout: float | None = None
+    retries: int = 2
+    quiet: bool = False
+    interrupt_grace: float = 2.0
+
+
+class _Interrupted(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _engine_alive(gc: GpuCluster, eid: int) -> bool:
+    """Local engines by pid (fast); remote ones by registration (heartbeat)."""
+    info = gc.engines.get(eid)
+    if eid not in gc.client.ids:
+        return False
+    if info is None or info.host != socket.gethostname():
+        return True
+    try:
+        import psutil
+
+        return psutil.Process(info.pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
+    """Interrupt running work: signal local engine pids, ask the nanny otherwise."""
+    here = socket.gethostname()
+    remote = []
+    for eid in eids:
+        info = gc.engines.get(eid)
+        if info is not None and info.host == here:
+            try:
+                os.kill(info.pid, sig)
+            except OSError:
+                pass
+        else:
+            remote.append(eid)
+    if remote:
+        try:
+            gc.client.send_signal(sig, targets=remote, block=False)
+        except Exception:
+            pass
+
+
+def run_chunks(
+    gc: GpuCluster,
+    targets: Sequence[int],
+    *,
+    programs: dict[int, Any],
+    inputs: dict[str, Any],
+    n: int,
+    chunk_of: Callable[[int, int], Any],
+    options: Options,
+    record: LastRun,
+    echo: Callable[[str], None] = print,
+    relay: Callable[[str], None] | None = None,
+) -> list[Any]:
+    """Run every iteration of ``range(n)`` on ``targets``; return chunk results in
+    iteration order.
+
+    Parameters
+    ----------
+    programs
+        The engine program per engine id (CPU engines may get a CUDA-rewritten one).
+    inputs
+        ``{name: value}`` the body reads; sent to an engine only when its cached
+        copy's fingerprint differs.
+    chunk_of
+        ``chunk_of(start, stop)`` returns the chunk object for those iterations.
+    record
+        Provenance, filled in as chunks finish (also on failure).
+    relay
+        Where engine output goes (``sys.stdout.write`` by default).
+    """
+    from . import worker
+
+    relay = relay or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    client = gc.client
+    cell = uuid.uuid4().hex
+    alive = [e for e in targets if _engine_alive(gc, e)]
+    if not alive:
+        raise EnginesLost(
+            "No live engine among the selected ones; check `%gpu_cluster status` "
+            "and restart the cluster."
+        )
+    record.engines = tuple(alive)
+    record.iterations = n
+    record.schedule = options.schedule
+
+    # ---- ship program + inputs (cached on engines by fingerprint) -------------
+    keys = {name: wire.fingerprint(v) for name, v in inputs.items()}
+    cache = gc.input_cache
+    encoded: dict[tuple[str, ...], list[Any]] = {}
+    load_ars: dict[int, Any] = {}
+    for eid in alive:
+        have = cache.get(eid, {})
+        send = tuple(
+            sorted(
+                name
+                for name in inputs
+                if keys[name] is None or have.get(name) != keys[name]
+            )
+        )
+        if send not in encoded:
+            encoded[send] = wire.dumps({k: inputs[k] for k in send}) if send else []
+        load_ars[eid] = client[eid].apply_async(
+            worker.load, cell, programs[eid], sorted(inputs), keys, encoded[send]
+        )
+
+    sched = Schedule(n, alive, mode=options.schedule, chunksize=options.chunksize)
+    inflight: dict[Any, tuple[Chunk, float]] = {}
+    results: dict[int, Any] = {}
+    printed: dict[Any, int] = {}
+    t0 = time.perf_counter()
+    deadline = t0 + options.timeout if options.timeout else None
+    last_check = 0.0
+
+    def submit(eid: int) -> None:
+        while sched.wants_work(eid):
+            c = sched.next_chunk(eid)
+            if c is None:
+                return
+            if c.attempt > options.retries:
+                raise EnginesLost(
+                    f"Iterations {c.start}-{c.stop - 1} were lost {c.attempt} times "
+                    "(the engines running them died). Nothing was merged. If an "
+                    "iteration kills its engine (out of memory, a crash), fix it, or "
+                    "raise --retries."
+                )
+            frames = wire.dumps(chunk_of(c.start, c.stop))
+            ar = client[eid].apply_async(
+                worker.run, cell, frames, c.start, eid, options.seed
+            )
+            inflight[ar] = (c, time.perf_counter())
+
+    def lose(eid: int) -> None:
+        lost = sched.lose_engine(eid)
+        gc.mark_dead(eid)
+        for ar in [a for a, (c, _) in inflight.items() if c.engine == eid]:
+            inflight.pop(ar)
+        for c in lost:
+            record.chunks.append(_record(c, gc, None, "lost"))
+        msg = (
+            f"engine {eid} died; re-running its {sum(c.size for c in lost)} "
+            "iteration(s) on the others"
+        )
+        record.warnings.append(msg)
+        echo(f"gpucell: warning: {msg}")
+        if not sched.alive:
+            ranges = ", ".join(f"{a}-{b - 1}" for a, b in sched.pending_ranges())
+            raise EnginesLost(
+                f"Every engine died; iterations {ranges} never completed. Nothing "
+                "was merged. Restart the cluster (`%gpu_cluster stop` then `start`)."
+            )
+
+    def relay_output() -> None:
+        for ar in list(inflight):
+            out = ar.stdout if isinstance(ar.stdout, str) else "".join(ar.stdout or [])
+            k = printed.get(ar, 0)
+            if len(out) > k:
+                relay(out[k:])
+                printed[ar] = len(out)
+
+    try:
+        try:
+            for eid in alive:
+                submit(eid)
+            while not sched.finished:
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise _Interrupted("timeout")
+                done, _ = concurrent.futures.wait(
+                    list(inflight), timeout=0.05, return_when="FIRST_COMPLETED"
+                )
+                relay_output()
+                for ar in done:
+                    if ar not in inflight:
+                        continue
+                    chunk, t_sub = inflight.pop(ar)
+                    _finish(
+                        ar,
+                        chunk,
+                        t_sub,
+                        sched,
+                        results,
+                        record,
+                        gc,
+                        lose,
+                        relay,
+                        printed,
+                    )
+                now = time.perf_counter()
+                if now - last_check > 0.2 or not inflight:
+                    last_check = now
+                    for eid in sched.alive:
+                        if not _engine_alive(gc, eid):
+                            lose(eid)
+                for eid in sched.alive:
+                    submit(eid)
+                if not inflight and not sched.finished:
+                    raise EnginesLost("No work in flight and the loop is not finished.")
+        except KeyboardInterrupt:
+            raise _Interrupted("interrupt") from None
+    except _Interrupted as stop:
+        _cancel(gc, inflight, options.interrupt_grace)
+        record.status = "timeout" if stop.reason == "timeout" else "interrupted"
+        record.wall = time.perf_counter() - t0
+        if stop.reason == "timeout":
+            raise CellTimeout(
+                f"%%gpu_parallel --timeout {options.timeout:g} s reached after "
+                f"{sched.done_iterations} of {n} iterations; outstanding work was "
+                "cancelled and nothing was merged."
+            ) from None
+        raise KeyboardInterrupt(
+            f"gpucell: interrupted after {sched.done_iterations} of {n} iterations; "
+            "engines stopped their work, nothing was merged"
+        ) from None
+    except BaseException:
+        _cancel(gc, inflight, options.interrupt_grace)
+        record.wall = time.perf_counter() - t0
+        record.status = "error"
+        raise
+    finally:
+        for eid, ar in load_ars.items():
+            _note_cache(gc, eid, ar, keys)
+    record.wall = time.perf_counter() - t0
+    record.status = "ok"
+    return [results[k] for k in sorted(results)]
+
+
+def _record(
+    chunk: Chunk, gc: GpuCluster, timing: dict[str, Any] | None, state: str
+) -> ChunkRecord:
+    info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
+    timing = timing or {}
+    return ChunkRecord(
+        start=chunk.start,
+        stop=chunk.stop,
+        engine=chunk.engine if chunk.engine is not None else -1,
+        host=timing.get("host", info.host if info else ""),
+        device=info.device if info else "",
+        t_start=timing.get("start", 0.0),
+        t_end=timing.get("end", 0.0),
+        compute=timing.get("compute", 0.0),
+        attempt=chunk.attempt,
+        state=state,
+        iteration_starts=tuple(timing.get("starts", ())),
+    )
+
+
+def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, relay, printed) -> None:
+    """Handle one finished chunk task."""
+    from ipyparallel.error import EngineError, RemoteError
+
+    out = ar.stdout if isinstance(ar.stdout, str) else "".join(ar.stdout or [])
+    if len(out) > printed.get(ar, 0):
+        relay(out[printed.get(ar, 0) :])
+    printed.pop(ar, None)
+    _display_outputs(ar)
+    try:
+        frames = ar.get(timeout=0)
+    except EngineError:
+        lose(chunk.engine)
+        return
+    except RemoteError as e:
+        if not _engine_alive(gc, chunk.engine):
+            lose(chunk.engine)
+            return
+        raise IterationError(
+            f"gpucell: engine {chunk.engine} failed running iterations "
+            f"{chunk.start}-{chunk.stop - 1}: {e.ename}: {e.evalue}\n"
+            f"{e.traceback or ''}"
+        ) from None
+    status, payload, timing = wire.loads(frames)
+    if status == "error":
+        record.chunks.append(_record(chunk, gc, timing, "failed"))
+        _raise_iteration_error(payload, chunk, gc, record)
+    results[chunk.start] = payload
+    sched.complete(chunk.id, timing["compute"])
+    sched.observe_overhead(max(0.0, (time.perf_counter() - t_sub) - timing["compute"]))
+    record.chunks.append(_record(chunk, gc, timing, "done"))
+
+
+def _display_outputs(ar) -> None:
+    """Rich outputs (display()) from the chunk reach the cell's output."""
+    outputs = getattr(ar, "outputs", None) or []
+    if not outputs:
+        return
+    try:
+        from IPython.display import publish_display_data
+    except ImportError:
+        return
+    for out in outputs:
+        if isinstance(out, dict) and "data" in out:
+            publish_display_data(out["data"], out.get("metadata", {}))
+
+
+def _raise_iteration_error(
+    payload: dict[str, Any], chunk: Chunk, gc: GpuCluster, record: LastRun
+) -> None:
+    info = gc.engines.get(chunk.engine)
+    where = (
+        f"iteration {payload['iteration']} (loop values {payload['item']}) on engine "
+        f"{chunk.engine}"
+        + (f" ({info.host}, {info.device} {info.name})" if info else "")
+    )
+    context = (
+        f"gpucell: raised in {where}. Nothing from the loop was merged; the prelude "
+        "ran.\nRemote traceback (cell lines):\n" + payload["traceback"].rstrip()
+    )
+    if payload.get("oom"):
+        context += "\n" + payload["oom"]
+    record.errors.append(context)
+    exc: BaseException | None = None
+    if payload.get("exception"):
+        try:
+            exc = wire.loads(payload["exception"])
+        except Exception:
+            exc = None
+    if isinstance(exc, BaseException):
+        exc.__traceback__ = None
+        if hasattr(exc, "add_note"):
+            exc.add_note(context)
+        else:  # pragma: no cover - Python 3.10
+            warnings.warn(context, stacklevel=2)
+        raise exc
+    raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
+
+
+def _cancel(gc: GpuCluster, inflight: dict[Any, Any], grace: float) -> None:
+    """Abort queued chunk tasks, signal running ones, wait until engines are idle."""
+    if not inflight:
+        return
+    client = gc.client
+    ars = list(inflight)
+    msg_ids = [m for ar in ars for m in ar.msg_ids]
+    try:
+        client.abort(msg_ids, block=False)
+    except Exception:
+        pass
+    running = sorted({c.engine for ar, (c, _) in inflight.items() if _started(ar)})
+    if running:
+        _signal_engines(gc, running, signal.SIGINT)
+    concurrent.futures.wait(ars, timeout=grace)
+    still = [ar for ar in ars if not ar.done()]
+    if still:  # a C extension ignoring SIGINT: signal again once
+        _signal_engines(
+            gc, sorted({inflight[ar][0].engine for ar in still}), signal.SIGINT
+        )
+        concurrent.futures.wait(still, timeout=grace)
+    inflight.clear()
+
+
+def _started(ar) -> bool:
+    try:
+        return bool(ar.started) and not ar.done()
+    except Exception:
+        return True
+
+
+def _note_cache(gc: GpuCluster, eid: int, ar, keys: dict[str, Any]) -> None:
+    """Remember what the engine now caches (only after its load succeeded)."""
+    try:
+        reply = ar.get(timeout=0)
+    except Exception:
+        gc.input_cache.pop(eid, None)
+        return
+    gc.input_cache[eid] = dict(reply.get("cached", {}))

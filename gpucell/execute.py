@@ -1,0 +1,188 @@
+"""One ``%%gpu_parallel`` cell, end to end: analyse, prelude, loop, merge, epilogue.
+
+The magic only parses its line and calls :func:`run_cell`.  This module glues the
+pure stages (analysis, merge) to the one that talks to engines (dispatch); it is
+the only place that writes the user's namespace.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from . import config as _config
+from .errors import NoCluster
+
+__all__ = ["CellRequest", "run_cell", "select_targets"]
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """What the magic line asked for."""
+
+    devices: str | None = None
+    targets: str | None = None
+    schedule: str | None = None
+    chunksize: int | None = None
+    seed: int | None = None
+    timeout: float | None = None
+    retries: int = 2
+    dry_run: bool = False
+    quiet: bool = False
+
+
+def _set_last_run(record: Any) -> None:
+    mod = sys.modules.get("gpucell")
+    if mod is not None:
+        mod.last_run = record  # type: ignore[attr-defined]
+
+
+def select_targets(gc: Any, req: CellRequest) -> list[int]:
+    """Engine ids a cell runs on: --targets, --devices, the selection, or all live."""
+    from .errors import DeviceSelectionError
+
+    live = gc.live_ids()
+    if req.targets:
+        try:
+            ids = [int(t) for t in req.targets.split(",") if t.strip()]
+        except ValueError:
+            raise DeviceSelectionError(
+                f"--targets {req.targets!r}: expected engine ids like '0,1'."
+            ) from None
+        bad = [i for i in ids if i not in live]
+        if bad:
+            raise DeviceSelectionError(
+                f"--targets: no live engine {bad} (live engines: {live})."
+            )
+        return ids
+    if req.devices:
+        want = [t.strip().lower() for t in req.devices.split(",") if t.strip()]
+        ids = []
+        for eid in live:
+            e = gc.engines[eid]
+            if (e.kind == "cpu" and "cpu" in want) or (
+                e.kind == "gpu" and str(e.index) in want
+            ):
+                ids.append(eid)
+        if not ids:
+            have = sorted({gc.engines[e].device for e in live})
+            raise DeviceSelectionError(
+                f"--devices {req.devices!r}: no live engine on those devices "
+                f"(devices: {', '.join(have)}; use GPU indices or 'cpu')."
+            )
+        return ids
+    if gc.selected:
+        sel = [e for e in gc.selected if e in live]
+        if sel:
+            return sel
+    return live
+
+
+def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
+    """Run ``cell`` as ``%%gpu_parallel`` would (see the magic's docstring)."""
+    from .analysis import analyse, format_plan, make_chunker
+
+    settings = _config.settings()
+    ns = shell.user_ns
+    src = shell.transform_cell(cell)
+    filename = shell.compile.cache(src)
+    gc = _current_or_none()
+    targets: list[int] = select_targets(gc, req) if gc is not None else []
+    kinds = {gc.engines[e].kind for e in targets} if gc is not None else set()
+
+    def plan_for(for_cpu: bool) -> Any:
+        return analyse(
+            src,
+            filename=filename,
+            known_names=ns.keys(),
+            for_cpu=for_cpu,
+            raise_errors=not req.dry_run,
+        )
+
+    if req.dry_run:
+        print(format_plan(plan_for("cpu" in kinds)))
+        if gc is None:
+            print("(no cluster: start one with `%gpu_cluster start`)")
+        else:
+            print(f"engines: {', '.join(map(str, targets))}")
+        return
+
+    plan = plan_for(False)
+    if gc is None:
+        if settings.serial_fallback:
+            print(
+                "gpucell: no cluster; running the cell serially in the kernel "
+                "(`%gpu_cluster start` to run it in parallel)."
+            )
+            shell.ex(compile(src, filename, "exec"))
+            return
+        raise NoCluster(
+            "No cluster for %%gpu_parallel. Start one with `%gpu_cluster start` (or "
+            "`%config GpuCell.serial_fallback = True` to run such cells serially)."
+        )
+    cpu_plan = plan_for(True) if "cpu" in kinds else plan
+    if cpu_plan.cuda_rewritten and not req.quiet:
+        lines = ", ".join(map(str, cpu_plan.cuda_lines))
+        print(
+            f"gpucell: CPU engines run the CUDA code of line(s) {lines} on the CPU "
+            "(their device has no GPU)."
+        )
+
+    from . import merge as _merge
+    from .dispatch import Options, run_chunks
+    from .provenance import LastRun
+
+    record = LastRun(plan=plan)
+    _set_last_run(record)
+
+    prelude = plan.compile_prelude()
+    if prelude is not None:
+        shell.ex(prelude)
+    space = plan.iter_space
+    values = [eval(compile(leaf, filename, "eval"), ns) for leaf in space.leaves]
+    chunker = make_chunker(space, values)
+    inputs = {name: ns[name] for name in plan.inputs if name in ns}
+    programs = {
+        e: (cpu_plan if gc.engines[e].kind == "cpu" else plan).engine_program()
+        for e in targets
+    }
+    options = Options(
+        schedule=req.schedule or settings.schedule,
+        chunksize=req.chunksize,
+        seed=req.seed,
+        timeout=req.timeout,
+        retries=req.retries,
+        quiet=req.quiet,
+    )
+    if chunker.count == 0:
+        results: list[Any] = []
+        record.status = "ok"
+    else:
+        results = run_chunks(
+            gc,
+            targets,
+            programs=programs,
+            inputs=inputs,
+            n=chunker.count,
+            chunk_of=chunker.chunk,
+            options=options,
+            record=record,
+        )
+    current = {n: ns[n] for n in plan.affected_names if n in ns}
+    update = _merge.prepare(plan, results, current)
+    update.commit(ns)
+    if not req.quiet:
+        print(record.summary())
+    epilogue = plan.compile_epilogue()
+    if epilogue is not None:
+        shell.ex(epilogue)
+
+
+def _current_or_none() -> Any:
+    from . import cluster
+
+    try:
+        return cluster.current()
+    except NoCluster:
+        return None

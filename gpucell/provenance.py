@@ -1,0 +1,116 @@
+"""What happened in the last ``%%gpu_parallel`` cell: ``gpucell.last_run``.
+
+Plain data recorded by the dispatcher: per chunk (and so per iteration) the engine,
+host, device, start and end times and attempt; per engine its busy time; the plan;
+the errors and warnings.  ``table()`` gives one row per iteration (a pandas
+DataFrame when pandas is installed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ChunkRecord", "LastRun"]
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One chunk as it ran (or was lost)."""
+
+    start: int
+    stop: int
+    engine: int
+    host: str
+    device: str
+    t_start: float  # wall clock (time.time) on the engine
+    t_end: float
+    compute: float  # seconds of engine compute
+    attempt: int
+    state: str  # "done", "lost", "failed", "cancelled"
+    iteration_starts: tuple[float, ...] = ()
+
+
+@dataclass
+class LastRun:
+    """Provenance of one ``%%gpu_parallel`` run."""
+
+    iterations: int = 0
+    engines: tuple[int, ...] = ()
+    schedule: str = ""
+    wall: float = 0.0
+    plan: Any = None
+    chunks: list[ChunkRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    status: str = "running"  # "ok", "error", "interrupted", "timeout"
+
+    @property
+    def busy(self) -> dict[int, float]:
+        """Seconds each engine spent computing (done chunks)."""
+        out = dict.fromkeys(self.engines, 0.0)
+        for c in self.chunks:
+            if c.state == "done":
+                out[c.engine] = out.get(c.engine, 0.0) + c.compute
+        return out
+
+    @property
+    def serial_estimate(self) -> float:
+        """The loop's compute time summed over engines (a serial run's estimate)."""
+        return sum(self.busy.values())
+
+    @property
+    def speedup(self) -> float:
+        return self.serial_estimate / self.wall if self.wall > 0 else 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per iteration: where and when it ran, how often it was retried."""
+        retries: dict[int, int] = {}
+        for c in self.chunks:
+            if c.state == "lost":
+                for i in range(c.start, c.stop):
+                    retries[i] = retries.get(i, 0) + 1
+        out = []
+        for c in sorted(self.chunks, key=lambda c: c.start):
+            if c.state != "done":
+                continue
+            starts = list(c.iteration_starts)
+            for k, i in enumerate(range(c.start, c.stop)):
+                begin = starts[k] if k < len(starts) else c.t_start
+                end = starts[k + 1] if k + 1 < len(starts) else c.t_end
+                out.append(
+                    {
+                        "iteration": i,
+                        "engine": c.engine,
+                        "host": c.host,
+                        "device": c.device,
+                        "start": begin,
+                        "end": end,
+                        "retries": retries.get(i, 0),
+                    }
+                )
+        return out
+
+    def table(self) -> Any:
+        """:meth:`rows` as a pandas DataFrame when pandas is installed, else rows."""
+        rows = self.rows()
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        return pandas.DataFrame(rows)
+
+    def summary(self) -> str:
+        """The one line printed after a cell."""
+        n = len(self.engines)
+        s = (
+            f"gpucell: {self.iterations} iterations on {n} engine"
+            f"{'s' if n != 1 else ''} in {self.wall:.2f} s"
+        )
+        if self.status == "ok" and self.wall > 0:
+            s += (
+                f" ({self.speedup:.2f}x the serial estimate of "
+                f"{self.serial_estimate:.2f} s; {len(self.chunks)} chunks, "
+                f"{self.schedule})"
+            )
+        return s

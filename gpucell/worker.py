@@ -1,0 +1,245 @@
+"""Engine-side entry points of ``%%gpu_parallel`` (imported on engines by name).
+
+The kernel calls two functions through ipyparallel:
+
+* :func:`load` once per engine per cell: the chunk program and the inputs that are
+  not already cached on this engine (big inputs are cached across cells by
+  fingerprint, so an unchanged model or dataset travels once);
+* :func:`run` per chunk: runs the iterations with :func:`gpucell.engine.run_chunk`
+  and returns the result as :mod:`gpucell.wire` frames (zero-copy for arrays and
+  tensors).
+
+An exception in an iteration comes back as data (type, message, the cell-line
+traceback, the iteration and its loop values), so the kernel can re-raise the
+user's own exception type with gpucell's context attached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from gpucell import wire
+from gpucell.analysis.iterspace import chunk_items
+from gpucell.engine import run_chunk
+
+__all__ = ["load", "run", "clear"]
+
+# name -> (fingerprint, value); survives across cells on this engine
+_cache: dict[str, tuple[Any, Any]] = {}
+_program: Any = None
+_cell: str | None = None
+_inputs: dict[str, Any] = {}
+
+
+def clear() -> None:
+    """Forget cached inputs (frees engine memory)."""
+    global _program, _cell
+    _cache.clear()
+    _inputs.clear()
+    _program = None
+    _cell = None
+
+
+def load(
+    cell: str,
+    program: Any,
+    names: list[str],
+    keys: dict[str, Any],
+    frames: list[Any],
+) -> dict[str, Any]:
+    """Install a cell's program and inputs; reply what this engine now caches.
+
+    ``frames`` is a :mod:`gpucell.wire` encoding of ``{name: value}`` for the inputs
+    the kernel decided to send; the others are expected in the cache with the
+    fingerprint in ``keys``.
+    """
+    global _program, _cell
+    sent = wire.loads(frames, cuda_to=_cuda_target()) if frames else {}
+    missing = []
+    inputs: dict[str, Any] = {}
+    for name in names:
+        if name in sent:
+            inputs[name] = sent[name]
+            if keys.get(name) is not None:
+                _cache[name] = (keys[name], sent[name])
+            else:
+                _cache.pop(name, None)
+        elif (
+            name in _cache
+            and keys.get(name) is not None
+            and _cache[name][0] == keys[name]
+        ):
+            inputs[name] = _cache[name][1]
+        else:
+            missing.append(name)
+    _inputs.clear()
+    _inputs.update(inputs)
+    _program = program
+    _cell = cell
+    return {"missing": missing, "cached": {n: k for n, (k, _) in _cache.items()}}
+
+
+def _cuda_target() -> Any:
+    if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu":
+        return "cuda"
+    return None
+
+
+def _seeder(seed: int):
+    """Seed random, numpy and torch from (seed, iteration) before each iteration."""
+    try:
+        import numpy
+    except ImportError:
+        numpy = None  # type: ignore[assignment]
+
+    def seed_fn(i: int) -> None:
+        digest = hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest()
+        x = int.from_bytes(digest, "little")
+        import random
+
+        random.seed(x)
+        if numpy is not None:
+            numpy.random.seed(x % 2**32)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(x % 2**63)  # seeds CUDA too
+
+    return seed_fn
+
+
+class _Tagged(io.TextIOBase):
+    """A stream that prefixes each line with the engine and iteration."""
+
+    def __init__(self, target: Any, tag: list[str]) -> None:
+        self._target = target
+        self._tag = tag
+        self._at_line_start = True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        out = []
+        for piece in s.splitlines(keepends=True):
+            if self._at_line_start:
+                out.append(self._tag[0])
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._target.write("".join(out))
+        return len(s)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+
+def _item_repr(chunk_obj: Any, offset: int) -> str:
+    try:
+        for k, item in enumerate(chunk_items(chunk_obj)):
+            if k == offset:
+                r = repr(item)
+                return r if len(r) <= 200 else r[:197] + "..."
+    except Exception:
+        pass
+    return "?"
+
+
+def _oom_note(exc: BaseException) -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(
+        exc, getattr(torch.cuda, "OutOfMemoryError", ())
+    ):
+        return None
+    try:
+        free, total = torch.cuda.mem_get_info()
+        used = torch.cuda.memory_allocated()
+    except Exception:
+        return None
+    name = os.environ.get("GPUCELL_DEVICE_NAME", "GPU")
+    return (
+        f"CUDA out of memory on {name} (GPU {os.environ.get('GPUCELL_DEVICE_INDEX')}):"
+        f" {total / 2**30:.1f} GiB total, {free / 2**30:.2f} GiB free, "
+        f"{used / 2**30:.2f} GiB held by this engine. The failed request is in the "
+        "message above. Use fewer engines per GPU (--per-gpu), smaller batches per "
+        "iteration, or free tensors you keep between iterations."
+    )
+
+
+def run(
+    cell: str,
+    chunk_frames: list[Any],
+    start: int,
+    engine_id: int,
+    seed: int | None = None,
+) -> list[Any]:
+    """Run one chunk; return wire frames of ``(status, payload, timing)``.
+
+    The chunk object (a range slice, or a slice of the user's sequence: numpy and
+    torch slices are views) arrives as wire frames, so big items travel zero-copy.
+    """
+    chunk_obj = wire.loads(chunk_frames, cuda_to=_cuda_target())
+    if cell != _cell:
+        raise RuntimeError(
+            f"gpucell: engine has cell {_cell!r} loaded, not {cell!r} "
+            "(was the engine restarted?)"
+        )
+    tag = [f"[engine {engine_id}] "]
+    starts: list[float] = []
+
+    def on_iteration(i: int) -> None:
+        tag[0] = f"[engine {engine_id} | iteration {i}] "
+        starts.append(time.time())
+
+    device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tagged(out, tag), _Tagged(err, tag)
+    t0, c0 = time.time(), time.perf_counter()
+    try:
+        result = run_chunk(
+            _program,
+            _inputs,
+            chunk_obj,
+            start,
+            seed_fn=_seeder(seed) if seed is not None else None,
+            on_iteration=on_iteration,
+            device=device,
+        )
+        status, payload = "ok", result
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
+        it = getattr(exc, "gpucell_iteration", start + max(0, len(starts) - 1))
+        try:
+            pickled = wire.dumps(exc)
+        except Exception:
+            pickled = None
+        payload = {
+            "type": type(exc).__name__,
+            "module": type(exc).__module__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc)),
+            "iteration": it,
+            "item": _item_repr(chunk_obj, it - start),
+            "exception": pickled,
+            "oom": _oom_note(exc),
+        }
+        status = "error"
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = out, err
+    timing = {
+        "start": t0,
+        "end": time.time(),
+        "compute": time.perf_counter() - c0,
+        "starts": starts,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    return wire.dumps((status, payload, timing))

@@ -1,0 +1,97 @@
+"""Failures mid-cell on real engines: the namespace stays untouched (or gets the
+serial result), and the cluster stays usable."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import children, wait_gone
+
+import gpucell
+import gpucell.cluster as gc_mod
+from gpucell.errors import CellTimeout
+
+pytestmark = pytest.mark.cluster
+
+SLOW = "for i in range(40):\n    time.sleep(0.25)\n    out.append(i)\n"
+
+
+def idle(c) -> bool:
+    q = c.client.queue_status(targets=c.live_ids(), verbose=False)
+    return all(
+        v.get("queue", 0) == 0 and v.get("tasks", 0) == 0
+        for k, v in q.items()
+        if k != "unassigned"
+    )
+
+
+def test_interrupt_cancels_within_two_seconds_and_engines_go_idle(ip, cluster):
+    ip.user_ns.update({"time": time, "out": ["untouched"]})
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("gpu_parallel", "--quiet", SLOW)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.0 + 2.5, elapsed
+    assert ip.user_ns["out"] == ["untouched"]
+    assert gpucell.last_run.status == "interrupted"
+    deadline = time.monotonic() + 2
+    while not idle(cluster) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert idle(cluster)
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(6):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == ["untouched", 0, 1, 2, 3, 4, 5]
+    assert all(os.path.exists(f"/proc/{e.pid}") for e in cluster.engines.values())
+
+
+def test_timeout_cancels_and_says_so(ip, cluster):
+    ip.user_ns.update({"time": time, "out": ["untouched"]})
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeout, match="--timeout 1 s reached"):
+        ip.run_cell_magic("gpu_parallel", "--quiet --timeout 1", SLOW)
+    assert time.monotonic() - t0 < 4.5
+    assert ip.user_ns["out"] == ["untouched"]
+    assert gpucell.last_run.status == "timeout"
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(3):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == ["untouched", 0, 1, 2]
+
+
+def test_sigkilled_engine_mid_cell_still_gives_the_serial_result(
+    ip, no_active_cluster, capsys
+):
+    before = children()
+    c = gpucell.start_cluster(2, gpus="none")
+    try:
+        victim = c.engines[c.ids[1]]
+        ip.user_ns.update({"time": time, "acc": 0})
+        cell = (
+            "out = []\nfor i in range(60):\n    time.sleep(0.05)\n"
+            "    out.append(i * i)\n    acc += i\n"
+        )
+        killer = threading.Timer(0.8, os.kill, (victim.pid, signal.SIGKILL))
+        killer.start()
+        ip.run_cell_magic("gpu_parallel", "--schedule dynamic --chunksize 2", cell)
+        out = capsys.readouterr().out
+        assert f"engine {victim.id} died" in out
+        assert ip.user_ns["out"] == [i * i for i in range(60)]
+        assert ip.user_ns["acc"] == sum(range(60))
+        assert any(ch.state == "lost" for ch in gpucell.last_run.chunks)
+        assert c.engines[victim.id].state == "dead"
+        # the next cell runs on the survivor
+        ip.run_cell_magic("gpu_parallel", "--quiet", "sq = [i * 2 for i in range(9)]\n")
+        assert ip.user_ns["sq"] == [i * 2 for i in range(9)]
+        assert gpucell.last_run.engines == (c.ids[0],)
+    finally:
+        gpucell.stop()
+    assert not wait_gone(children() - before), "engine processes leaked"
+    assert gc_mod._current is None

@@ -1,0 +1,321 @@
+"""%%gpu_parallel on a real 2-engine cluster in a real IPython shell.
+
+The strongest check we have: after the magic, the namespace is exactly what the
+same cell leaves when run serially.
+"""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import gpucell
+
+pytestmark = pytest.mark.cluster
+
+
+def run_both(ip, cell: str, ns: dict, line: str = "--quiet"):
+    """Run ``cell`` serially (plain exec) and through the magic; return both."""
+    cell = textwrap.dedent(cell)
+    serial = copy.deepcopy(ns)
+    exec(compile(cell, "<serial>", "exec"), serial)
+    serial.pop("__builtins__", None)
+    par = copy.deepcopy(ns)
+    for k in list(ip.user_ns):
+        if not k.startswith("_") and k not in (
+            "In",
+            "Out",
+            "exit",
+            "quit",
+            "get_ipython",
+        ):
+            ip.user_ns.pop(k)
+    ip.user_ns.update(par)
+    ip.run_cell_magic("gpu_parallel", line, cell)
+    got = {k: ip.user_ns[k] for k in serial if k in ip.user_ns}
+    return serial, got
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.allclose(a, b)
+        )
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.allclose(a, b)
+    if isinstance(a, float):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def assert_serial_equivalent(ip, cell, ns, line="--quiet"):
+    serial, got = run_both(ip, cell, ns, line)
+    assert set(serial) <= set(got) | {"__builtins__"}, set(serial) - set(got)
+    for k, v in serial.items():
+        assert same(v, got[k]), f"{k}: serial {v!r} != parallel {got[k]!r}"
+    return got
+
+
+ROWS = {
+    "input + local last value": (
+        "for i in range(20):\n    y = i * scale\n    z = y + 1\n",
+        {"scale": 3},
+    ),
+    "ordered gather": (
+        "out = []\nfor x in xs:\n    out.append(x * 2)\n    out.extend([x, -x])\n",
+        {"xs": list(range(37))},
+    ),
+    "gather onto existing list, += [..]": (
+        "for x in xs:\n    out += [x]\n",
+        {"xs": list(range(25)), "out": ["kept"]},
+    ),
+    "indexed writes: dict, list": (
+        "for i, x in enumerate(xs):\n    d[x % 5] = i\n    w[i] = x * x\n",
+        {"xs": list(range(30)), "d": {}, "w": [0] * 30},
+    ),
+    "reductions": (
+        "for i in range(1, 40):\n    acc += i\n    neg -= i\n    prod *= 1 + i % 2\n"
+        "    bits |= 1 << (i % 9)\n    mask &= ~(1 << (i % 5))\n    s = s + i\n"
+        "    hi = max(hi, i * 7 % 13)\n    lo = min(lo, i * 7 % 13)\n",
+        {
+            "acc": 0,
+            "neg": 0,
+            "prod": 1,
+            "bits": 0,
+            "mask": 255,
+            "s": 0,
+            "hi": -1,
+            "lo": 99,
+        },
+    ),
+    "float reduction": (
+        "for x in ys:\n    f += x * 0.1\n",
+        {"ys": [0.1 * i for i in range(50)], "f": 0.0},
+    ),
+    "matmul reduction keeps order": (
+        "for a in mats:\n    m = m @ a\n",
+        {
+            "mats": [np.array([[1.0, float(i)], [0.0, 1.0]]) for i in range(9)],
+            "m": np.eye(2),
+        },
+    ),
+    "keyed reduction": (
+        "for x in xs:\n    counts[x % 4] += 1\n",
+        {"xs": list(range(41)), "counts": {0: 0, 1: 0, 2: 0, 3: 0}},
+    ),
+    "set union": (
+        "for x in xs:\n    seen.add(x % 7)\n    seen.update([x % 3 + 100])\n",
+        {"xs": list(range(30)), "seen": {"a"}},
+    ),
+    "list comprehension": (
+        "sq = [x * x for x in xs if x % 2]\n",
+        {"xs": list(range(50))},
+    ),
+    "prelude and epilogue": (
+        "total = 0\nfor i in range(10):\n    total += i\ndone = total * 2\n",
+        {},
+    ),
+    "conditionals and nested loops": (
+        "hits = []\nfor i in range(30):\n    if i % 3 == 0:\n"
+        "        for j in range(i % 4):\n"
+        "            hits.append((i, j))\n    else:\n        last = i\n",
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_each_row_of_the_table_is_serial_equivalent(ip, cluster, row):
+    cell, ns = ROWS[row]
+    assert_serial_equivalent(ip, cell, ns)
+
+
+def test_numpy_arrays_in_and_out(ip, cluster):
+    ns = {
+        "data": np.arange(4000, dtype=np.float32).reshape(100, 40),
+        "table": np.zeros((100, 3)),
+    }
+    cell = (
+        "rows = []\nfor i, r in enumerate(data):\n    rows.append(r * 2)\n"
+        "    table[i] = (r.sum(), r.max(), i)\n    last = r\n"
+    )
+    got = assert_serial_equivalent(ip, cell, ns)
+    assert got["rows"][5].flags.writeable
+
+
+def test_torch_tensors_in_and_out_with_cuda_code(ip, cluster, capsys):
+    torch.manual_seed(0)
+    ns = {
+        "model": torch.nn.Linear(8, 3),
+        "batches": [torch.randn(4, 8) for _ in range(12)],
+    }
+    cell = (
+        "outs = []\ntotal = torch.zeros(3)\nfor x in batches:\n"
+        "    y = model.cuda()(x.cuda())\n    outs.append(y.detach().cpu())\n"
+        "    total += y.detach().sum(0).cpu()\n"
+    )
+    ip.user_ns["torch"] = torch
+    serial_cell = cell.replace("model.cuda()", "model").replace("x.cuda()", "x")
+    serial = copy.deepcopy(ns)
+    serial["torch"] = torch
+    exec(serial_cell, serial)
+    ip.user_ns.update(copy.deepcopy(ns))
+    ip.run_cell_magic("gpu_parallel", "", cell)
+    out = capsys.readouterr().out
+    assert "run the CUDA code of line(s) 4" in out
+    assert len(ip.user_ns["outs"]) == 12
+    for a, b in zip(serial["outs"], ip.user_ns["outs"], strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(serial["total"], ip.user_ns["total"], atol=1e-5)
+
+
+def test_tensor_indexed_write_and_dataset_slices(ip, cluster):
+    ns = {"X": torch.arange(60.0).reshape(20, 3), "res": torch.zeros(20)}
+    assert_serial_equivalent(
+        ip, "for i, row in enumerate(X):\n    res[i] = row.sum()\n", ns
+    )
+
+
+def test_prints_are_forwarded_tagged_with_engine_and_iteration(ip, cluster, capsys):
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(4):\n    print('hello', i)\n"
+    )
+    out = capsys.readouterr().out
+    for i in range(4):
+        assert f"| iteration {i}] hello {i}" in out
+
+
+def test_summary_line_and_last_run(ip, cluster, capsys):
+    ip.run_cell_magic("gpu_parallel", "", "for i in range(50):\n    v = i\n")
+    out = capsys.readouterr().out
+    assert "gpucell: 50 iterations on 2 engines" in out
+    lr = gpucell.last_run
+    assert lr.status == "ok" and lr.iterations == 50
+    rows = lr.rows()
+    assert [r["iteration"] for r in rows] == list(range(50))
+    assert {r["engine"] for r in rows} <= set(cluster.ids)
+    assert all(r["end"] >= r["start"] for r in rows)
+    assert set(lr.busy) == set(cluster.ids)
+
+
+def test_exception_in_iteration_k_keeps_type_and_namespace(ip, cluster):
+    ip.user_ns.update({"out": ["before"], "acc": 0})
+    cell = "for i in range(30):\n    out.append(i)\n    acc += 1 / (i - 17)\n"
+    with pytest.raises(ZeroDivisionError) as info:
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "iteration 17" in note and "loop values 17" in note
+    assert "engine" in note and "line 3" in note
+    assert ip.user_ns["out"] == ["before"] and ip.user_ns["acc"] == 0
+    assert gpucell.last_run.status == "error"
+    # the cluster is usable right after
+    assert_serial_equivalent(ip, "for i in range(10):\n    acc += i\n", {"acc": 0})
+
+
+def test_refusal_names_variable_and_line_and_runs_nothing(ip, cluster):
+    ip.user_ns.update({"prev": 0, "out": []})
+    cell = "out.append(1)\nfor i in range(5):\n    prev = prev + i\n    prev = i\n"
+    with pytest.raises(gpucell.NotParallelizable, match=r"line \d.*`?prev"):
+        ip.run_cell_magic("gpu_parallel", "", cell)
+    assert ip.user_ns["out"] == []  # not even the prelude ran
+
+
+def test_syntax_error_has_the_cells_line_numbers(ip, cluster):
+    with pytest.raises(SyntaxError) as info:
+        ip.run_cell_magic("gpu_parallel", "", "x = 1\nfor i in range(3):\n    y = (\n")
+    assert info.value.lineno in (3, 4)
+
+
+def test_dry_run_shows_the_plan_and_runs_nothing(ip, cluster, capsys):
+    ip.user_ns.update({"xs": [1, 2], "out": []})
+    ip.run_cell_magic(
+        "gpu_parallel", "--dry-run", "pre = 1\nfor x in xs:\n    out.append(x + pre)\n"
+    )
+    text = capsys.readouterr().out
+    assert "out" in text and "xs" in text and "gather" in text
+    assert "pre" not in ip.user_ns and ip.user_ns["out"] == []
+
+
+def test_seed_gives_the_same_numbers_on_one_or_two_engines(ip, cluster):
+    cell = (
+        "import random\nimport numpy as np\ndraws = []\nfor i in range(16):\n"
+        "    draws.append((random.random(), float(np.random.rand()), "
+        "float(torch.rand(1))))\n"
+    )
+    ip.user_ns["torch"] = torch
+    ip.run_cell_magic("gpu_parallel", "--quiet --seed 7", cell)
+    two = list(ip.user_ns["draws"])
+    ip.run_cell_magic(
+        "gpu_parallel", f"--quiet --seed 7 --targets {cluster.ids[0]}", cell
+    )
+    one = list(ip.user_ns["draws"])
+    assert one == two and len(set(two)) == 16
+    ip.run_cell_magic("gpu_parallel", "--quiet --seed 8", cell)
+    assert ip.user_ns["draws"] != two
+
+
+@pytest.mark.parametrize("sched", ["static", "dynamic", "guided"])
+def test_every_schedule_is_serial_equivalent(ip, cluster, sched):
+    assert_serial_equivalent(
+        ip,
+        "out = []\nfor i in range(101):\n    out.append(i * i)\n    acc += i\n",
+        {"acc": 5},
+        f"--quiet --schedule {sched} --chunksize 7",
+    )
+
+
+def test_bad_options_are_usage_errors(ip, cluster):
+    for line, msg in [
+        ("--chunksize 0", "--chunksize 0"),
+        ("--timeout -1", "--timeout"),
+        ("--targets 99", "no live engine"),
+        ("--devices 3", "no live engine on those devices"),
+        ("--schedule fast", "invalid choice"),
+    ]:
+        with pytest.raises(UsageError, match=msg):
+            ip.run_cell_magic("gpu_parallel", line, "for i in range(3):\n    x = i\n")
+
+
+def test_no_cluster_is_a_clear_error_or_a_serial_run(ip, no_active_cluster, capsys):
+    ip.user_ns["out"] = []
+    with pytest.raises(UsageError, match="No cluster.*%gpu_cluster start"):
+        ip.run_cell_magic("gpu_parallel", "", "for i in range(3):\n    out.append(i)\n")
+    assert ip.user_ns["out"] == []
+    ip.run_line_magic("config", "GpuCell.serial_fallback = True")
+    try:
+        ip.run_cell_magic("gpu_parallel", "", "for i in range(3):\n    out.append(i)\n")
+    finally:
+        ip.run_line_magic("config", "GpuCell.serial_fallback = False")
+    assert ip.user_ns["out"] == [0, 1, 2]
+    assert "running the cell serially" in capsys.readouterr().out
+
+
+def test_unchanged_big_input_is_sent_once(ip, cluster):
+    ip.user_ns["big"] = np.ones(2_000_000)
+    ip.user_ns["tot"] = 0.0
+    cell = "for i in range(4):\n    tot += float(big[i])\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    keys = {e: dict(c) for e, c in cluster.input_cache.items()}
+    assert all("big" in c for c in keys.values())
+
+    def cached_id():
+        from gpucell import worker
+
+        return id(worker._cache["big"][1])
+
+    before = cluster.client[:].apply_sync(cached_id)
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert cluster.client[:].apply_sync(cached_id) == before  # not re-sent
+    ip.user_ns["big"][0] = 5.0  # changed in place: must be re-sent
+    ip.user_ns["tot"] = 0.0
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["tot"] == 8.0
