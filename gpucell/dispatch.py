@@ -152,7 +152,7 @@ def run_chunks(
         )
 
     sched = Schedule(n, alive, mode=options.schedule, chunksize=options.chunksize)
-    inflight: dict[Any, tuple[Chunk, float]] = {}
+    inflight: dict[Any, tuple[Chunk, float | None]] = {}
     results: dict[int, Any] = {}
     printed: dict[Any, int] = {}
     t0 = time.perf_counter()
@@ -172,10 +172,13 @@ def run_chunks(
                     "raise --retries."
                 )
             frames = wire.dumps(chunk_of(c.start, c.stop))
+            queued_behind = any(ch.engine == eid for ch, _ in inflight.values())
             ar = client[eid].apply_async(
                 worker.run, cell, frames, c.start, eid, options.seed
             )
-            inflight[ar] = (c, time.perf_counter())
+            # a chunk queued behind another waits on the engine: its round trip
+            # says nothing about dispatch cost
+            inflight[ar] = (c, None if queued_behind else time.perf_counter())
 
     def lose(eid: int) -> None:
         lost = sched.lose_engine(eid)
@@ -320,7 +323,10 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, relay, printed) 
         _raise_iteration_error(payload, chunk, gc, record)
     results[chunk.start] = payload
     sched.complete(chunk.id, timing["compute"])
-    sched.observe_overhead(max(0.0, (time.perf_counter() - t_sub) - timing["compute"]))
+    if t_sub is not None:
+        sched.observe_overhead(
+            max(0.0, time.perf_counter() - t_sub - timing["compute"])
+        )
     record.chunks.append(_record(chunk, gc, timing, "done"))
 
 

@@ -85,7 +85,9 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
 
     settings = _config.settings()
     ns = shell.user_ns
-    src = shell.transform_cell(cell)
+    # The magic's own line stays line 1 (as a comment), so every line number we
+    # report is the one the notebook editor shows for the cell.
+    src = "# %%gpu_parallel\n" + shell.transform_cell(cell)
     filename = shell.compile.cache(src)
     gc = _current_or_none()
     targets: list[int] = select_targets(gc, req) if gc is not None else []

@@ -142,15 +142,24 @@ class Schedule:
         depth = self.depth if self._plenty_left() else 1
         return len(self.outstanding(engine)) < depth
 
-    def min_chunk(self) -> int:
-        """Smallest chunk that keeps dispatch overhead under the target."""
+    def min_chunk(self, engine: int | None = None) -> int:
+        """Smallest chunk that keeps dispatch overhead under the target.
+
+        Per engine when it has been measured (a slow engine's chunks can be
+        smaller), else from the mean over every engine.
+        """
         if self.mode == "dynamic" and self.chunksize:
             return self.chunksize
         floor = self.chunksize or 1
-        rates = [s.per_iteration for s in self._stats.values() if s.per_iteration]
-        if not rates:
-            return floor
-        t = min(rates)  # the fastest engine needs the largest chunks
+        st = self._stats.get(engine) if engine is not None else None
+        if st is not None and st.per_iteration:
+            t = st.per_iteration
+        else:
+            its = sum(s.iterations for s in self._stats.values())
+            secs = sum(s.seconds for s in self._stats.values())
+            if its == 0 or secs <= 0:
+                return floor
+            t = secs / its
         return max(floor, math.ceil(self.overhead / (self.target_overhead * t)))
 
     # -- transitions -------------------------------------------------------------
@@ -256,13 +265,18 @@ class Schedule:
         if not mine or len(rates) < 2:
             return 1.0
         speeds = {e: 1.0 / r for e, r in rates.items()}
-        return speeds[engine] / (sum(speeds.values()) / len(speeds))
+        share = speeds[engine] / (sum(speeds.values()) / len(speeds))
+        # Engines measured on different iterations also differ by the iterations'
+        # own costs; only a clear gap (a GPU beside a CPU engine) is taken as speed.
+        if 1 / 1.5 < share < 1.5:
+            return 1.0
+        return min(4.0, max(0.25, share))
 
     def _size_for(self, engine: int) -> int:
         remaining = self._remaining()
         if remaining <= 0:
             return 1
-        floor = self.min_chunk()
+        floor = self.min_chunk(engine)
         if self.mode == "dynamic":
             return max(1, min(remaining, floor))
         k = max(1, len(self._alive))
