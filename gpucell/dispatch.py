@@ -28,7 +28,8 @@ from . import wire
 from .cluster import GpuCluster
 from .errors import CellTimeout, EnginesLost, IterationError
 from .provenance import ChunkRecord, LastRun
-from .schedule import Chunk, Schedule
+from .runstate import BUSY, DEAD, IDLE, RETRYING, EngineProgress, RunSnapshot
+from .schedule import DONE, RUNNING, Chunk, Schedule
 
 __all__ = ["Options", "run_chunks"]
 
@@ -98,6 +99,8 @@ def run_chunks(
     record: LastRun,
     echo: Callable[[str], None] = print,
     relay: Callable[[str], None] | None = None,
+    progress: Callable[[RunSnapshot], None] | None = None,
+    progress_period: float = 0.3,
 ) -> list[Any]:
     """Run every iteration of ``range(n)`` on ``targets``; return chunk results in
     iteration order.
@@ -115,6 +118,9 @@ def run_chunks(
         Provenance, filled in as chunks finish (also on failure).
     relay
         Where engine output goes (``sys.stdout.write`` by default).
+    progress
+        Called with a :class:`~gpucell.runstate.RunSnapshot` every
+        ``progress_period`` seconds and once at the end (the live display).
     """
     from . import worker
 
@@ -158,6 +164,17 @@ def run_chunks(
     t0 = time.perf_counter()
     deadline = t0 + options.timeout if options.timeout else None
     last_check = 0.0
+    last_progress = [0.0]
+
+    def report(status: str = "running", force: bool = False) -> None:
+        now = time.perf_counter()
+        if progress is None or (not force and now - last_progress[0] < progress_period):
+            return
+        last_progress[0] = now
+        try:
+            progress(snapshot(gc, alive, sched, now - t0, status))
+        except Exception as e:  # the display must never break the loop
+            record.warnings.append(f"progress display failed: {e!r}")
 
     def submit(eid: int) -> None:
         while sched.wants_work(eid):
@@ -243,6 +260,7 @@ def run_chunks(
                             lose(eid)
                 for eid in sched.alive:
                     submit(eid)
+                report()
                 if not inflight and not sched.finished:
                     raise EnginesLost("No work in flight and the loop is not finished.")
         except KeyboardInterrupt:
@@ -251,6 +269,7 @@ def run_chunks(
         _cancel(gc, inflight, options.interrupt_grace)
         record.status = "timeout" if stop.reason == "timeout" else "interrupted"
         record.wall = time.perf_counter() - t0
+        report(record.status, force=True)
         if stop.reason == "timeout":
             raise CellTimeout(
                 f"%%gpu_parallel --timeout {options.timeout:g} s reached after "
@@ -265,13 +284,56 @@ def run_chunks(
         _cancel(gc, inflight, options.interrupt_grace)
         record.wall = time.perf_counter() - t0
         record.status = "error"
+        report("error", force=True)
         raise
     finally:
         for eid, ar in load_ars.items():
             _note_cache(gc, eid, ar, keys)
     record.wall = time.perf_counter() - t0
     record.status = "ok"
+    report("ok", force=True)
     return [results[k] for k in sorted(results)]
+
+
+def snapshot(
+    gc: GpuCluster, engines: Sequence[int], sched: Schedule, elapsed: float, status: str
+) -> RunSnapshot:
+    """The run as the display shows it (pure function of the schedule)."""
+    rows = []
+    for eid in engines:
+        info = gc.engines.get(eid)
+        mine = [c for c in sched.chunks if c.engine == eid]
+        done = [c for c in mine if c.state == DONE]
+        running = [c for c in mine if c.state == RUNNING]
+        if eid not in sched.alive:
+            state = DEAD
+        elif any(c.attempt > 0 for c in running):
+            state = RETRYING
+        elif running and status == "running":
+            state = BUSY
+        else:
+            state = IDLE
+        rows.append(
+            EngineProgress(
+                engine=eid,
+                host=info.host if info else "",
+                device=info.device if info else "",
+                name=info.name if info else "",
+                pid=info.pid if info else 0,
+                kind=info.kind if info else "cpu",
+                index=info.index if info else -1,
+                done=sum(c.size for c in done),
+                busy_seconds=sum(c.seconds for c in done),
+                state=state,
+            )
+        )
+    return RunSnapshot(
+        total=sched.n,
+        done=sched.done_iterations,
+        elapsed=elapsed,
+        engines=tuple(rows),
+        status=status,
+    )
 
 
 def _record(
