@@ -150,25 +150,48 @@ def _item_repr(chunk_obj: Any, offset: int) -> str:
     return "?"
 
 
+def describe_oom(
+    message: str, device: str, total: int | None, free: int | None, held: int | None
+) -> str:
+    """The note added to a CUDA out-of-memory error (pure, so it is unit-tested)."""
+    import re
+
+    asked = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", message)
+    gib = 2**30
+    parts = [f"CUDA out of memory on {device}"]
+    if total is not None:
+        parts.append(f"{total / gib:.1f} GiB total")
+    if free is not None:
+        parts.append(f"{free / gib:.2f} GiB free")
+    if held is not None:
+        parts.append(f"{held / gib:.2f} GiB held by this engine")
+    if asked:
+        parts.append(f"the iteration asked for {asked.group(1)} more")
+    return (
+        ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+    ) + (
+        ". Put fewer engines on each GPU (--per-gpu 1), use smaller batches per "
+        "iteration, or free tensors kept between iterations (del them, or "
+        "torch.cuda.empty_cache())."
+    )
+
+
 def _oom_note(exc: BaseException) -> str | None:
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(
-        exc, getattr(torch.cuda, "OutOfMemoryError", ())
-    ):
+    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if torch is None or oom is None or not isinstance(exc, oom):
         return None
+    total = free = held = None
     try:
         free, total = torch.cuda.mem_get_info()
-        used = torch.cuda.memory_allocated()
+        held = torch.cuda.memory_allocated()
     except Exception:
-        return None
-    name = os.environ.get("GPUCELL_DEVICE_NAME", "GPU")
-    return (
-        f"CUDA out of memory on {name} (GPU {os.environ.get('GPUCELL_DEVICE_INDEX')}):"
-        f" {total / 2**30:.1f} GiB total, {free / 2**30:.2f} GiB free, "
-        f"{used / 2**30:.2f} GiB held by this engine. The failed request is in the "
-        "message above. Use fewer engines per GPU (--per-gpu), smaller batches per "
-        "iteration, or free tensors you keep between iterations."
+        pass
+    device = (
+        f"{os.environ.get('GPUCELL_DEVICE_NAME', 'GPU')} "
+        f"(GPU {os.environ.get('GPUCELL_DEVICE_INDEX', '?')})"
     )
+    return describe_oom(str(exc), device, total, free, held)
 
 
 def run(

@@ -319,3 +319,17 @@ def test_unchanged_big_input_is_sent_once(ip, cluster):
     ip.user_ns["tot"] = 0.0
     ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     assert ip.user_ns["tot"] == 8.0
+
+
+def test_cuda_oom_in_an_iteration_says_device_memory_and_what_to_change(ip, cluster):
+    ip.user_ns["torch"] = torch
+    cell = (
+        "for i in range(6):\n    if i == 3:\n        raise torch.cuda.OutOfMemoryError("
+        "'CUDA out of memory. Tried to allocate 1.50 GiB')\n"
+    )
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    note = "\n".join(info.value.__notes__)
+    assert "iteration 3" in note
+    assert "CUDA out of memory on" in note and "asked for 1.50 GiB" in note
+    assert "--per-gpu" in note

@@ -1,0 +1,44 @@
+"""Engine-side helpers that can be checked without an engine."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+
+from gpucell.worker import _oom_note, _Tagged, describe_oom
+
+
+def test_oom_note_names_device_memory_request_and_fix():
+    note = describe_oom(
+        "CUDA out of memory. Tried to allocate 2.50 GiB (GPU 0; 79.15 GiB total)",
+        "NVIDIA A100 (GPU 0)",
+        total=80 * 2**30,
+        free=1 * 2**30,
+        held=70 * 2**30,
+    )
+    assert "NVIDIA A100 (GPU 0)" in note
+    assert "80.0 GiB total" in note and "1.00 GiB free" in note
+    assert "asked for 2.50 GiB" in note
+    assert "--per-gpu" in note
+
+
+def test_oom_note_is_only_for_cuda_oom(monkeypatch):
+    monkeypatch.setenv("GPUCELL_DEVICE_NAME", "Fake GPU")
+    assert _oom_note(ValueError("x")) is None
+    note = _oom_note(torch.cuda.OutOfMemoryError("Tried to allocate 20.00 MiB"))
+    assert note is not None and "Fake GPU" in note and "20.00 MiB" in note
+
+
+def test_tagged_stream_prefixes_every_line():
+    buf = io.StringIO()
+    tag = ["[engine 0 | iteration 3] "]
+    s = _Tagged(buf, tag)
+    s.write("a\nb")
+    s.write("c\n")
+    tag[0] = "[engine 0 | iteration 4] "
+    s.write("d\n")
+    assert buf.getvalue() == (
+        "[engine 0 | iteration 3] a\n[engine 0 | iteration 3] bc\n"
+        "[engine 0 | iteration 4] d\n"
+    )
