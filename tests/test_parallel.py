@@ -333,3 +333,17 @@ def test_cuda_oom_in_an_iteration_says_device_memory_and_what_to_change(ip, clus
     assert "iteration 3" in note
     assert "CUDA out of memory on" in note and "asked for 1.50 GiB" in note
     assert "--per-gpu" in note
+
+
+def test_rich_display_outputs_are_not_lost(ip, cluster, monkeypatch):
+    shown = []
+    monkeypatch.setattr(
+        ip.display_pub, "publish", lambda data, metadata=None, **kw: shown.append(data)
+    )
+    cell = (
+        "from IPython.display import display, Markdown\n"
+        "for i in range(3):\n    display(Markdown(f'**item {i}**'))\n"
+    )
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    md = sorted(d.get("text/markdown") for d in shown if "text/markdown" in d)
+    assert md == [f"**item {i}**" for i in range(3)]
