@@ -160,7 +160,7 @@ def run_chunks(
     sched = Schedule(n, alive, mode=options.schedule, chunksize=options.chunksize)
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
     results: dict[int, Any] = {}
-    printed: dict[Any, int] = {}
+    output = _OutputRelay(relay)
     t0 = time.perf_counter()
     deadline = t0 + options.timeout if options.timeout else None
     last_check = 0.0
@@ -217,14 +217,6 @@ def run_chunks(
                 "was merged. Restart the cluster (`%gpu_cluster stop` then `start`)."
             )
 
-    def relay_output() -> None:
-        for ar in list(inflight):
-            out = ar.stdout if isinstance(ar.stdout, str) else "".join(ar.stdout or [])
-            k = printed.get(ar, 0)
-            if len(out) > k:
-                relay(out[k:])
-                printed[ar] = len(out)
-
     try:
         try:
             for eid in alive:
@@ -235,23 +227,13 @@ def run_chunks(
                 done, _ = concurrent.futures.wait(
                     list(inflight), timeout=0.05, return_when="FIRST_COMPLETED"
                 )
-                relay_output()
+                output.poll(inflight)
                 for ar in done:
                     if ar not in inflight:
                         continue
                     chunk, t_sub = inflight.pop(ar)
-                    _finish(
-                        ar,
-                        chunk,
-                        t_sub,
-                        sched,
-                        results,
-                        record,
-                        gc,
-                        lose,
-                        relay,
-                        printed,
-                    )
+                    output.finished(ar)
+                    _finish(ar, chunk, t_sub, sched, results, record, gc, lose)
                 now = time.perf_counter()
                 if now - last_check > 0.2 or not inflight:
                     last_check = now
@@ -287,6 +269,7 @@ def run_chunks(
         report("error", force=True)
         raise
     finally:
+        output.flush(inflight)
         for eid, ar in load_ars.items():
             _note_cache(gc, eid, ar, keys)
     record.wall = time.perf_counter() - t0
@@ -356,15 +339,57 @@ def _record(
     )
 
 
-def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, relay, printed) -> None:
+class _OutputRelay:
+    """Forward engine output to the cell as it arrives, losing none.
+
+    A task's result can arrive before its last output (they travel on different
+    channels), so finished tasks stay here until ipyparallel says their output is
+    complete; :meth:`flush` waits briefly for the stragglers at the end.
+    """
+
+    def __init__(self, relay: Callable[[str], None]) -> None:
+        self._relay = relay
+        self._printed: dict[Any, int] = {}
+        self._draining: list[Any] = []
+
+    def _forward(self, ar: Any) -> None:
+        out = ar.stdout if isinstance(ar.stdout, str) else "".join(ar.stdout or [])
+        k = self._printed.get(ar, 0)
+        if len(out) > k:
+            self._relay(out[k:])
+            self._printed[ar] = len(out)
+
+    def _complete(self, ar: Any) -> None:
+        self._forward(ar)
+        self._printed.pop(ar, None)
+        _display_outputs(ar)
+
+    def poll(self, running: Any) -> None:
+        for ar in list(running):
+            self._forward(ar)
+        for ar in list(self._draining):
+            if ar.wait_for_output(0):
+                self._draining.remove(ar)
+                self._complete(ar)
+            else:
+                self._forward(ar)
+
+    def finished(self, ar: Any) -> None:
+        self._draining.append(ar)
+
+    def flush(self, running: Any, timeout: float = 1.0) -> None:
+        end = time.perf_counter() + timeout
+        for ar in [*self._draining, *running]:
+            if ar.done():
+                ar.wait_for_output(max(0.0, end - time.perf_counter()))
+            self._complete(ar)
+        self._draining.clear()
+
+
+def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
     """Handle one finished chunk task."""
     from ipyparallel.error import EngineError, RemoteError
 
-    out = ar.stdout if isinstance(ar.stdout, str) else "".join(ar.stdout or [])
-    if len(out) > printed.get(ar, 0):
-        relay(out[printed.get(ar, 0) :])
-    printed.pop(ar, None)
-    _display_outputs(ar)
     try:
         frames = ar.get(timeout=0)
     except EngineError:
