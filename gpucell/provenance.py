@@ -100,6 +100,12 @@ class LastRun:
             return rows
         return pandas.DataFrame(rows)
 
+    def timeline(self) -> Any:
+        """A picture of this run (SVG in Jupyter, text in a terminal)."""
+        from .ui.timeline import timeline
+
+        return timeline(self)
+
     def summary(self) -> str:
         """The one line printed after a cell."""
         n = len(self.engines)

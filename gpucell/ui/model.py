@@ -1,0 +1,477 @@
+"""What the progress displays show, as plain data and strings (no ipywidgets).
+
+Every display (the in-cell widget, the terminal line, the device monitor and the
+selector) renders the same rows, so all formatting lives here, where it can be
+unit-tested without a kernel or a front end.  Inputs are a
+:class:`~gpucell.runstate.RunSnapshot` and, optionally, telemetry samples (any
+objects shaped like ``gpucell.telemetry.DeviceSample``; read by attribute name so
+this module does not import the telemetry backends).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..runstate import BUSY, DEAD, IDLE, RETRYING, EngineProgress, RunSnapshot
+
+__all__ = [
+    "DeviceRow",
+    "OverallRow",
+    "RunView",
+    "device_label",
+    "device_text",
+    "fmt_bytes",
+    "fmt_count",
+    "fmt_duration",
+    "fmt_eta",
+    "fmt_percent",
+    "fmt_rate",
+    "initial_snapshot",
+    "monitor_rows",
+    "run_view",
+    "samples_by_engine",
+    "state_html",
+    "summary_lines",
+    "text_line",
+]
+
+#: extra states: the run ended (``done``), or ended badly (``stopped``)
+DONE, STOPPED = "done", "stopped"
+
+#: state -> CSS colour; chosen to stay readable on light and dark themes
+STATE_COLORS: dict[str, str] = {
+    BUSY: "#2e7d32",
+    IDLE: "#757575",
+    RETRYING: "#ef6c00",
+    DEAD: "#c62828",
+    DONE: "#1565c0",
+    STOPPED: "#6a1b9a",
+}
+
+#: run status -> FloatProgress ``bar_style``
+STATUS_BAR_STYLE: dict[str, str] = {
+    "running": "info",
+    "ok": "success",
+    "error": "danger",
+    "timeout": "danger",
+    "interrupted": "warning",
+}
+
+_NA = "–"
+
+
+# --------------------------------------------------------------------- units
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``0:42``, ``12:03``, ``1:02:03``: the clock form people read at a glance."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_eta(eta: float | None) -> str:
+    """``ETA 0:42``; ``ETA ?`` before the first iteration gives a pace."""
+    return f"ETA {fmt_duration(eta)}"
+
+
+def fmt_rate(rate: float) -> str:
+    """Iterations per second, or seconds per iteration for slow loops.
+
+    Slow loops (a training step per iteration) read better as ``20.0 s/it`` than as
+    ``0.05 it/s``; this is the convention tqdm users know.
+    """
+    if rate <= 0 or rate != rate:
+        return _NA
+    if rate < 1:
+        return f"{1 / rate:.1f} s/it"
+    if rate < 10:
+        return f"{rate:.2f} it/s"
+    if rate < 100:
+        return f"{rate:.1f} it/s"
+    return f"{rate:,.0f} it/s"
+
+
+def fmt_count(n: int) -> str:
+    """Thousands separated, so ``1,234,567`` is not misread."""
+    return f"{n:,}"
+
+
+def fmt_percent(fraction: float | None) -> str:
+    return _NA if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def fmt_bytes(used: float | None, total: float | None = None) -> str:
+    """``3.2/80.0 GiB``: one unit for both numbers, picked from the total."""
+    if used is None and not total:
+        return _NA
+    ref = total or used or 0
+    unit, scale = ("GiB", 2**30) if ref >= 2**30 else ("MiB", 2**20)
+    if not total:
+        return f"{(used or 0) / scale:.1f} {unit}"
+    if used is None:
+        return f"?/{total / scale:.1f} {unit}"
+    return f"{used / scale:.1f}/{total / scale:.1f} {unit}"
+
+
+def _clamp(x: float | None) -> float | None:
+    if x is None or x != x:
+        return None
+    return min(1.0, max(0.0, float(x)))
+
+
+# ------------------------------------------------------------------ samples
+
+
+def _attr(obj: Any, *names: str) -> Any:
+    for n in names:
+        v = getattr(obj, n, None)
+        if v is not None:
+            return v
+    return None
+
+
+def samples_by_engine(samples: Iterable[Any] | None) -> dict[int, Any]:
+    """Index telemetry samples by engine id (the newest wins).
+
+    Samples without an engine id (a GPU the cluster does not use) are left out
+    here; :func:`monitor_rows` shows them separately.
+    """
+    out: dict[int, Any] = {}
+    for s in samples or ():
+        eid = _attr(s, "engine", "engine_id")
+        if eid is None:
+            continue
+        old = out.get(eid)
+        if old is None or (_attr(s, "timestamp") or 0) >= (
+            _attr(old, "timestamp") or 0
+        ):
+            out[int(eid)] = s
+    return out
+
+
+@dataclass(frozen=True)
+class _Load:
+    util: float | None
+    util_text: str
+    mem: float | None
+    mem_text: str
+    extra: str
+    note: str = ""
+    dead: bool = False
+
+
+def _load(sample: Any | None) -> _Load:
+    if sample is None:
+        return _Load(None, _NA, None, _NA, "")
+    util = _attr(sample, "utilization", "utilization_pct", "util")
+    used = _attr(sample, "memory_used")
+    total = _attr(sample, "memory_total")
+    u = _clamp(util / 100.0) if util is not None else None
+    # a CPU engine's process may use several cores (e.g. 350 %): the bar is
+    # full, the text says how full
+    util_text = _NA if util is None else f"{util:.0f}%"
+    m = _clamp(used / total) if used is not None and total else None
+    extra = []
+    power = _attr(sample, "power_w")
+    temp = _attr(sample, "temperature_c")
+    cpu = _attr(sample, "host_cpu")
+    if power is not None:
+        extra.append(f"{power:.0f} W")
+    if temp is not None:
+        extra.append(f"{temp:.0f} °C")
+    if cpu is not None:
+        extra.append(f"host CPU {cpu:.0f}%")
+    state = getattr(sample, "state", "ok") or "ok"
+    note = getattr(sample, "error", "") or ("" if state == "ok" else state)
+    return _Load(
+        u,
+        util_text,
+        m,
+        fmt_bytes(used, total),
+        " · ".join(extra),
+        note=str(note),
+        dead=state == DEAD,
+    )
+
+
+# --------------------------------------------------------------------- rows
+
+
+def device_text(device: str, name: str) -> str:
+    """``GPU 0 (A100)`` or ``CPU``: the model name only where it adds something."""
+    dev = device or name or "?"
+    if name and name != dev and name.upper() != "CPU":
+        dev = f"{dev} ({name})"
+    return dev
+
+
+def device_label(engine: int | None, host: str, device: str, name: str) -> str:
+    """``0 · node1 · GPU 0 (A100)``: who the row is, in one short string."""
+    who = _NA if engine is None else str(engine)
+    return " · ".join(x for x in (who, host, device_text(device, name)) if x)
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """One device as every display shows it (strings ready to render)."""
+
+    engine: int | None
+    label: str
+    state: str
+    done: int = 0
+    done_text: str = ""
+    rate: float = 0.0
+    rate_text: str = _NA
+    util: float | None = None
+    util_text: str = _NA
+    mem: float | None = None
+    mem_text: str = _NA
+    extra: str = ""  # power, temperature, host CPU
+    note: str = ""  # why telemetry is missing, when it is
+
+    @property
+    def color(self) -> str:
+        return STATE_COLORS.get(self.state, "#000000")
+
+    @property
+    def stats(self) -> str:
+        """Iterations and pace; the live load for rows without a run."""
+        if self.done_text:
+            return f"{self.done_text} · {self.rate_text}"
+        return self.extra
+
+
+@dataclass(frozen=True)
+class OverallRow:
+    """The run's own bar."""
+
+    fraction: float
+    text: str
+    status: str
+
+    @property
+    def bar_style(self) -> str:
+        return STATUS_BAR_STYLE.get(self.status, "")
+
+
+@dataclass(frozen=True)
+class RunView:
+    overall: OverallRow
+    rows: tuple[DeviceRow, ...]
+
+
+def _state(e: EngineProgress, status: str) -> str:
+    if e.state == DEAD or status == "running":
+        return e.state
+    return DONE if status == "ok" else STOPPED
+
+
+def overall_row(snap: RunSnapshot) -> OverallRow:
+    """``37/100 it (37%) · 0:12 · ETA 0:20``, or the outcome once finished."""
+    parts = [
+        f"{fmt_count(snap.done)}/{fmt_count(snap.total)} it "
+        f"({fmt_percent(_clamp(snap.fraction))})",
+        fmt_duration(snap.elapsed),
+    ]
+    if snap.status == "running":
+        parts.append(fmt_eta(snap.eta))
+        if snap.elapsed > 0 and snap.done:
+            parts.append(fmt_rate(snap.done / snap.elapsed))
+    else:
+        parts.append(snap.status)
+        dead = sum(1 for e in snap.engines if e.state == DEAD)
+        if dead:
+            parts.append(f"{dead} engine{'s' if dead > 1 else ''} lost")
+    return OverallRow(_clamp(snap.fraction) or 0.0, " · ".join(parts), snap.status)
+
+
+def run_view(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> RunView:
+    """The whole display of a running (or finished) cell."""
+    by = samples_by_engine(samples)
+    rows = []
+    for e in snap.engines:
+        load = _load(by.get(e.engine))
+        # telemetry sees a vanished process before the dispatcher's next poll
+        state = DEAD if load.dead else _state(e, snap.status)
+        if state == DEAD:
+            load = _Load(None, _NA, None, _NA, "", note=load.note, dead=True)
+        rows.append(
+            DeviceRow(
+                engine=e.engine,
+                label=device_label(e.engine, e.host, e.device, e.name),
+                state=state,
+                done=e.done,
+                done_text=f"{fmt_count(e.done)} it",
+                rate=e.rate,
+                rate_text=fmt_rate(e.rate),
+                util=load.util,
+                util_text=load.util_text,
+                mem=load.mem,
+                mem_text=load.mem_text,
+                extra=load.extra,
+                note=load.note,
+            )
+        )
+    return RunView(overall_row(snap), tuple(rows))
+
+
+def monitor_rows(
+    engines: Iterable[Any], samples: Iterable[Any] | None = None
+) -> tuple[DeviceRow, ...]:
+    """Rows outside a run: one per engine (``EngineInfo``-like), then one per
+    sampled device no engine uses (a GPU shared with other jobs).
+    """
+    samples = list(samples or ())
+    by = samples_by_engine(samples)
+    rows = []
+    seen: set[tuple[str, str, int]] = set()
+    for info in engines:
+        eid = int(info.id)
+        state = getattr(info, "state", IDLE) or IDLE
+        device = getattr(info, "device", "") or ""
+        seen.add((info.host, info.kind, info.index))
+        load = _load(by.get(eid))
+        if load.dead or state == DEAD:
+            state = DEAD
+            load = _Load(None, _NA, None, _NA, "", note=load.note, dead=True)
+        rows.append(
+            DeviceRow(
+                engine=eid,
+                label=device_label(eid, info.host, device, info.name),
+                state=state,
+                util=load.util,
+                util_text=load.util_text,
+                mem=load.mem,
+                mem_text=load.mem_text,
+                extra=load.extra,
+                note=load.note,
+            )
+        )
+    for s in samples:
+        if _attr(s, "engine", "engine_id") is not None:
+            continue
+        key = (s.host, s.kind, s.index)
+        if key in seen:
+            continue
+        seen.add(key)
+        load = _load(s)
+        device = f"GPU {s.index}" if s.kind == "gpu" else "CPU"
+        rows.append(
+            DeviceRow(
+                engine=None,
+                label=device_label(None, s.host, device, s.name),
+                state="unused",
+                util=load.util,
+                util_text=load.util_text,
+                mem=load.mem,
+                mem_text=load.mem_text,
+                extra=load.extra,
+            )
+        )
+    return tuple(rows)
+
+
+def initial_snapshot(engines: Iterable[Any], total: int) -> RunSnapshot:
+    """The display's first frame, before the dispatcher's first snapshot.
+
+    ``engines`` are ``EngineInfo``-like (``id``, ``host``, ``device``, ``name``...).
+    """
+    return RunSnapshot(
+        total=total,
+        done=0,
+        elapsed=0.0,
+        engines=tuple(
+            EngineProgress(
+                engine=int(e.id),
+                host=e.host,
+                device=getattr(e, "device", ""),
+                name=e.name,
+                pid=getattr(e, "pid", 0),
+                kind=getattr(e, "kind", "cpu"),
+                index=getattr(e, "index", -1),
+            )
+            for e in engines
+        ),
+    )
+
+
+def state_html(state: str) -> str:
+    """The coloured state label (inline style only: no JavaScript, any front end)."""
+    color = STATE_COLORS.get(state, "#000000")
+    return f'<span style="color:{color};font-weight:bold">{html.escape(state)}</span>'
+
+
+# --------------------------------------------------------------------- text
+
+
+def _bar(fraction: float, width: int) -> str:
+    n = int(round((_clamp(fraction) or 0.0) * width))
+    return "[" + "#" * n + "-" * (width - n) + "]"
+
+
+def text_line(
+    snap: RunSnapshot, samples: Iterable[Any] | None = None, width: int = 100
+) -> str:
+    """The one-line terminal form: overall bar, then a short note per engine.
+
+    Cut to ``width`` so a ``\\r`` redraw never wraps (a wrapped line cannot be
+    redrawn in place).
+    """
+    view = run_view(snap, samples)
+    head = f"gpucell {_bar(view.overall.fraction, 20)} {view.overall.text}"
+    parts = [head]
+    for r in view.rows:
+        if r.state in (BUSY, IDLE, DONE):
+            note = r.rate_text if r.rate > 0 else r.state
+        else:
+            note = r.state
+        if r.util is not None and r.state != DEAD:
+            note += f" {r.util_text}"
+        parts.append(f"e{r.engine} {note}")
+    line = " | ".join(parts)
+    if len(line) > width:
+        line = line[: max(0, width - 1)] + "…"
+    return line
+
+
+def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body
+    ]
+    return [line.rstrip() for line in lines]
+
+
+def summary_lines(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> list[str]:
+    """The plain-text record printed when a cell ends.
+
+    It is what nbconvert, GitHub and a terminal show where the widget cannot be
+    drawn, so it carries the same figures: the run, then one line per device.
+    """
+    view = run_view(snap, samples)
+    lines = [f"gpucell: {view.overall.text}"]
+    body = [
+        (
+            str(e.engine),
+            e.host or _NA,
+            device_text(e.device, e.name),
+            fmt_count(e.done),
+            r.rate_text,
+            r.util_text,
+            r.mem_text,
+            r.state,
+        )
+        for e, r in zip(snap.engines, view.rows, strict=True)
+    ]
+    if body:
+        head = ("engine", "host", "device", "iterations", "pace", "util", "memory")
+        lines += ["  " + line for line in _table((*head, "state"), body)]
+    return lines

@@ -1,0 +1,168 @@
+"""``%gpu_cluster monitor``: the per-device rows outside any cell run.
+
+For watching GPUs between cells, or GPUs shared with other jobs.  A background
+thread samples telemetry and refreshes the rows (ipywidgets state may be set
+from a thread in ipykernel); it never touches the ipyparallel client, which is
+not thread-safe and belongs to the main thread.  The thread ends when the
+monitor is closed or the cluster it watches stops.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import model
+
+if TYPE_CHECKING:
+    from ..telemetry import TelemetrySource
+
+__all__ = ["DeviceMonitor", "Refresher", "cluster_alive"]
+
+
+def cluster_alive(gc: Any) -> Callable[[], bool]:
+    """A check that ``gc`` is still the active cluster (not stopped, not replaced).
+
+    Read from ``sys.modules`` so a display never imports the cluster machinery.
+    """
+
+    def alive() -> bool:
+        mod = sys.modules.get("gpucell.cluster")
+        return mod is not None and getattr(mod, "_current", None) is gc
+
+    return alive
+
+
+class Refresher:
+    """Calls ``tick()`` every ``period`` seconds on a daemon thread.
+
+    Stops when :meth:`stop` is called or ``alive()`` turns false (then
+    ``on_end()`` runs once).  Exceptions from ``tick`` are counted, not raised: a
+    monitor that cannot sample shows stale figures rather than a traceback on a
+    thread nobody reads.
+    """
+
+    def __init__(
+        self,
+        tick: Callable[[], None],
+        period: float,
+        alive: Callable[[], bool],
+        on_end: Callable[[], None] | None = None,
+        name: str = "gpucell-ui",
+    ) -> None:
+        self.tick = tick
+        self.period = period
+        self.alive = alive
+        self.on_end = on_end
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Refresher:
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            if not self.alive():
+                if self.on_end is not None:
+                    try:
+                        self.on_end()
+                    except Exception:
+                        self.errors += 1
+                return
+            try:
+                self.tick()
+            except Exception:
+                self.errors += 1
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+class DeviceMonitor:
+    """Live per-device rows (utilisation, memory, power, state) for a cluster.
+
+    Parameters
+    ----------
+    gc
+        The cluster (``engines``: id -> ``EngineInfo``-like).  Engine states are
+        the cluster's last known ones; the monitor does not query engines.
+    telemetry
+        The source of samples; its ``sample()`` must be safe to call from a
+        thread.  Devices it reports that no engine uses get rows too.
+    period
+        Seconds between refreshes (0.5 s: 2 Hz).
+    start
+        Start the refresh thread now (tests refresh by hand with :meth:`refresh`).
+    alive
+        When the refresh should end; default: while ``gc`` is the active cluster.
+    """
+
+    def __init__(
+        self,
+        gc: Any,
+        telemetry: TelemetrySource | None = None,
+        *,
+        period: float = 0.5,
+        start: bool = True,
+        alive: Callable[[], bool] | None = None,
+    ) -> None:
+        import ipywidgets as w
+
+        from .progress import DeviceTable, _apply
+
+        self.gc = gc
+        self.telemetry = telemetry
+        self._apply = _apply
+        self.title = w.HTML()
+        self.table = DeviceTable(stats_title="power · temperature")
+        self.widget = w.VBox([self.title, self.table.box])
+        self.refresh()
+        self._refresher = Refresher(
+            self.refresh,
+            period,
+            alive or cluster_alive(gc),
+            on_end=lambda: self._set_title("cluster stopped; monitor ended"),
+            name="gpucell-monitor",
+        )
+        if start:
+            self._refresher.start()
+
+    def _set_title(self, note: str) -> None:
+        n = len(self.table.rows)
+        text = f"<b>gpucell monitor</b> · {n} device{'s' if n != 1 else ''} · "
+        self._apply([(self.title, {"value": text + html.escape(note)})])
+
+    def refresh(self) -> None:
+        """Sample once and redraw the rows (what the thread does each period)."""
+        samples = list(self.telemetry.sample()) if self.telemetry else []
+        engines = [self.gc.engines[e] for e in sorted(self.gc.engines)]
+        rows = model.monitor_rows(engines, samples)
+        self._apply(self.table.changes(rows))
+        self._set_title(f"updated {time.strftime('%H:%M:%S')}")
+
+    @property
+    def running(self) -> bool:
+        return self._refresher.running
+
+    def close(self) -> None:
+        """Stop refreshing and remove the widget from the output."""
+        self._refresher.stop()
+        self.widget.close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data = dict(self.widget._repr_mimebundle_(**kwargs))
+        rows = model.monitor_rows([self.gc.engines[e] for e in sorted(self.gc.engines)])
+        data["text/plain"] = "gpucell monitor: " + ", ".join(r.label for r in rows)
+        return data

@@ -1,0 +1,455 @@
+"""The live display of a running ``%%gpu_parallel`` cell.
+
+:func:`make_progress` picks the display for where the cell runs: an ipywidgets
+widget in a kernel with a front end, a one-line ``\\r`` display in a terminal, or
+nothing when quiet.  The dispatcher calls ``update(snapshot)`` on the kernel's
+main thread 2-4 times a second, so an update only diffs a few trait values inside
+``hold_sync()`` (one comm message per changed widget) and never raises: a display
+must not break or slow the loop it shows.
+
+ipywidgets is imported here, on first use, never by ``import gpucell``.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from ..runstate import RunSnapshot
+from . import model
+
+if TYPE_CHECKING:
+    from ..telemetry import DeviceSample, TelemetrySource
+
+__all__ = [
+    "DeviceTable",
+    "NullProgress",
+    "ProgressDisplay",
+    "TelemetryThrottle",
+    "TextProgress",
+    "WidgetProgress",
+    "has_widget_frontend",
+    "make_progress",
+]
+
+#: at most this many telemetry samples per second (NVML calls cost ~ms per GPU)
+MAX_SAMPLE_HZ = 4.0
+#: seconds an update may spend sending widget changes (the rest wait a tick)
+UPDATE_BUDGET = 0.003
+#: a display that failed this often stops trying (and stops costing time)
+MAX_ERRORS = 3
+
+
+class ProgressDisplay(Protocol):
+    """What the dispatcher's ``progress=`` callback talks to."""
+
+    def update(self, snap: RunSnapshot) -> None: ...
+
+    def close(self, snap: RunSnapshot) -> None: ...
+
+
+class TelemetryThrottle:
+    """Calls ``source.sample()`` at most :data:`MAX_SAMPLE_HZ` times a second.
+
+    A slow source (many GPUs, a remote host) widens its own interval to keep
+    sampling under ~5 % of the caller's time, since the caller is the kernel's main
+    thread while a cell runs.  Errors keep the last good samples.
+    """
+
+    def __init__(
+        self,
+        source: TelemetrySource | None,
+        min_interval: float = 1.0 / MAX_SAMPLE_HZ,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.interval = min_interval
+        self._min = min_interval
+        self._clock = clock
+        self._last = -float("inf")
+        self.samples: list[DeviceSample] = []
+        self.errors = 0
+
+    def get(self, force: bool = False) -> list[DeviceSample]:
+        if self.source is None or self.errors >= MAX_ERRORS:
+            return self.samples
+        now = self._clock()
+        if not force and now - self._last < self.interval:
+            return self.samples
+        self._last = now
+        try:
+            self.samples = list(self.source.sample())
+        except Exception:
+            self.errors += 1
+            return self.samples
+        cost = self._clock() - now
+        self.interval = max(self._min, 20.0 * cost)
+        return self.samples
+
+
+# --------------------------------------------------------------------- null
+
+
+class NullProgress:
+    """``--quiet``: shows nothing."""
+
+    def update(self, snap: RunSnapshot) -> None:
+        pass
+
+    def close(self, snap: RunSnapshot) -> None:
+        pass
+
+
+# --------------------------------------------------------------------- text
+
+
+class TextProgress:
+    """One line redrawn in place with ``\\r``: terminal IPython and plain Python.
+
+    When the stream is not a terminal (a log file, a pipe) a redrawn line would
+    only pile up, so only the final summary is written there.
+    """
+
+    def __init__(
+        self,
+        telemetry: TelemetrySource | None = None,
+        stream: IO[str] | None = None,
+        width: int | None = None,
+    ) -> None:
+        self._stream = stream
+        self._sampler = TelemetryThrottle(telemetry)
+        self._width = width
+        self._shown = 0
+        self.errors = 0
+
+    @property
+    def stream(self) -> IO[str]:
+        # looked up late: IPython swaps sys.stdout while capturing
+        return self._stream if self._stream is not None else sys.stdout
+
+    def _live(self) -> bool:
+        try:
+            return bool(self.stream.isatty())
+        except Exception:
+            return False
+
+    def _cols(self) -> int:
+        if self._width is not None:
+            return self._width
+        return max(40, shutil.get_terminal_size((100, 24)).columns - 1)
+
+    def update(self, snap: RunSnapshot) -> None:
+        if self.errors >= MAX_ERRORS or not self._live():
+            return
+        try:
+            line = model.text_line(snap, self._sampler.get(), width=self._cols())
+            pad = " " * max(0, self._shown - len(line))
+            self.stream.write("\r" + line + pad)
+            self.stream.flush()
+            self._shown = len(line)
+        except Exception:
+            self.errors += 1
+
+    def close(self, snap: RunSnapshot) -> None:
+        try:
+            samples = self._sampler.get(force=True)
+            if self._shown:
+                self.stream.write("\r" + " " * self._shown + "\r")
+            self.stream.write("\n".join(model.summary_lines(snap, samples)) + "\n")
+            self.stream.flush()
+        except Exception:
+            self.errors += 1
+
+
+# ------------------------------------------------------------------ widgets
+
+
+def _apply(
+    changes: Sequence[tuple[Any, dict[str, Any]]],
+    deadline: float | None = None,
+    at_least: int = 1,
+) -> int:
+    """Set the trait values that differ, each widget's inside its ``hold_sync()``.
+
+    Unchanged widgets cost a comparison and no message; a changed one sends its
+    changed traits as one comm message (~0.2 ms each in a kernel, the cost that
+    matters).  With a ``deadline`` (a ``time.perf_counter()`` value) it stops once
+    the deadline has passed and ``at_least`` widgets were sent, so every call makes
+    progress; the rest stay different and go out with a later call.  Returns how
+    many entries were handled.
+    """
+    sent = 0
+    for n, (w, attrs) in enumerate(changes):
+        diff = {k: v for k, v in attrs.items() if getattr(w, k) != v}
+        if not diff:
+            continue
+        with w.hold_sync():
+            for k, v in diff.items():
+                setattr(w, k, v)
+        sent += 1
+        if deadline is not None and sent >= at_least and time.perf_counter() > deadline:
+            return n + 1
+    return len(changes)
+
+
+#: column widths, shared by the header and every row so they line up
+_W_LABEL, _W_UTIL, _W_MEM = "250px", "150px", "230px"
+_W_STATS, _W_STATE = "180px", "80px"
+
+
+class _Shared:
+    """Layouts and styles shared by every row.
+
+    Each ``Layout`` or style is a widget model of its own; sharing them keeps a
+    table of eight GPUs at ~45 models instead of ~130, which is what the front end
+    creates and the notebook saves.
+    """
+
+    def __init__(self, w: Any) -> None:
+        def lay(width: str) -> Any:
+            return w.Layout(width=width, margin="0 4px 0 0")
+
+        self.label, self.util, self.mem = lay(_W_LABEL), lay(_W_UTIL), lay(_W_MEM)
+        self.stats, self.state = lay(_W_STATS), lay(_W_STATE)
+        from ipywidgets.widgets.widget_float import ProgressStyle
+        from ipywidgets.widgets.widget_string import HTMLStyle
+
+        self.html = HTMLStyle()
+        self.util_style = ProgressStyle(description_width="40px")
+        self.mem_style = ProgressStyle(description_width="110px")
+
+
+class _RowWidgets:
+    """The widgets of one device row (an ``HBox``)."""
+
+    def __init__(self, w: Any, sh: _Shared) -> None:
+        self.label = w.HTML(layout=sh.label, style=sh.html)
+        self.util = w.FloatProgress(
+            min=0.0,
+            max=1.0,
+            description=model._NA,
+            bar_style="info",
+            style=sh.util_style,
+            layout=sh.util,
+        )
+        self.mem = w.FloatProgress(
+            min=0.0,
+            max=1.0,
+            description=model._NA,
+            style=sh.mem_style,
+            layout=sh.mem,
+        )
+        self.stats = w.HTML(layout=sh.stats, style=sh.html)
+        self.state = w.HTML(layout=sh.state, style=sh.html)
+        self.box = w.HBox([self.label, self.util, self.mem, self.stats, self.state])
+
+    def changes(self, r: model.DeviceRow) -> list[tuple[Any, dict[str, Any]]]:
+        dead = r.state == "dead"
+        mem_style = "warning" if (r.mem or 0.0) > 0.9 else ""
+        return [
+            (self.label, {"value": _esc(r.label)}),
+            (
+                self.util,
+                {
+                    "value": round(r.util or 0.0, 2),
+                    "description": r.util_text,
+                    "tooltip": " · ".join(x for x in (r.extra, r.note) if x) or None,
+                    "bar_style": "danger" if dead else "info",
+                },
+            ),
+            (
+                self.mem,
+                {
+                    "value": round(r.mem or 0.0, 2),
+                    "description": r.mem_text,
+                    "bar_style": "danger" if dead else mem_style,
+                },
+            ),
+            (self.stats, {"value": _esc(r.stats)}),
+            (self.state, {"value": model.state_html(r.state)}),
+        ]
+
+
+def _esc(s: str) -> str:
+    return html.escape(s)
+
+
+class DeviceTable:
+    """A header and one row per device; shared by the cell widget and the monitor.
+
+    Rows are keyed by their label's device (engine id, or the label for devices
+    no engine uses) and added when a new one appears, so a refresh never rebuilds
+    the widget tree (that would re-render every view in the front end).
+    """
+
+    def __init__(self, stats_title: str = "iterations · pace") -> None:
+        import ipywidgets as w
+
+        self._w = w
+        head = ("engine · host · device", "utilisation", "memory", stats_title, "state")
+        self._shared = sh = _Shared(w)
+        self.header = w.HBox(
+            [
+                w.HTML(f"<b>{_esc(t)}</b>", layout=lay, style=sh.html)
+                for t, lay in zip(
+                    head, (sh.label, sh.util, sh.mem, sh.stats, sh.state), strict=True
+                )
+            ]
+        )
+        self.rows: dict[Any, _RowWidgets] = {}
+        self.box = w.VBox([self.header])
+
+    def changes(
+        self, rows: Sequence[model.DeviceRow]
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        out: list[tuple[Any, dict[str, Any]]] = []
+        added = False
+        for r in rows:
+            key = r.engine if r.engine is not None else r.label
+            rw = self.rows.get(key)
+            if rw is None:
+                rw = self.rows[key] = _RowWidgets(self._w, self._shared)
+                added = True
+            out += rw.changes(r)
+        if added:
+            children = (self.header, *(rw.box for rw in self.rows.values()))
+            out.append((self.box, {"children": children}))
+        return out
+
+
+class WidgetProgress:
+    """The in-cell widget: an overall bar, then one row per engine.
+
+    It stays in the output after the cell with its final figures (front ends save
+    widget state with the notebook); where widgets cannot be drawn, the output's
+    ``text/plain`` and the printed summary say the same thing.
+    """
+
+    def __init__(
+        self,
+        snap: RunSnapshot,
+        telemetry: TelemetrySource | None = None,
+        show: Callable[..., Any] | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        import ipywidgets as w
+
+        self._sampler = TelemetryThrottle(telemetry)
+        self._echo = echo or print
+        self.errors = 0
+        self.title = w.HTML("<b>gpucell</b>", layout=w.Layout(width="70px"))
+        self.bar = w.FloatProgress(
+            min=0.0, max=1.0, bar_style="info", layout=w.Layout(width="400px")
+        )
+        self.label = w.HTML()
+        self.overall = w.HBox([self.title, self.bar, self.label])
+        self.table = DeviceTable()
+        self.widget = w.VBox([self.overall, self.table.box])
+        self.budget = UPDATE_BUDGET
+        self._turn = 0
+        _apply(sum(self._changes(snap, self._sampler.get(force=True)), []))
+        if show is None:
+            from IPython.display import display as show
+        self._handle = show(
+            self._bundle("gpucell: running… (live per-device widget)"),
+            raw=True,
+            display_id=True,
+        )
+
+    def _bundle(self, text: str) -> dict[str, Any]:
+        data = dict(self.widget._repr_mimebundle_())
+        data["text/plain"] = text
+        return data
+
+    def _changes(
+        self, snap: RunSnapshot, samples: list[Any]
+    ) -> tuple[list[tuple[Any, dict[str, Any]]], list[tuple[Any, dict[str, Any]]]]:
+        """(the overall row's changes, the device rows' changes)."""
+        view = model.run_view(snap, samples)
+        o = view.overall
+        head: list[tuple[Any, dict[str, Any]]] = [
+            (self.bar, {"value": round(o.fraction, 3), "bar_style": o.bar_style}),
+            (self.label, {"value": _esc(o.text)}),
+        ]
+        return head, self.table.changes(view.rows)
+
+    def update(self, snap: RunSnapshot) -> None:
+        """Show ``snap``; spends at most about :attr:`budget` seconds sending.
+
+        Every changed widget is a comm message, so with many devices changing at
+        once a refresh could outgrow the budget; then the overall row goes first
+        and the device rows take turns (a row waits at most a tick or two).
+        """
+        if self.errors >= MAX_ERRORS:
+            return
+        try:
+            t0 = time.perf_counter()
+            head, rows = self._changes(snap, self._sampler.get())
+            k = self._turn % len(rows) if rows else 0
+            order = head + rows[k:] + rows[:k]
+            done = _apply(order, t0 + self.budget, at_least=len(head) + 1)
+            self._turn = k + max(0, done - len(head))
+        except Exception:
+            self.errors += 1
+
+    def close(self, snap: RunSnapshot) -> None:
+        """Final figures in the widget, its text form, and the printed summary."""
+        try:
+            samples = self._sampler.get(force=True)
+            _apply(sum(self._changes(snap, samples), []))
+            lines = model.summary_lines(snap, samples)
+            if self._handle is not None and hasattr(self._handle, "update"):
+                self._handle.update(self._bundle(lines[0]), raw=True)
+            self._echo("\n".join(lines))
+        except Exception:
+            self.errors += 1
+
+
+# ------------------------------------------------------------------- choice
+
+
+def has_widget_frontend(shell: Any) -> bool:
+    """True in a Jupyter kernel (ipykernel's ``ZMQInteractiveShell``).
+
+    Looked up in ``sys.modules`` rather than imported: outside a kernel ipykernel
+    is not loaded and need not be.
+    """
+    zmqshell = sys.modules.get("ipykernel.zmqshell")
+    if zmqshell is None or shell is None:
+        return False
+    return isinstance(shell, zmqshell.ZMQInteractiveShell)
+
+
+def make_progress(
+    shell: Any,
+    snapshot: RunSnapshot,
+    telemetry: TelemetrySource | None = None,
+    quiet: bool = False,
+) -> ProgressDisplay:
+    """The display for this run: widget in a kernel, a text line elsewhere.
+
+    Parameters
+    ----------
+    shell
+        The IPython shell running the cell (``None`` in plain Python).
+    snapshot
+        The first frame (:func:`gpucell.ui.model.initial_snapshot`), so the rows
+        exist before the first chunk ends.
+    telemetry
+        Live utilisation and memory; sampled by the display itself, at most
+        :data:`MAX_SAMPLE_HZ` times a second.
+    quiet
+        ``--quiet``: nothing at all.
+    """
+    if quiet:
+        return NullProgress()
+    if has_widget_frontend(shell):
+        try:
+            return WidgetProgress(snapshot, telemetry)
+        except Exception:  # no ipywidgets, or no display machinery: use text
+            pass
+    return TextProgress(telemetry)
