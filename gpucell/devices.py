@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "Device",
     "Discovery",
     "GpuInfo",
+    "GpuUsage",
     "NvmlApi",
     "NvmlUnavailable",
     "PynvmlApi",
@@ -40,6 +43,21 @@ class GpuInfo:
     uuid: str
     memory_total: int  # bytes
     cpu_affinity: tuple[int, ...] = ()  # the GPU's near cores; () when unknown
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One GPU's load right now, as NVML reports it (telemetry).
+
+    A field is ``None`` when this GPU or driver does not report it (power on some
+    consumer boards, temperature in some VMs): unknown is not zero.
+    """
+
+    utilization: float | None  # % of time a kernel ran in the last sample period
+    memory_used: int | None  # bytes
+    memory_total: int | None  # bytes
+    power_w: float | None
+    temperature_c: float | None
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,14 @@ class NvmlApi(Protocol):
         """Every GPU NVML sees, or raise :class:`NvmlUnavailable`."""
         ...
 
+    def usage(self, index: int) -> GpuUsage:
+        """Load of GPU ``index`` (NVML's host index, not the CUDA one) now.
+
+        Raise :class:`NvmlUnavailable` when NVML cannot answer at all; a metric
+        this GPU does not report is ``None`` in the result instead.
+        """
+        ...
+
 
 def _mask_to_cores(words: Sequence[int], bits_per_word: int = 64) -> tuple[int, ...]:
     """Decode NVML's CPU affinity bitmask (array of unsigned longs) to core ids."""
@@ -86,7 +112,82 @@ def _mask_to_cores(words: Sequence[int], bits_per_word: int = 64) -> tuple[int, 
 
 
 class PynvmlApi:
-    """NVML through ``pynvml`` (the ``nvidia-ml-py`` package), imported on use."""
+    """NVML through ``pynvml`` (the ``nvidia-ml-py`` package), imported on use.
+
+    :meth:`gpus` initialises and shuts NVML down around one discovery.  :meth:`usage`
+    is called several times a second by telemetry, so it initialises NVML once,
+    keeps the device handles, and holds NVML until :meth:`close` (NVML counts its
+    initialisations, so the two uses do not disturb each other).  A failed
+    initialisation is remembered for ``retry_after`` seconds rather than retried on
+    every sample.
+    """
+
+    retry_after: float = 10.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nvml: Any = None  # the pynvml module once initialised
+        self._handles: dict[int, Any] = {}
+        self._failed: tuple[float, str] | None = None
+
+    def _init(self) -> Any:
+        """NVML initialised once (or :class:`NvmlUnavailable`, cached a while)."""
+        if self._nvml is not None:
+            return self._nvml
+        now = time.monotonic()
+        if self._failed is not None and now - self._failed[0] < self.retry_after:
+            raise NvmlUnavailable(self._failed[1])
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as e:  # ImportError, NVMLError_LibraryNotFound, ...
+            msg = f"NVML unavailable: {e}"
+            self._failed = (now, msg)
+            raise NvmlUnavailable(msg) from e
+        self._failed = None
+        self._nvml = pynvml
+        return pynvml
+
+    def usage(self, index: int) -> GpuUsage:
+        with self._lock:  # handles are shared; NVML itself is thread-safe
+            nv = self._init()
+            h = self._handles.get(index)
+            if h is None:
+                try:
+                    h = nv.nvmlDeviceGetHandleByIndex(index)
+                except Exception as e:
+                    raise NvmlUnavailable(f"NVML has no GPU {index}: {e}") from e
+                self._handles[index] = h
+
+        def ask(f: Any, *args: Any) -> Any:  # one unsupported metric hides no other
+            try:
+                return f(h, *args)
+            except Exception:
+                return None
+
+        util = ask(nv.nvmlDeviceGetUtilizationRates)
+        mem = ask(nv.nvmlDeviceGetMemoryInfo)
+        power = ask(nv.nvmlDeviceGetPowerUsage)
+        temp = ask(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
+        return GpuUsage(
+            utilization=float(util.gpu) if util is not None else None,
+            memory_used=int(mem.used) if mem is not None else None,
+            memory_total=int(mem.total) if mem is not None else None,
+            power_w=power / 1000.0 if power is not None else None,  # mW
+            temperature_c=float(temp) if temp is not None else None,
+        )
+
+    def close(self) -> None:
+        """Release NVML if :meth:`usage` initialised it."""
+        with self._lock:
+            if self._nvml is not None:
+                try:
+                    self._nvml.nvmlShutdown()
+                except Exception:
+                    pass
+            self._nvml = None
+            self._handles.clear()
 
     def gpus(self) -> list[GpuInfo]:
         try:
