@@ -101,6 +101,7 @@ def run_chunks(
     relay: Callable[[str], None] | None = None,
     progress: Callable[[RunSnapshot], None] | None = None,
     progress_period: float = 0.3,
+    telemetry: Any = None,
 ) -> list[Any]:
     """Run every iteration of ``range(n)`` on ``targets``; return chunk results in
     iteration order.
@@ -121,6 +122,10 @@ def run_chunks(
     progress
         Called with a :class:`~gpucell.runstate.RunSnapshot` every
         ``progress_period`` seconds and once at the end (the live display).
+    telemetry
+        A :class:`gpucell.telemetry.ClusterTelemetry`: remote engines start their
+        sampler with the cell, and their samples are collected from the in-flight
+        tasks here (the display reads them with ``sample()``).
     """
     from . import worker
 
@@ -157,6 +162,8 @@ def run_chunks(
             worker.load, cell, programs[eid], sorted(inputs), keys, encoded[send]
         )
 
+    if telemetry is not None:
+        telemetry.start_remote(client)
     sched = Schedule(n, alive, mode=options.schedule, chunksize=options.chunksize)
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
     results: dict[int, Any] = {}
@@ -228,6 +235,8 @@ def run_chunks(
                     list(inflight), timeout=0.05, return_when="FIRST_COMPLETED"
                 )
                 output.poll(inflight)
+                if telemetry is not None:
+                    telemetry.poll(inflight)
                 for ar in done:
                     if ar not in inflight:
                         continue

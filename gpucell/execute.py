@@ -132,7 +132,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         )
 
     from . import merge as _merge
-    from .dispatch import Options, run_chunks
+    from .dispatch import Options
     from .provenance import LastRun
 
     record = LastRun(plan=plan)
@@ -161,15 +161,8 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         results: list[Any] = []
         record.status = "ok"
     else:
-        results = run_chunks(
-            gc,
-            targets,
-            programs=programs,
-            inputs=inputs,
-            n=chunker.count,
-            chunk_of=chunker.chunk,
-            options=options,
-            record=record,
+        results = _run_with_display(
+            shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
         )
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)
@@ -179,6 +172,49 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     epilogue = plan.compile_epilogue()
     if epilogue is not None:
         shell.ex(epilogue)
+
+
+def _run_with_display(
+    shell: Any,
+    gc: Any,
+    targets: list[int],
+    programs: dict[int, Any],
+    inputs: dict[str, Any],
+    chunker: Any,
+    options: Any,
+    record: Any,
+    quiet: bool,
+) -> list[Any]:
+    """The dispatcher's run, watched by the live display (widget or text line)."""
+    from .dispatch import run_chunks
+    from .telemetry import for_cluster
+    from .ui.model import initial_snapshot
+    from .ui.progress import make_progress
+
+    first = initial_snapshot([gc.engines[e] for e in targets], chunker.count)
+    tele = None if quiet else for_cluster(gc, targets)
+    display = make_progress(shell, first, tele, quiet)
+    last = [first]
+
+    def on_progress(snap: Any) -> None:
+        last[0] = snap
+        display.update(snap)
+
+    try:
+        return run_chunks(
+            gc,
+            targets,
+            programs=programs,
+            inputs=inputs,
+            n=chunker.count,
+            chunk_of=chunker.chunk,
+            options=options,
+            record=record,
+            progress=on_progress,
+            telemetry=tele,
+        )
+    finally:
+        display.close(last[0])
 
 
 def _current_or_none() -> Any:

@@ -48,10 +48,22 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
     conn.add_argument("--ssh", default=None, help="user@host to tunnel through.")
     conn.add_argument("--timeout", type=float, default=None)
 
+    select = _parser(
+        "%gpu_cluster select",
+        "Pick the engines later cells use: a widget, or engine ids / 'all'.",
+    )
+    select.add_argument(
+        "engines",
+        nargs="?",
+        default=None,
+        help="Engine ids like '0,2', or 'all'. Omit for the widget.",
+    )
     return {
         "start": start,
         "connect": conn,
         "status": _parser("%gpu_cluster status", "Show the engines."),
+        "select": select,
+        "monitor": _parser("%gpu_cluster monitor", "Live per-device load."),
         "stop": _parser("%gpu_cluster stop", "Stop the cluster."),
     }
 
@@ -63,6 +75,8 @@ Usage:
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host] [--timeout S]
   %gpu_cluster status
+  %gpu_cluster select [0,2|all]
+  %gpu_cluster monitor
   %gpu_cluster stop
 """
 
@@ -81,6 +95,8 @@ class GpuClusterMagics(Magics):
                              [--cpu-engines M] [--profile NAME] [--timeout S]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F [--ssh u@h]
           %gpu_cluster status
+          %gpu_cluster select [0,2|all]
+          %gpu_cluster monitor
           %gpu_cluster stop
 
         ``start`` launches one ipyparallel engine per GPU, each pinned to its device
@@ -96,6 +112,9 @@ class GpuClusterMagics(Magics):
           %gpu_cluster start -n 2 --gpus none
           %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
           %gpu_cluster status
+          %gpu_cluster select                # tick the devices later cells use
+          %gpu_cluster select 0,2            # the same without the widget
+          %gpu_cluster monitor               # live load, outside any cell run
           %gpu_cluster stop
 
         Defaults come from ``%config GpuCell`` (e.g. ``%config GpuCell.per_gpu = 2``).
@@ -137,11 +156,53 @@ class GpuClusterMagics(Magics):
                 gc = api.current()
                 rows = gc.refresh()
                 print(api.format_status(rows, gc.selected))
+            elif cmd == "select":
+                self._select(api.current(), args.engines)
+            elif cmd == "monitor":
+                from IPython.display import display
+
+                from .telemetry import for_cluster
+                from .ui.monitor import DeviceMonitor
+
+                gc = api.current()
+                display(DeviceMonitor(gc, for_cluster(gc)))
             elif cmd == "stop":
                 api.stop(echo=print)
         except (ClusterError, DeviceSelectionError) as e:
             raise UsageError(f"%gpu_cluster {cmd}: {e}") from None
         return None
+
+    @staticmethod
+    def _select(gc: Any, engines: str | None) -> None:
+        """The selection widget, or set the selection from ids given inline."""
+        from .ui.select import selection_from
+
+        if engines is None:
+            from IPython.display import display
+
+            from .telemetry import for_cluster
+            from .ui.select import DeviceSelector
+
+            display(DeviceSelector(gc, for_cluster(gc)))
+            return
+        live = gc.live_ids()
+        if engines.strip().lower() == "all":
+            gc.selected = None
+        else:
+            try:
+                ids = [int(t) for t in engines.split(",") if t.strip()]
+            except ValueError:
+                raise DeviceSelectionError(
+                    f"select {engines!r}: expected engine ids like '0,2' or 'all'."
+                ) from None
+            bad = [i for i in ids if i not in live]
+            if bad:
+                raise DeviceSelectionError(
+                    f"select: no live engine {bad} (live engines: {live})."
+                )
+            gc.selected = selection_from(ids, live)
+        which = "all engines" if gc.selected is None else f"engines {list(gc.selected)}"
+        print(f"gpucell: later cells run on {which}.")
 
 
 def load(ipython: Any) -> None:

@@ -347,3 +347,26 @@ def test_rich_display_outputs_are_not_lost(ip, cluster, monkeypatch):
     ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     md = sorted(d.get("text/markdown") for d in shown if "text/markdown" in d)
     assert md == [f"**item {i}**" for i in range(3)]
+
+
+def test_selection_is_the_default_of_later_cells_and_shown_in_status(
+    ip, cluster, capsys
+):
+    first = cluster.ids[0]
+    try:
+        ip.run_line_magic("gpu_cluster", f"select {first}")
+        assert f"engines [{first}]" in capsys.readouterr().out
+        ip.run_cell_magic("gpu_parallel", "--quiet", "for i in range(8):\n    v = i\n")
+        assert gpucell.last_run.engines == (first,)
+        ip.run_line_magic("gpu_cluster", "status")
+        rows = capsys.readouterr().out.splitlines()[1:]
+        marked = [r.split()[0] for r in rows]
+        assert f"{first}*" in marked and all(
+            "*" not in m for m in marked if m != f"{first}*"
+        )
+        with pytest.raises(UsageError, match="no live engine"):
+            ip.run_line_magic("gpu_cluster", "select 99")
+    finally:
+        ip.run_line_magic("gpu_cluster", "select all")
+    ip.run_cell_magic("gpu_parallel", "--quiet", "for i in range(8):\n    v = i\n")
+    assert set(gpucell.last_run.engines) == set(cluster.ids)
