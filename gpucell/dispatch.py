@@ -45,6 +45,7 @@ class Options:
     retries: int = 2
     quiet: bool = False
     interrupt_grace: float = 2.0
+    cost_hint: float | None = None  # seconds per iteration, from an earlier run
 
 
 class _Interrupted(Exception):
@@ -52,28 +53,42 @@ class _Interrupted(Exception):
         self.reason = reason
 
 
-def _engine_alive(gc: GpuCluster, eid: int) -> bool:
-    """Local engines by pid (fast); remote ones by registration (heartbeat)."""
-    info = gc.engines.get(eid)
-    if eid not in gc.client.ids:
-        return False
-    if info is None or info.host != socket.gethostname():
-        return True
-    try:
-        import psutil
+_HOST = socket.gethostname()
 
-        return psutil.Process(info.pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:
+
+def _engine_alive(gc: GpuCluster, eid: int) -> bool:
+    """Local engines by pid (noticed within ~0.2 s); remote ones by registration
+    (the controller's heartbeat)."""
+    info = gc.engines.get(eid)
+    if eid in gc.dead or eid not in gc.client.ids:
         return False
+    if info is None or info.host != _HOST:
+        return True
+    return _pid_running(info.pid)
+
+
+def _pid_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (one /proc read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):  # no /proc (macOS): ask the OS
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
 
 
 def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
     """Interrupt running work: signal local engine pids, ask the nanny otherwise."""
-    here = socket.gethostname()
     remote = []
     for eid in eids:
         info = gc.engines.get(eid)
-        if info is not None and info.host == here:
+        if info is not None and info.host == _HOST:
             try:
                 os.kill(info.pid, sig)
             except OSError:
@@ -146,7 +161,7 @@ def run_chunks(
     keys = {name: wire.fingerprint(v) for name, v in inputs.items()}
     cache = gc.input_cache
     encoded: dict[tuple[str, ...], list[Any]] = {}
-    load_ars: dict[int, Any] = {}
+    setups: dict[int, tuple[Any, ...]] = {}  # travels with the engine's first chunk
     for eid in alive:
         have = cache.get(eid, {})
         send = tuple(
@@ -158,16 +173,22 @@ def run_chunks(
         )
         if send not in encoded:
             encoded[send] = wire.dumps({k: inputs[k] for k in send}) if send else []
-        load_ars[eid] = client[eid].apply_async(
-            worker.load, cell, programs[eid], sorted(inputs), keys, encoded[send]
-        )
+        setups[eid] = ((programs[eid], sorted(inputs), keys), encoded[send])
+        cache.pop(eid, None)  # unknown until this engine's first chunk answers
 
     if telemetry is not None:
         telemetry.start_remote(client)
-    sched = Schedule(n, alive, mode=options.schedule, chunksize=options.chunksize)
+    sched = Schedule(
+        n,
+        alive,
+        mode=options.schedule,
+        chunksize=options.chunksize,
+        hint=options.cost_hint,
+    )
+    views = {eid: gc.view(eid) for eid in alive}
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
     results: dict[int, Any] = {}
-    output = _OutputRelay(relay)
+    output = _OutputRelay(client, relay)
     t0 = time.perf_counter()
     deadline = t0 + options.timeout if options.timeout else None
     last_check = 0.0
@@ -197,12 +218,21 @@ def run_chunks(
                 )
             frames = wire.dumps(chunk_of(c.start, c.stop))
             queued_behind = any(ch.engine == eid for ch, _ in inflight.values())
-            ar = client[eid].apply_async(
-                worker.run, cell, frames, c.start, eid, options.seed
+            setup, input_frames = setups.pop(eid, (None, None))
+            ar = views[eid].apply_async(
+                worker.run,
+                cell,
+                frames,
+                c.start,
+                eid,
+                options.seed,
+                setup,
+                input_frames,
             )
             # a chunk queued behind another waits on the engine: its round trip
             # says nothing about dispatch cost
             inflight[ar] = (c, None if queued_behind else time.perf_counter())
+            output.watch(ar)
 
     def lose(eid: int) -> None:
         lost = sched.lose_engine(eid)
@@ -257,7 +287,7 @@ def run_chunks(
         except KeyboardInterrupt:
             raise _Interrupted("interrupt") from None
     except _Interrupted as stop:
-        _cancel(gc, inflight, options.interrupt_grace)
+        _cancel(gc, inflight, options.interrupt_grace, output.started)
         record.status = "timeout" if stop.reason == "timeout" else "interrupted"
         record.wall = time.perf_counter() - t0
         report(record.status, force=True)
@@ -272,15 +302,13 @@ def run_chunks(
             "engines stopped their work, nothing was merged"
         ) from None
     except BaseException:
-        _cancel(gc, inflight, options.interrupt_grace)
+        _cancel(gc, inflight, options.interrupt_grace, output.started)
         record.wall = time.perf_counter() - t0
         record.status = "error"
         report("error", force=True)
         raise
     finally:
         output.flush(inflight)
-        for eid, ar in load_ars.items():
-            _note_cache(gc, eid, ar, keys)
     record.wall = time.perf_counter() - t0
     record.status = "ok"
     report("ok", force=True)
@@ -351,30 +379,53 @@ def _record(
 class _OutputRelay:
     """Forward engine output to the cell as it arrives, losing none.
 
+    Reads each task's ipyparallel ``Metadata`` (stdout, stderr, rich outputs) that
+    the client fills from IOPub; kept by reference from submission, so reading it
+    is a dict lookup (``AsyncResult.stdout`` re-parses dates on every access).
     A task's result can arrive before its last output (they travel on different
     channels), so finished tasks stay here until ipyparallel says their output is
     complete; :meth:`flush` waits briefly for the stragglers at the end.
     """
 
-    def __init__(self, relay: Callable[[str], None]) -> None:
+    def __init__(self, client: Any, relay: Callable[[str], None]) -> None:
+        self._client = client
         self._relay = relay
-        self._printed: dict[Any, int] = {}
+        self._md: dict[Any, Any] = {}
+        self._printed: dict[Any, tuple[int, int]] = {}
         self._draining: list[Any] = []
 
+    def watch(self, ar: Any) -> None:
+        md = self._client.metadata.get(ar.msg_ids[0])
+        if md is not None:
+            self._md[ar] = md
+            self._printed[ar] = (0, 0)
+
+    def started(self, ar: Any) -> bool:
+        md = self._md.get(ar)
+        return md is None or md.get("started") is not None
+
     def _forward(self, ar: Any) -> None:
-        out = ar.stdout if isinstance(ar.stdout, str) else "".join(ar.stdout or [])
-        k = self._printed.get(ar, 0)
-        if len(out) > k:
-            self._relay(out[k:])
-            self._printed[ar] = len(out)
+        md = self._md.get(ar)
+        if md is None:
+            return
+        out, err = md.get("stdout") or "", md.get("stderr") or ""
+        k_out, k_err = self._printed[ar]
+        if len(out) > k_out:
+            self._relay(out[k_out:])
+        if len(err) > k_err:
+            sys.stderr.write(err[k_err:])
+            sys.stderr.flush()
+        self._printed[ar] = (len(out), len(err))
 
     def _complete(self, ar: Any) -> None:
         self._forward(ar)
+        md = self._md.pop(ar, None)
         self._printed.pop(ar, None)
-        _display_outputs(ar)
+        if md is not None:
+            _display_outputs(md.get("outputs") or [])
 
     def poll(self, running: Any) -> None:
-        for ar in list(running):
+        for ar in running:
             self._forward(ar)
         for ar in list(self._draining):
             if ar.wait_for_output(0):
@@ -414,6 +465,9 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
             f"{e.traceback or ''}"
         ) from None
     status, payload, timing = wire.loads(frames)
+    if timing.get("cached") is not None:
+        # what the engine caches now, as it says (never assumed)
+        gc.input_cache[chunk.engine] = dict(timing["cached"])
     if status == "error":
         record.chunks.append(_record(chunk, gc, timing, "failed"))
         _raise_iteration_error(payload, chunk, gc, record)
@@ -426,9 +480,8 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
     record.chunks.append(_record(chunk, gc, timing, "done"))
 
 
-def _display_outputs(ar) -> None:
+def _display_outputs(outputs: list[Any]) -> None:
     """Rich outputs (display()) from the chunk reach the cell's output."""
-    outputs = getattr(ar, "outputs", None) or []
     if not outputs:
         return
     try:
@@ -472,7 +525,12 @@ def _raise_iteration_error(
     raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
 
 
-def _cancel(gc: GpuCluster, inflight: dict[Any, Any], grace: float) -> None:
+def _cancel(
+    gc: GpuCluster,
+    inflight: dict[Any, Any],
+    grace: float,
+    started: Callable[[Any], bool],
+) -> None:
     """Abort queued chunk tasks, signal running ones, wait until engines are idle."""
     if not inflight:
         return
@@ -483,7 +541,9 @@ def _cancel(gc: GpuCluster, inflight: dict[Any, Any], grace: float) -> None:
         client.abort(msg_ids, block=False)
     except Exception:
         pass
-    running = sorted({c.engine for ar, (c, _) in inflight.items() if _started(ar)})
+    running = sorted(
+        {c.engine for ar, (c, _) in inflight.items() if started(ar) and not ar.done()}
+    )
     if running:
         _signal_engines(gc, running, signal.SIGINT)
     concurrent.futures.wait(ars, timeout=grace)
@@ -494,20 +554,3 @@ def _cancel(gc: GpuCluster, inflight: dict[Any, Any], grace: float) -> None:
         )
         concurrent.futures.wait(still, timeout=grace)
     inflight.clear()
-
-
-def _started(ar) -> bool:
-    try:
-        return bool(ar.started) and not ar.done()
-    except Exception:
-        return True
-
-
-def _note_cache(gc: GpuCluster, eid: int, ar, keys: dict[str, Any]) -> None:
-    """Remember what the engine now caches (only after its load succeeded)."""
-    try:
-        reply = ar.get(timeout=0)
-    except Exception:
-        gc.input_cache.pop(eid, None)
-        return
-    gc.input_cache[eid] = dict(reply.get("cached", {}))

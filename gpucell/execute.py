@@ -94,13 +94,23 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     kinds = {gc.engines[e].kind for e in targets} if gc is not None else set()
 
     def plan_for(for_cpu: bool) -> Any:
-        return analyse(
-            src,
-            filename=filename,
-            known_names=ns.keys(),
-            for_cpu=for_cpu,
-            raise_errors=not req.dry_run,
-        )
+        # The plan depends only on the text and on which of its names exist in
+        # the namespace: re-running a cell reuses it.
+        known = frozenset(_identifiers(src) & ns.keys())
+        key = (src, filename, for_cpu, not req.dry_run, known)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = analyse(
+                src,
+                filename=filename,
+                known_names=known,
+                for_cpu=for_cpu,
+                raise_errors=not req.dry_run,
+            )
+            if len(_PLANS) >= 64:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[key] = plan
+        return plan
 
     if req.dry_run:
         print(format_plan(plan_for("cpu" in kinds)))
@@ -123,7 +133,9 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             "No cluster for %%gpu_parallel. Start one with `%gpu_cluster start` (or "
             "`%config GpuCell.serial_fallback = True` to run such cells serially)."
         )
-    cpu_plan = plan_for(True) if "cpu" in kinds else plan
+    # The CUDA rewrite for CPU engines is a second analysis; skip it when the
+    # cell cannot mention CUDA at all.
+    cpu_plan = plan_for(True) if "cpu" in kinds and "cuda" in src else plan
     if cpu_plan.cuda_rewritten and not req.quiet:
         lines = ", ".join(map(str, cpu_plan.cuda_lines))
         print(
@@ -149,7 +161,9 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         e: (cpu_plan if gc.engines[e].kind == "cpu" else plan).engine_program()
         for e in targets
     }
+    cost_key = (src, tuple(sorted(targets)))
     options = Options(
+        cost_hint=gc.cost_history.get(cost_key),
         schedule=req.schedule or settings.schedule,
         chunksize=req.chunksize,
         seed=req.seed,
@@ -164,6 +178,8 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         results = _run_with_display(
             shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
         )
+    if record.status == "ok" and chunker.count:
+        gc.cost_history[cost_key] = record.serial_estimate / chunker.count
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)
     update.commit(ns)
@@ -215,6 +231,16 @@ def _run_with_display(
         )
     finally:
         display.close(last[0])
+
+
+_PLANS: dict[Any, Any] = {}
+
+
+def _identifiers(src: str) -> set[str]:
+    """Every identifier-like token of the cell (a superset of its names)."""
+    import re
+
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src))
 
 
 def _current_or_none() -> Any:

@@ -82,6 +82,10 @@ class Schedule:
     depth
         Chunks outstanding per engine: 2 keeps the next chunk queued on the engine
         so it never idles on a round trip.
+    hint
+        Seconds per iteration measured by an earlier run of the same cell: no
+        calibration chunks are needed, and a loop whose whole work is a few
+        dispatch overheads is split statically (one message per engine).
     """
 
     n: int
@@ -92,6 +96,7 @@ class Schedule:
     target_overhead: float = 0.05
     depth: int = 2
     factor: float = 2.0
+    hint: float | None = None
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
     _free: list[tuple[int, int, int]] = field(
@@ -110,6 +115,11 @@ class Schedule:
             raise ValueError("a schedule needs at least one engine")
         self._alive = list(self.engines)
         self._stats = {e: _EngineStats() for e in self.engines}
+        if self.hint is not None and self.hint > 0:
+            for st in self._stats.values():
+                st.iterations, st.seconds = 1, self.hint
+            if self.mode == "guided" and self.n * self.hint <= 10 * self.overhead:
+                self.mode = "static"  # cheaper to send it all at once
         if self.mode == "static":
             k = len(self._alive)
             for i, e in enumerate(self._alive):

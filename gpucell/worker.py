@@ -117,10 +117,17 @@ def _seeder(seed: int):
 class _Tagged(io.TextIOBase):
     """A stream that prefixes each line with the engine and iteration."""
 
-    def __init__(self, target: Any, tag: list[str]) -> None:
+    def __init__(self, target: Any, engine: int, current: list[int | None]) -> None:
         self._target = target
-        self._tag = tag
+        self._engine = engine
+        self._current = current  # the running iteration, set by the runner
         self._at_line_start = True
+
+    def _prefix(self) -> str:
+        i = self._current[0]
+        if i is None:
+            return f"[engine {self._engine}] "
+        return f"[engine {self._engine} | iteration {i}] "
 
     def writable(self) -> bool:
         return True
@@ -129,7 +136,7 @@ class _Tagged(io.TextIOBase):
         out = []
         for piece in s.splitlines(keepends=True):
             if self._at_line_start:
-                out.append(self._tag[0])
+                out.append(self._prefix())
             out.append(piece)
             self._at_line_start = piece.endswith("\n")
         self._target.write("".join(out))
@@ -200,28 +207,46 @@ def run(
     start: int,
     engine_id: int,
     seed: int | None = None,
+    setup: tuple[Any, list[str], dict[str, Any]] | None = None,
+    input_frames: list[Any] | None = None,
 ) -> list[Any]:
     """Run one chunk; return wire frames of ``(status, payload, timing)``.
 
     The chunk object (a range slice, or a slice of the user's sequence: numpy and
     torch slices are views) arrives as wire frames, so big items travel zero-copy.
+    An engine's first chunk of a cell carries ``setup`` (program, input names,
+    fingerprints) and ``input_frames`` (the inputs to send, a top-level argument
+    so ipyparallel ships each buffer zero-copy): one message for all of it.
     """
+    loaded = None
+    if setup is not None:
+        loaded = load(cell, *setup, input_frames or [])
+        if loaded["missing"]:
+            clear()
+            raise RuntimeError(
+                "gpucell: inputs expected in this engine's cache are missing: "
+                f"{', '.join(loaded['missing'])}. The cache was reset; run the cell "
+                "again."
+            )
     chunk_obj = wire.loads(chunk_frames, cuda_to=_cuda_target())
     if cell != _cell:
         raise RuntimeError(
             f"gpucell: engine has cell {_cell!r} loaded, not {cell!r} "
             "(was the engine restarted?)"
         )
-    tag = [f"[engine {engine_id}] "]
+    current: list[int | None] = [None]
     starts: list[float] = []
+    stamp = starts.append
+    now = time.time
 
-    def on_iteration(i: int) -> None:
-        tag[0] = f"[engine {engine_id} | iteration {i}] "
-        starts.append(time.time())
+    def on_iteration(i: int) -> None:  # per iteration: keep it to two stores
+        current[0] = i
+        stamp(now())
 
     device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tagged(out, tag), _Tagged(err, tag)
+    sys.stdout = _Tagged(out, engine_id, current)
+    sys.stderr = _Tagged(err, engine_id, current)
     t0, c0 = time.time(), time.perf_counter()
     try:
         result = run_chunk(
@@ -264,5 +289,6 @@ def run(
         "starts": starts,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "cached": loaded["cached"] if loaded is not None else None,
     }
     return wire.dumps((status, payload, timing))

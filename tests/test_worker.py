@@ -32,11 +32,11 @@ def test_oom_note_is_only_for_cuda_oom(monkeypatch):
 
 def test_tagged_stream_prefixes_every_line():
     buf = io.StringIO()
-    tag = ["[engine 0 | iteration 3] "]
-    s = _Tagged(buf, tag)
+    current = [3]
+    s = _Tagged(buf, 0, current)
     s.write("a\nb")
     s.write("c\n")
-    tag[0] = "[engine 0 | iteration 4] "
+    current[0] = 4
     s.write("d\n")
     assert buf.getvalue() == (
         "[engine 0 | iteration 3] a\n[engine 0 | iteration 3] bc\n"
