@@ -1,0 +1,383 @@
+"""The in-cell widgets in a real front end: JupyterLab driven through Chromium.
+
+The test starts its own JupyterLab on loopback (:mod:`tests.lab_server`), opens a
+notebook in Debian's ``chromium`` through Playwright, and runs the cells with Lab's
+own keyboard commands, as a user would.  It then reads what ipywidgets rendered:
+
+- the ``%%gpu_parallel`` widget shows the overall row and one row per engine (2);
+- its overall label advances at least 3 times while the ~10 s cell runs;
+- at the end it shows every iteration done, and the cell's results are right;
+- unticking an engine in ``%gpu_cluster select`` makes the next cell run on the
+  other engine only (``gpucell.last_run.engines``).
+
+Screenshots go to ``build/browser/`` (gitignored) for a person to look at.  The test
+skips, saying why, where Chromium or Playwright is missing; CI installs both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "build" / "browser"
+NOTEBOOK = "gpucell_browser.ipynb"
+
+#: iterations of the long cell, and seconds each: 2 engines -> about 10 s
+N_ITER, ITER_S = 40, 0.5
+#: DOM poll period while the long cell runs
+POLL_S = 0.2
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
+
+# The notebook, one entry per cell; the test refers to cells by these names.
+CELLS = {
+    "start": "%load_ext gpucell\n%gpu_cluster start -n 2 --gpus none",
+    "setup": f"import time\nimport gpucell\nN = {N_ITER}",
+    "long": (
+        "%%gpu_parallel\n"
+        "squares = []\n"
+        "for i in range(N):\n"
+        f"    time.sleep({ITER_S})\n"
+        "    squares.append(i * i)"
+    ),
+    "check_long": (
+        'print("RESULT", squares == [i * i for i in range(N)], '
+        "sorted(gpucell.last_run.engines))"
+    ),
+    "select": "%gpu_cluster select",
+    "short": (
+        "%%gpu_parallel\ncubes = []\nfor i in range(8):\n    cubes.append(i ** 3)"
+    ),
+    "check_short": (
+        'print("ENGINES", sorted(gpucell.last_run.engines), '
+        "cubes == [i ** 3 for i in range(8)])"
+    ),
+    "stop": "%gpu_cluster stop",
+}
+INDEX = {name: i for i, name in enumerate(CELLS)}
+
+# --------------------------------------------------------------- DOM probes
+#
+# What JupyterLab 4 + ipywidgets 8 render: each widget view is an element with
+# class ``jupyter-widgets`` plus its kind (``widget-vbox``, ``widget-hbox``,
+# ``widget-html`` whose text is in ``.widget-html-content``, ``widget-hprogress``
+# with a ``.progress-bar`` child sized by ``width: x%``, ``widget-checkbox`` with
+# an ``input[type=checkbox]``).  The probes look for gpucell's widget by its own
+# texts rather than by position, so a reordered layout still passes.
+
+#: the overall label, e.g. "12/40 it (30%) · 0:03 · ETA 0:07 · 4.00 it/s"
+OVERALL_RE = r"^[\d,]+/[\d,]+ it \(\d+%\)"
+
+PROBE_PROGRESS = """
+([cell, overallRe]) => {
+  const re = new RegExp(overallRe);
+  const htmls = [...cell.querySelectorAll('.widget-html-content')];
+  const label = htmls.find(h => re.test(h.textContent.trim()));
+  if (!label) return null;
+  const overall = label.closest('.widget-hbox');
+  const bar = overall.querySelector('.progress .progress-bar');
+  const top = overall.parentElement.closest('.widget-vbox');
+  // device rows: an hbox whose first cell reads "<engine id> · <host> · <device>"
+  const rows = [...top.querySelectorAll('.widget-hbox')].filter(b => {
+    const first = b.querySelector('.widget-html-content');
+    return first && /^\\d+ · /.test(first.textContent.trim());
+  });
+  return {
+    label: label.textContent.trim(),
+    bar: bar ? bar.style.width : null,
+    barClass: bar ? bar.className : null,
+    rows: rows.map(r => [...r.querySelectorAll('.widget-html-content')]
+                        .map(h => h.textContent.trim())),
+  };
+}
+"""
+
+PROBE_SELECTOR = """
+(cell) => {
+  const boxes = [...cell.querySelectorAll('.widget-checkbox')];
+  const notes = [...cell.querySelectorAll('.widget-html-content')]
+    .map(h => h.textContent.trim()).filter(t => t.startsWith('later cells'));
+  return {
+    boxes: boxes.map(b => ({
+      // ipywidgets puts a zero-width space before a checkbox's description
+      label: b.textContent.replace(/\u200b/g, '').trim(),
+      checked: b.querySelector('input[type=checkbox]').checked,
+    })),
+    note: notes.length ? notes[0] : null,
+  };
+}
+"""
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's chromium and Playwright, or a skip saying which is missing.
+
+    Checked before the Lab server starts, so a machine without them skips at once.
+    """
+    pytest.importorskip("playwright.sync_api", reason="needs playwright (test extra)")
+    pytest.importorskip("jupyterlab", reason="needs jupyterlab (test extra)")
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip(
+        "needs Debian's chromium on PATH (apt-get install chromium; .ci/run does); "
+        "Playwright's own browser downloads are not used"
+    )
+
+
+@pytest.fixture(scope="module")
+def lab(chromium: str, tmp_path_factory: pytest.TempPathFactory):
+    from lab_server import LabServer
+
+    server = LabServer(tmp_path_factory.mktemp("lab")).start()
+    try:
+        yield server
+    finally:
+        stragglers = server.stop()
+        assert not stragglers, (
+            f"processes outlived the Lab server's shutdown by 10 s: {stragglers}"
+        )
+
+
+@pytest.fixture(scope="module")
+def page(chromium: str, lab):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=chromium,
+            headless=True,
+            # Playwright gives each launch a fresh --user-data-dir of its own
+            args=CHROMIUM_FLAGS,
+        )
+        try:
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            pg = ctx.new_page()
+            pg.set_default_timeout(30_000)
+            yield pg
+        finally:
+            browser.close()
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _write_notebook(root: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS.values()]
+    nbformat.write(nb, root / NOTEBOOK)
+
+
+def _cell(page, name: str):
+    return page.locator(".jp-Notebook .jp-CodeCell").nth(INDEX[name])
+
+
+def _prompt(page, name: str) -> str:
+    return _cell(page, name).locator(".jp-InputPrompt").inner_text().strip()
+
+
+def _run(page, name: str) -> None:
+    """Select the cell (command mode) and run it with Shift+Enter."""
+    cell = _cell(page, name)
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Escape")  # command mode, whatever had focus
+    page.keyboard.press("Shift+Enter")
+
+
+def _wait_done(page, name: str, timeout: float = 60.0) -> str:
+    """Wait for the cell's prompt to show an execution count; return its text."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.fullmatch(r"\[\d+\]:", _prompt(page, name)):
+            return _output_text(page, name)
+        time.sleep(0.1)
+    _shot(page, f"timeout-{name}")
+    raise AssertionError(
+        f"cell {name!r} still not done after {timeout} s; prompt "
+        f"{_prompt(page, name)!r}; output:\n{_output_text(page, name)}"
+    )
+
+
+def _output_text(page, name: str) -> str:
+    out = _cell(page, name).locator(".jp-OutputArea")
+    return out.inner_text() if out.count() else ""
+
+
+#: how IPython's tracebacks and usage errors start, as Lab renders them
+ERROR_RE = re.compile(r"Traceback \(most recent call last\)|^\w*Error: ", re.M)
+
+
+def _assert_no_error(name: str, text: str) -> None:
+    assert not ERROR_RE.search(text), f"cell {name!r} failed:\n{text}"
+
+
+def _shot(page, stem: str, locator=None) -> None:
+    try:
+        (locator or page).screenshot(path=str(SHOTS / f"{stem}.png"))
+    except Exception:  # a screenshot is evidence, never the failure itself
+        pass
+
+
+def _poll(get, ok, timeout: float = 10.0):
+    """``get()`` until ``ok`` of it holds (then return it) or ``timeout`` passes
+    (then return the last value, for the assertion that follows to show)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = get()
+        if ok(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+def _dump(locator, stem: str) -> None:
+    """The rendered DOM beside the screenshot: what the selectors were run on."""
+    try:
+        (SHOTS / f"{stem}.html").write_text(locator.evaluate("e => e.outerHTML"))
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------- test
+
+
+def test_progress_widget_and_device_selector_in_jupyterlab(lab, page):
+    _write_notebook(lab.root)
+    page.goto(lab.lab_url(NOTEBOOK))
+    page.locator(".jp-Notebook .jp-CodeCell").nth(len(CELLS) - 1).wait_for()
+    # the kernel is up once the status bar names it idle
+    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(
+        timeout=60_000
+    )
+    _shot(page, "00-opened")
+
+    for name in ("start", "setup"):
+        _run(page, name)
+        text = _wait_done(page, name, timeout=90)
+        _assert_no_error(name, text)
+
+    # ---- the long cell: poll the widget while it runs
+    long_cell = _cell(page, "long")
+    _run(page, "long")
+    handle = long_cell.element_handle()
+    seen: list[dict] = []
+    mid_shot = False
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        running = _prompt(page, "long") == "[*]:"
+        probe = page.evaluate(PROBE_PROGRESS, [handle, OVERALL_RE])
+        if probe is not None and running:
+            probe["t"] = round(time.monotonic() - t0, 2)
+            seen.append(probe)
+            done = int(probe["label"].split("/", 1)[0].replace(",", ""))
+            if not mid_shot and 0 < done < N_ITER:
+                _shot(page, "01-progress-running")
+                _shot(page, "01-progress-running-widget", long_cell)
+                mid_shot = True
+        if not running and re.fullmatch(r"\[\d+\]:", _prompt(page, "long")):
+            break
+        time.sleep(POLL_S)
+    elapsed = time.monotonic() - t0
+    text = _wait_done(page, "long")
+    _assert_no_error("long", text)
+    # the widget's last comm messages may trail the execute reply by a moment
+    final = _poll(
+        lambda: page.evaluate(PROBE_PROGRESS, [handle, OVERALL_RE]),
+        lambda p: p is not None and p["label"].startswith(f"{N_ITER}/"),
+    )
+    _shot(page, "02-progress-final")
+    _shot(page, "02-progress-final-widget", long_cell)
+    _dump(long_cell, "02-progress-final-widget")
+    (SHOTS / "progress-polls.json").write_text(
+        json.dumps({"elapsed_s": round(elapsed, 2), "polls": seen}, indent=1)
+    )
+
+    assert seen, f"no progress widget appeared while the cell ran; output:\n{text}"
+    assert all(len(p["rows"]) == 2 for p in seen), [p["rows"] for p in seen[:3]]
+    labels = [p["label"] for p in seen]
+    counts = [int(lb.split("/", 1)[0].replace(",", "")) for lb in labels]
+    assert counts == sorted(counts), f"progress went backwards: {counts}"
+    advances = len(set(counts)) - 1
+    assert advances >= 3, (
+        f"the progress advanced {advances} times in {elapsed:.1f} s "
+        f"({len(seen)} polls): {sorted(set(labels))}"
+    )
+    assert len({p["bar"] for p in seen}) >= 3, {p["bar"] for p in seen}
+
+    assert final is not None, f"the widget vanished after the run:\n{text}"
+    assert final["label"].startswith(f"{N_ITER}/{N_ITER} it (100%)"), final
+    assert "ok" in final["label"], final
+    assert final["bar"] == "100%", final
+    assert len(final["rows"]) == 2, final["rows"]
+    assert all(r[-1] == "done" for r in final["rows"]), final["rows"]
+    per_engine = [int(r[1].split(" it", 1)[0].replace(",", "")) for r in final["rows"]]
+    assert sum(per_engine) == N_ITER, final["rows"]
+    assert f"gpucell: {N_ITER}/{N_ITER} it (100%)" in text, text
+
+    _run(page, "check_long")
+    text = _wait_done(page, "check_long")
+    assert "RESULT True [0, 1]" in text, text
+
+    # ---- the selector: untick engine 1, the next cell runs on engine 0 only
+    _run(page, "select")
+    _wait_done(page, "select")
+    sel_cell = _cell(page, "select")
+    sel_handle = sel_cell.element_handle()
+    sel_cell.locator(".widget-checkbox").nth(1).wait_for()
+    before = page.evaluate(PROBE_SELECTOR, sel_handle)
+    _shot(page, "03-select-before", sel_cell)
+    assert len(before["boxes"]) == 2, before
+    assert all(b["checked"] for b in before["boxes"]), before
+    assert before["boxes"][1]["label"].startswith("1 · "), before
+    sel_cell.locator(".widget-checkbox input[type=checkbox]").nth(1).click()
+    sel_cell.get_by_text("later cells run on engine 0").wait_for(timeout=10_000)
+    after = page.evaluate(PROBE_SELECTOR, sel_handle)
+    _shot(page, "04-select-after", sel_cell)
+    assert [b["checked"] for b in after["boxes"]] == [True, False], after
+
+    _run(page, "short")
+    text = _wait_done(page, "short")
+    _assert_no_error("short", text)
+    short = _poll(
+        lambda: page.evaluate(
+            PROBE_PROGRESS, [_cell(page, "short").element_handle(), OVERALL_RE]
+        ),
+        lambda p: p is not None and p["label"].startswith("8/8 it (100%)"),
+    )
+    assert [r[0].split(" · ", 1)[0] for r in short["rows"]] == ["0"], short
+    _run(page, "check_short")
+    text = _wait_done(page, "check_short")
+    assert "ENGINES [0] True" in text, text
+    _shot(page, "05-after-selection")
+
+    _run(page, "stop")
+    _wait_done(page, "stop")
+    _shot(page, "06-stopped")
