@@ -7,6 +7,8 @@ own keyboard commands, as a user would.  It then reads what ipywidgets rendered:
 - the ``%%gpu_parallel`` widget shows the overall row and one row per engine (2);
 - its overall label advances at least 3 times while the ~10 s cell runs;
 - at the end it shows every iteration done, and the cell's results are right;
+- the saved notebook holds the summary as that output's ``text/plain`` (the
+  fallback nbconvert and GitHub show), and Lab shows no printed copy of it;
 - unticking an engine in ``%gpu_cluster select`` makes the next cell run on the
   other engine only (``gpucell.last_run.engines``).
 
@@ -266,6 +268,25 @@ def _dump(locator, stem: str) -> None:
         pass
 
 
+def _saved_outputs(root: Path, name: str) -> list[str]:
+    """The text of cell ``name``'s outputs in the notebook file Lab saved: a
+    widget's display data by its ``text/plain`` (only where it comes with the
+    widget view), a stream by its text."""
+    try:
+        nb = json.loads((root / NOTEBOOK).read_text())
+        outputs = nb["cells"][INDEX[name]]["outputs"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return []
+    texts = []
+    for o in outputs:
+        data = o.get("data", {})
+        if "application/vnd.jupyter.widget-view+json" in data:
+            texts.append("".join(data.get("text/plain", "")))
+        elif o.get("output_type") == "stream":
+            texts.append("".join(o.get("text", "")))
+    return texts
+
+
 # --------------------------------------------------------------------- test
 
 
@@ -340,7 +361,20 @@ def test_progress_widget_and_device_selector_in_jupyterlab(lab, page):
     assert all(r[-1] == "done" for r in final["rows"]), final["rows"]
     per_engine = [int(r[1].split(" it", 1)[0].replace(",", "")) for r in final["rows"]]
     assert sum(per_engine) == N_ITER, final["rows"]
-    assert f"gpucell: {N_ITER}/{N_ITER} it (100%)" in text, text
+    # the summary is the widget output's own text/plain (what nbconvert and
+    # GitHub show), updated in place when the run ends; Lab draws the widget
+    # alone, with no printed copy of the same figures under it
+    assert "engine  host  device" not in text, text
+    page.keyboard.press("Control+s")
+    saved = _poll(
+        lambda: _saved_outputs(lab.root, "long"),
+        lambda outs: any(f"gpucell: {N_ITER}/{N_ITER} it (100%)" in t for t in outs),
+    )
+    summary = [t for t in saved if t.startswith(f"gpucell: {N_ITER}/{N_ITER} it")]
+    assert len(summary) == 1, saved
+    assert summary[0].splitlines()[1].split()[:3] == ["engine", "host", "device"]
+    assert len(summary[0].splitlines()) == 4, summary  # the overall line + 2 rows
+    assert all(r[-1] == "done" for r in map(str.split, summary[0].splitlines()[2:]))
 
     _run(page, "check_long")
     text = _wait_done(page, "check_long")

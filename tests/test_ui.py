@@ -90,11 +90,20 @@ def test_units():
     assert model.fmt_duration(723) == "12:03"
     assert model.fmt_duration(3723) == "1:02:03"
     assert model.fmt_duration(None) == "?"
+    # under a second the clock would read 0:00, as if nothing ran
+    assert model.fmt_duration(0.034) == "0.03 s"
+    assert model.fmt_duration(0) == "0:00"
     assert model.fmt_eta(42.4) == "ETA 0:42"
     assert model.fmt_eta(None) == "ETA ?"
     assert model.fmt_rate(12.34) == "12.3 it/s"
     assert model.fmt_rate(4.567) == "4.57 it/s"
-    assert model.fmt_rate(1234.0) == "1,234 it/s"
+    assert model.fmt_rate(123.4) == "123 it/s"
+    # fast loops: three significant figures and a prefix, not "1,345 it/s"
+    assert model.fmt_rate(1234.0) == "1.23k it/s"
+    assert model.fmt_rate(2973.0) == "2.97k it/s"
+    assert model.fmt_rate(45_678.0) == "45.7k it/s"
+    assert model.fmt_rate(999.7) == "1k it/s"
+    assert model.fmt_rate(2.5e6) == "2.5M it/s"
     assert model.fmt_rate(0.05) == "20.0 s/it"
     assert model.fmt_rate(0.0) == "–"
     assert model.fmt_bytes(3.2 * GiB, 80 * GiB) == "3.2/80.0 GiB"
@@ -118,6 +127,14 @@ def test_rows_rates_eta_and_load():
     assert r1.mem == pytest.approx(0.5) and r1.mem_text == "40.0/80.0 GiB"
     assert r0.extra == "250 W · 60 °C"
     assert r0.stats == "10 it · 5.00 it/s"
+
+
+def test_host_cpu_is_shown_once_per_host():
+    rows = model.run_view(snap(), [sample(0, host_cpu=68.0), sample(1, host_cpu=68.0)])
+    assert all("host CPU" not in r.extra for r in rows.rows)
+    assert [r.host_cpu for r in rows.rows] == [68.0, 68.0]
+    assert model.host_loads(rows.rows) == "host CPU: node1 68%"
+    assert model.host_loads(model.run_view(snap()).rows) == ""
 
 
 def test_no_telemetry_and_no_progress_yet():
@@ -298,9 +315,71 @@ def test_widget_builds_updates_and_closes_without_kernel(hold_calls):
     w.close(final)
     assert w.bar.value == 1.0 and w.bar.bar_style == "success"
     assert "done" in rows[0].state.value
-    assert handle.updates[-1]["text/plain"].startswith("gpucell: 100/100 it")
-    assert echoed and echoed[0].splitlines()[0].startswith("gpucell: 100/100 it")
-    assert len(echoed[0].splitlines()) == 4
+    # the output's text form becomes the whole summary, in place; nothing is
+    # printed under the widget to say it again
+    text = handle.updates[-1]["text/plain"]
+    assert text.startswith("gpucell: 100/100 it") and len(text.splitlines()) == 4
+    assert "application/vnd.jupyter.widget-view+json" in handle.updates[-1]
+    assert echoed == []
+
+
+def test_widget_without_a_display_handle_prints_the_summary():
+    from gpucell.ui.progress import WidgetProgress
+
+    echoed: list[str] = []
+    w = WidgetProgress(snap(), None, show=lambda *a, **k: None, echo=echoed.append)
+    w.close(snap(done=100, status="ok"))
+    assert len(echoed) == 1 and echoed[0].startswith("gpucell: 100/100 it")
+
+
+def _all_widgets(root):
+    import ipywidgets
+
+    seen, todo = [], [root]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, ipywidgets.DOMWidget) and x not in seen:
+            seen.append(x)
+            todo += list(getattr(x, "children", ()))
+    return seen
+
+
+def test_no_widget_tooltip_is_none():
+    """A None tooltip reaches the browser as the title "null" (shown on hover)."""
+    from gpucell.ui.monitor import DeviceMonitor
+    from gpucell.ui.select import DeviceSelector
+
+    w, *_ = make_widget(FakeTelemetry())
+    w.update(snap(engines=engines(("busy", "dead"))))
+    w.close(snap(done=100, status="ok"))
+    sel = DeviceSelector(StandIn(2), FakeTelemetry(), start=False)
+    mon = DeviceMonitor(StandIn(2), FakeTelemetry(), start=False)
+    for root in (w.widget, sel.widget, mon.widget):
+        found = _all_widgets(root)
+        assert len(found) > 10
+        assert [x for x in found if x.tooltip is None] == []
+
+
+def test_widget_columns_line_up():
+    """Header cells share their column's Layout; figure titles sit right-aligned
+    in a block as wide as the figures' description."""
+    from gpucell.ui import progress
+
+    w, *_ = make_widget(FakeTelemetry())
+    t = w.table
+    row = t.rows[0]
+    head = t.header.children
+    cells = (row.label, row.util, row.mem, row.stats, row.state)
+    assert [h.layout for h in head] == [c.layout for c in cells]
+    assert row.util.style.description_width == f"{progress.W_UTIL_FIG}px"
+    assert f"width:{progress.W_UTIL_FIG}px;text-align:right" in head[1].value
+    assert f"width:{progress.W_MEM_FIG}px;text-align:right" in head[2].value
+    assert all(c.layout.margin == f"0 {progress.GAP}px 0 0" for c in cells)
+    # the overall row on the same grid: title over the labels, bar over the
+    # utilisation and memory columns
+    assert w.title.layout is row.label.layout
+    gap = progress.GAP
+    assert w.bar.layout.width == f"{progress.W_UTIL + gap + progress.W_MEM}px"
 
 
 def test_widget_unchanged_update_sends_nothing(hold_calls):
@@ -478,6 +557,33 @@ def test_selector_toggles_gc_selected():
     sel.refresh()
     assert cbs[1].disabled and "dead" in cbs[1].description
     assert sel._repr_mimebundle_()["text/plain"].startswith("gpucell: later cells")
+    # a header row; the host's CPU load once, in the title, not on every row
+    assert [h.value for h in sel.header.children][1:3] == [
+        progress_fig_header("util"),
+        progress_fig_header("memory"),
+    ]
+    assert "power · temperature" in sel.load_header.value
+    assert sel.loads[0].value == "250 W · 60 °C"
+
+
+def progress_fig_header(title: str) -> str:
+    from gpucell.ui import progress
+
+    width = progress.W_UTIL_FIG if title == "util" else progress.W_MEM_FIG
+    return progress.fig_header(title, width)
+
+
+def test_selector_shows_host_cpu_once():
+    from gpucell.ui.select import DeviceSelector
+
+    class HostTelemetry(FakeTelemetry):
+        def sample(self):
+            return [sample(0, host_cpu=68.0), sample(1, host_cpu=68.0)]
+
+    sel = DeviceSelector(StandIn(2), HostTelemetry(), start=False)
+    assert sel.title.value.count("host CPU") == 1 and "node1 68%" in sel.title.value
+    assert all("host CPU" not in x.value for x in sel.loads.values())
+    assert sel.mems[0].description == "8.0/80.0 GiB"
 
 
 def test_selection_from():
@@ -524,7 +630,8 @@ def test_selector_on_real_cluster_sets_default_targets(cluster):
         assert cluster.selected == (second,)
         assert select_targets(cluster, CellRequest()) == [second]
         sel.refresh()
-        assert sel.loads[second].value  # memory figure of a live CPU engine
+        # memory figure of a live CPU engine
+        assert sel.mems[second].description != model._NA
     finally:
         sel.close()
         cluster.selected = saved

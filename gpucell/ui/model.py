@@ -29,6 +29,7 @@ __all__ = [
     "fmt_eta",
     "fmt_percent",
     "fmt_rate",
+    "host_loads",
     "initial_snapshot",
     "monitor_rows",
     "run_view",
@@ -67,9 +68,15 @@ _NA = "–"
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """``0:42``, ``12:03``, ``1:02:03``: the clock form people read at a glance."""
+    """``0:42``, ``12:03``, ``1:02:03``: the clock form people read at a glance.
+
+    Under a second the clock would read ``0:00``, which looks like nothing ran;
+    there it is ``0.03 s``.
+    """
     if seconds is None or seconds != seconds or seconds < 0:
         return "?"
+    if 0 < seconds < 0.995:
+        return f"{seconds:.2f} s"
     s = int(round(seconds))
     h, rest = divmod(s, 3600)
     m, s = divmod(rest, 60)
@@ -85,7 +92,9 @@ def fmt_rate(rate: float) -> str:
     """Iterations per second, or seconds per iteration for slow loops.
 
     Slow loops (a training step per iteration) read better as ``20.0 s/it`` than as
-    ``0.05 it/s``; this is the convention tqdm users know.
+    ``0.05 it/s``; this is the convention tqdm users know.  Fast ones keep three
+    significant figures with a ``k``/``M`` prefix (``2.97k it/s``): a cheap loop's
+    pace is a rough figure, and four or more digits only look precise.
     """
     if rate <= 0 or rate != rate:
         return _NA
@@ -93,9 +102,15 @@ def fmt_rate(rate: float) -> str:
         return f"{1 / rate:.1f} s/it"
     if rate < 10:
         return f"{rate:.2f} it/s"
-    if rate < 100:
+    if rate < 99.95:
         return f"{rate:.1f} it/s"
-    return f"{rate:,.0f} it/s"
+    if rate < 999.5:
+        return f"{rate:.0f} it/s"
+    for scale, prefix in ((1e3, "k"), (1e6, "M")):
+        v = rate / scale
+        if v < 999.5:
+            return f"{v:.3g}{prefix} it/s"
+    return f"{rate / 1e9:,.3g}G it/s"
 
 
 def fmt_count(n: int) -> str:
@@ -165,6 +180,7 @@ class _Load:
     extra: str
     note: str = ""
     dead: bool = False
+    host_cpu: float | None = None
 
 
 def _load(sample: Any | None) -> _Load:
@@ -181,13 +197,13 @@ def _load(sample: Any | None) -> _Load:
     extra = []
     power = _attr(sample, "power_w")
     temp = _attr(sample, "temperature_c")
+    # the host's CPU load is the same for every device of a host: it is kept
+    # apart (see host_loads) rather than repeated on every row
     cpu = _attr(sample, "host_cpu")
     if power is not None:
         extra.append(f"{power:.0f} W")
     if temp is not None:
         extra.append(f"{temp:.0f} °C")
-    if cpu is not None:
-        extra.append(f"host CPU {cpu:.0f}%")
     state = getattr(sample, "state", "ok") or "ok"
     note = getattr(sample, "error", "") or ("" if state == "ok" else state)
     return _Load(
@@ -198,6 +214,7 @@ def _load(sample: Any | None) -> _Load:
         " · ".join(extra),
         note=str(note),
         dead=state == DEAD,
+        host_cpu=cpu,
     )
 
 
@@ -233,8 +250,10 @@ class DeviceRow:
     util_text: str = _NA
     mem: float | None = None
     mem_text: str = _NA
-    extra: str = ""  # power, temperature, host CPU
+    extra: str = ""  # power, temperature
     note: str = ""  # why telemetry is missing, when it is
+    host: str = ""
+    host_cpu: float | None = None  # the whole host's CPU load (see host_loads)
 
     @property
     def color(self) -> str:
@@ -317,6 +336,8 @@ def run_view(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> RunView
                 mem_text=load.mem_text,
                 extra=load.extra,
                 note=load.note,
+                host=e.host,
+                host_cpu=load.host_cpu,
             )
         )
     return RunView(overall_row(snap), tuple(rows))
@@ -352,6 +373,8 @@ def monitor_rows(
                 mem_text=load.mem_text,
                 extra=load.extra,
                 note=load.note,
+                host=info.host,
+                host_cpu=load.host_cpu,
             )
         )
     for s in samples:
@@ -373,9 +396,26 @@ def monitor_rows(
                 mem=load.mem,
                 mem_text=load.mem_text,
                 extra=load.extra,
+                host=s.host,
+                host_cpu=load.host_cpu,
             )
         )
     return tuple(rows)
+
+
+def host_loads(rows: Iterable[DeviceRow]) -> str:
+    """``host CPU: node1 68% · node2 12%``, once per host (``""`` when unknown).
+
+    The host's load is the same figure on every device of that host, so the
+    displays show it once instead of on each row.
+    """
+    seen: dict[str, float] = {}
+    for r in rows:
+        if r.host_cpu is not None and r.state != DEAD:
+            seen.setdefault(r.host or "?", r.host_cpu)
+    if not seen:
+        return ""
+    return "host CPU: " + " · ".join(f"{h} {c:.0f}%" for h, c in seen.items())
 
 
 def initial_snapshot(engines: Iterable[Any], total: int) -> RunSnapshot:

@@ -125,9 +125,10 @@ class DeviceMonitor:
         self.gc = gc
         self.telemetry = telemetry
         self._apply = _apply
-        self.title = w.HTML()
+        self.title = w.HTML(tooltip="")
         self.table = DeviceTable(stats_title="power · temperature")
-        self.widget = w.VBox([self.title, self.table.box])
+        self.widget = w.VBox([self.title, self.table.box], tooltip="")
+        self._hosts = ""
         self.refresh()
         self._refresher = Refresher(
             self.refresh,
@@ -142,13 +143,17 @@ class DeviceMonitor:
     def _set_title(self, note: str) -> None:
         n = len(self.table.rows)
         text = f"<b>gpucell monitor</b> · {n} device{'s' if n != 1 else ''} · "
-        self._apply([(self.title, {"value": text + html.escape(note)})])
+        # the host's CPU load, once per host rather than on every row
+        hosts = f"{self._hosts} · " if self._hosts else ""
+        value = text + html.escape(hosts + note)
+        self._apply([(self.title, {"value": value})])
 
     def refresh(self) -> None:
         """Sample once and redraw the rows (what the thread does each period)."""
         samples = list(self.telemetry.sample()) if self.telemetry else []
         engines = [self.gc.engines[e] for e in sorted(self.gc.engines)]
         rows = model.monitor_rows(engines, samples)
+        self._hosts = model.host_loads(rows)
         self._apply(self.table.changes(rows))
         self._set_title(f"updated {time.strftime('%H:%M:%S')}")
 

@@ -196,9 +196,34 @@ def _apply(
     return len(changes)
 
 
-#: column widths, shared by the header and every row so they line up
-_W_LABEL, _W_UTIL, _W_MEM = "250px", "150px", "230px"
-_W_STATS, _W_STATE = "180px", "80px"
+#: column widths in px, shared by the header and every row so they line up: the
+#: device label, the utilisation column (its figure, then its bar), the memory
+#: column (likewise), iterations and pace, the state
+W_LABEL, W_UTIL, W_MEM, W_STATS, W_STATE = 250, 150, 210, 180, 80
+#: the figure in front of each bar (right-aligned, as figures in a column are)
+W_UTIL_FIG, W_MEM_FIG = 48, 100
+#: the space between two columns
+GAP = 12
+#: what ipywidgets puts between a description and its bar
+#: (``--jp-widgets-inline-margin`` * 2 in its stylesheet)
+_LABEL_MARGIN = 8
+
+
+def _px(n: int) -> str:
+    return f"{n}px"
+
+
+def fig_header(title: str, fig_width: int) -> str:
+    """A column header over a bar's description, right-aligned like the figures.
+
+    ipywidgets draws a description as a ``text-align: right`` label of exactly
+    ``description_width``; a block of that width, right-aligned, puts the header's
+    last letter over the figures' last digit.
+    """
+    return (
+        f'<div style="width:{fig_width}px;text-align:right;white-space:nowrap">'
+        f"<b>{_esc(title)}</b></div>"
+    )
 
 
 class _Shared:
@@ -210,24 +235,26 @@ class _Shared:
     """
 
     def __init__(self, w: Any) -> None:
-        def lay(width: str) -> Any:
-            return w.Layout(width=width, margin="0 4px 0 0")
+        def lay(width: int) -> Any:
+            return w.Layout(width=_px(width), margin=f"0 {GAP}px 0 0")
 
-        self.label, self.util, self.mem = lay(_W_LABEL), lay(_W_UTIL), lay(_W_MEM)
-        self.stats, self.state = lay(_W_STATS), lay(_W_STATE)
+        self.label, self.util, self.mem = lay(W_LABEL), lay(W_UTIL), lay(W_MEM)
+        self.stats, self.state = lay(W_STATS), lay(W_STATE)
         from ipywidgets.widgets.widget_float import ProgressStyle
         from ipywidgets.widgets.widget_string import HTMLStyle
 
         self.html = HTMLStyle()
-        self.util_style = ProgressStyle(description_width="40px")
-        self.mem_style = ProgressStyle(description_width="110px")
+        self.util_style = ProgressStyle(description_width=_px(W_UTIL_FIG))
+        self.mem_style = ProgressStyle(description_width=_px(W_MEM_FIG))
 
 
 class _RowWidgets:
     """The widgets of one device row (an ``HBox``)."""
 
     def __init__(self, w: Any, sh: _Shared) -> None:
-        self.label = w.HTML(layout=sh.label, style=sh.html)
+        # tooltip="": ipywidgets writes a None tooltip into the label's title as
+        # the word "null", which a hover then shows
+        self.label = w.HTML(layout=sh.label, style=sh.html, tooltip="")
         self.util = w.FloatProgress(
             min=0.0,
             max=1.0,
@@ -235,6 +262,7 @@ class _RowWidgets:
             bar_style="info",
             style=sh.util_style,
             layout=sh.util,
+            tooltip="",
         )
         self.mem = w.FloatProgress(
             min=0.0,
@@ -242,14 +270,18 @@ class _RowWidgets:
             description=model._NA,
             style=sh.mem_style,
             layout=sh.mem,
+            tooltip="",
         )
-        self.stats = w.HTML(layout=sh.stats, style=sh.html)
-        self.state = w.HTML(layout=sh.state, style=sh.html)
-        self.box = w.HBox([self.label, self.util, self.mem, self.stats, self.state])
+        self.stats = w.HTML(layout=sh.stats, style=sh.html, tooltip="")
+        self.state = w.HTML(layout=sh.state, style=sh.html, tooltip="")
+        self.box = w.HBox(
+            [self.label, self.util, self.mem, self.stats, self.state], tooltip=""
+        )
 
     def changes(self, r: model.DeviceRow) -> list[tuple[Any, dict[str, Any]]]:
         dead = r.state == "dead"
         mem_style = "warning" if (r.mem or 0.0) > 0.9 else ""
+        host = "" if r.host_cpu is None else f"host CPU {r.host_cpu:.0f}%"
         return [
             (self.label, {"value": _esc(r.label)}),
             (
@@ -257,7 +289,7 @@ class _RowWidgets:
                 {
                     "value": round(r.util or 0.0, 2),
                     "description": r.util_text,
-                    "tooltip": " · ".join(x for x in (r.extra, r.note) if x) or None,
+                    "tooltip": " · ".join(x for x in (r.extra, host, r.note) if x),
                     "bar_style": "danger" if dead else "info",
                 },
             ),
@@ -290,18 +322,23 @@ class DeviceTable:
         import ipywidgets as w
 
         self._w = w
-        head = ("engine · host · device", "utilisation", "memory", stats_title, "state")
         self._shared = sh = _Shared(w)
+        # each header cell has its column's Layout, so the widths and gaps are
+        # the rows' own; the figure columns' titles sit right-aligned over the
+        # figures (see fig_header)
+        head = (
+            ("<b>engine · host · device</b>", sh.label),
+            (fig_header("util", W_UTIL_FIG), sh.util),
+            (fig_header("memory", W_MEM_FIG), sh.mem),
+            (f"<b>{_esc(stats_title)}</b>", sh.stats),
+            ("<b>state</b>", sh.state),
+        )
         self.header = w.HBox(
-            [
-                w.HTML(f"<b>{_esc(t)}</b>", layout=lay, style=sh.html)
-                for t, lay in zip(
-                    head, (sh.label, sh.util, sh.mem, sh.stats, sh.state), strict=True
-                )
-            ]
+            [w.HTML(v, layout=lay, style=sh.html, tooltip="") for v, lay in head],
+            tooltip="",
         )
         self.rows: dict[Any, _RowWidgets] = {}
-        self.box = w.VBox([self.header])
+        self.box = w.VBox([self.header], tooltip="")
 
     def changes(
         self, rows: Sequence[model.DeviceRow]
@@ -326,7 +363,7 @@ class WidgetProgress:
 
     It stays in the output after the cell with its final figures (front ends save
     widget state with the notebook); where widgets cannot be drawn, the output's
-    ``text/plain`` and the printed summary say the same thing.
+    ``text/plain`` says the same thing (see :meth:`close`).
     """
 
     def __init__(
@@ -341,14 +378,26 @@ class WidgetProgress:
         self._sampler = TelemetryThrottle(telemetry)
         self._echo = echo or print
         self.errors = 0
-        self.title = w.HTML("<b>gpucell</b>", layout=w.Layout(width="70px"))
-        self.bar = w.FloatProgress(
-            min=0.0, max=1.0, bar_style="info", layout=w.Layout(width="400px")
-        )
-        self.label = w.HTML()
-        self.overall = w.HBox([self.title, self.bar, self.label])
         self.table = DeviceTable()
-        self.widget = w.VBox([self.overall, self.table.box])
+        sh = self.table._shared
+        # the overall row on the table's grid: the title in the label column, the
+        # bar across the utilisation and memory columns, the text from the
+        # iterations column on
+        self.title = w.HTML(
+            "<b>gpucell run</b>", layout=sh.label, style=sh.html, tooltip=""
+        )
+        self.bar = w.FloatProgress(
+            min=0.0,
+            max=1.0,
+            bar_style="info",
+            layout=w.Layout(width=_px(W_UTIL + GAP + W_MEM), margin=f"0 {GAP}px 0 0"),
+            tooltip="",
+        )
+        # margin 0 as every cell of the table has (the default 2 px would set
+        # the text off the iterations column and below the title's baseline)
+        self.label = w.HTML(layout=w.Layout(margin="0"), style=sh.html, tooltip="")
+        self.overall = w.HBox([self.title, self.bar, self.label], tooltip="")
+        self.widget = w.VBox([self.overall, self.table.box], tooltip="")
         self.budget = UPDATE_BUDGET
         self._turn = 0
         _apply(sum(self._changes(snap, self._sampler.get(force=True)), []))
@@ -397,14 +446,22 @@ class WidgetProgress:
             self.errors += 1
 
     def close(self, snap: RunSnapshot) -> None:
-        """Final figures in the widget, its text form, and the printed summary."""
+        """Final figures in the widget and in its text form.
+
+        The output's ``text/plain`` (which every front end without the widget
+        manager shows: nbconvert, GitHub, a terminal) becomes the whole summary,
+        updated in place through the display handle; so a widget front end shows
+        the widget alone, not the widget and the same figures again as text.  Only
+        where there is no handle to update is the summary printed.
+        """
         try:
             samples = self._sampler.get(force=True)
             _apply(sum(self._changes(snap, samples), []))
-            lines = model.summary_lines(snap, samples)
+            text = "\n".join(model.summary_lines(snap, samples))
             if self._handle is not None and hasattr(self._handle, "update"):
-                self._handle.update(self._bundle(lines[0]), raw=True)
-            self._echo("\n".join(lines))
+                self._handle.update(self._bundle(text), raw=True)
+            else:
+                self._echo(text)
         except Exception:
             self.errors += 1
 

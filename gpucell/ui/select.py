@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceSelector", "selection_from"]
 
+#: px from a checkbox's left edge to its description: the 13 px box and the
+#: 8 px margin ipywidgets gives it
+CHECK_W = 21
+
 
 def selection_from(
     checked: Iterable[int], live: Iterable[int]
@@ -66,7 +70,16 @@ class DeviceSelector:
     ) -> None:
         import ipywidgets as w
 
-        from .progress import _apply
+        from .progress import (
+            GAP,
+            W_LABEL,
+            W_MEM_FIG,
+            W_UTIL_FIG,
+            _apply,
+            _px,
+            _Shared,
+            fig_header,
+        )
 
         self.gc = gc
         self.telemetry = telemetry
@@ -75,14 +88,17 @@ class DeviceSelector:
         self._syncing = False
         self.checkboxes: dict[int, Any] = {}
         self.bars: dict[int, Any] = {}
+        self.mems: dict[int, Any] = {}
         self.loads: dict[int, Any] = {}
+        # the same columns as the run's table (progress.DeviceTable); the
+        # checkbox column is wider by the box in front of the label
+        sh = _Shared(w)
+        check = w.Layout(width=_px(W_LABEL + CHECK_W), margin=f"0 {GAP}px 0 0")
         rows = []
         sel = gc.selected
         for eid in sorted(gc.engines):
             cb = w.Checkbox(
-                value=sel is None or eid in sel,
-                indent=False,
-                layout=w.Layout(width="300px"),
+                value=sel is None or eid in sel, indent=False, layout=check, tooltip=""
             )
             cb.observe(self._on_toggle, names="value")
             bar = w.FloatProgress(
@@ -90,16 +106,41 @@ class DeviceSelector:
                 max=1.0,
                 bar_style="info",
                 description=model._NA,
-                style={"description_width": "40px"},
-                layout=w.Layout(width="160px"),
+                style=sh.util_style,
+                layout=sh.util,
+                tooltip="",
             )
-            load = w.HTML(layout=w.Layout(width="220px"))
-            self.checkboxes[eid], self.bars[eid], self.loads[eid] = cb, bar, load
-            rows.append(w.HBox([cb, bar, load]))
-        self.note = w.HTML()
-        self.widget = w.VBox(
-            [w.HTML("<b>gpucell: devices for later cells</b>"), *rows, self.note]
+            mem = w.FloatProgress(
+                min=0.0,
+                max=1.0,
+                description=model._NA,
+                style=sh.mem_style,
+                layout=sh.mem,
+                tooltip="",
+            )
+            load = w.HTML(layout=sh.stats, style=sh.html, tooltip="")
+            self.checkboxes[eid], self.bars[eid] = cb, bar
+            self.mems[eid], self.loads[eid] = mem, load
+            rows.append(w.HBox([cb, bar, mem, load], tooltip=""))
+        self.load_header = w.HTML(layout=sh.stats, style=sh.html, tooltip="")
+        self.header = w.HBox(
+            [
+                w.HTML(
+                    f'<div style="padding-left:{CHECK_W}px">'
+                    "<b>engine · host · device</b></div>",
+                    layout=check,
+                    style=sh.html,
+                    tooltip="",
+                ),
+                w.HTML(fig_header("util", W_UTIL_FIG), layout=sh.util, tooltip=""),
+                w.HTML(fig_header("memory", W_MEM_FIG), layout=sh.mem, tooltip=""),
+                self.load_header,
+            ],
+            tooltip="",
         )
+        self.title = w.HTML(tooltip="")
+        self.note = w.HTML(tooltip="")
+        self.widget = w.VBox([self.title, self.header, *rows, self.note], tooltip="")
         self.refresh()
         self._refresher = Refresher(
             self.refresh,
@@ -189,14 +230,33 @@ class DeviceSelector:
                     (
                         self.bars[eid],
                         {
-                            "value": r.util or 0.0,
+                            "value": round(r.util or 0.0, 2),
                             "description": r.util_text,
                             "bar_style": "danger" if dead else "info",
                         },
                     )
                 )
-                load = " · ".join(x for x in (r.mem_text, r.extra) if x != model._NA)
-                changes.append((self.loads[eid], {"value": html.escape(load)}))
+                changes.append(
+                    (
+                        self.mems[eid],
+                        {
+                            "value": round(r.mem or 0.0, 2),
+                            "description": r.mem_text,
+                            "bar_style": "danger" if dead else "",
+                        },
+                    )
+                )
+                changes.append((self.loads[eid], {"value": html.escape(r.extra)}))
+            # power and temperature exist for GPUs only; the host's CPU load is
+            # one figure per host, so it goes in the title, once
+            extra = any(r.extra for r in rows.values())
+            head = "<b>power · temperature</b>" if extra else ""
+            changes.append((self.load_header, {"value": head}))
+            title = "<b>gpucell: devices for later cells</b>"
+            hosts = model.host_loads(rows.values())
+            if hosts:
+                title += f" · {html.escape(hosts)}"
+            changes.append((self.title, {"value": title}))
             self._syncing = True
             try:
                 self._apply(changes)
