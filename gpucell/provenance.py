@@ -114,9 +114,12 @@ class LastRun:
             f"{'s' if n != 1 else ''} in {self.wall:.2f} s"
         )
         if self.status == "ok" and self.wall > 0:
-            s += (
-                f" ({self.speedup:.2f}x the serial estimate of "
-                f"{self.serial_estimate:.2f} s; {len(self.chunks)} chunks, "
-                f"{self.schedule})"
-            )
+            extra = f"{len(self.chunks)} chunks, {self.schedule}"
+            # a speedup of a loop shorter than its dispatch says nothing useful
+            if self.serial_estimate >= 0.25:
+                extra = (
+                    f"{self.speedup:.2f}x the serial estimate of "
+                    f"{self.serial_estimate:.2f} s; " + extra
+                )
+            s += f" ({extra})"
         return s
