@@ -204,11 +204,9 @@ def run_chunks(
         except Exception as e:  # the display must never break the loop
             record.warnings.append(f"progress display failed: {e!r}")
 
-    def submit(eid: int) -> None:
-        while sched.wants_work(eid):
-            c = sched.next_chunk(eid)
-            if c is None:
-                return
+    def submit() -> None:
+        for c in sched.fill():
+            eid = c.engine
             if c.attempt > options.retries:
                 raise EnginesLost(
                     f"Iterations {c.start}-{c.stop - 1} were lost {c.attempt} times "
@@ -256,8 +254,7 @@ def run_chunks(
 
     try:
         try:
-            for eid in alive:
-                submit(eid)
+            submit()
             while not sched.finished:
                 if deadline is not None and time.perf_counter() > deadline:
                     raise _Interrupted("timeout")
@@ -279,8 +276,7 @@ def run_chunks(
                     for eid in sched.alive:
                         if not _engine_alive(gc, eid):
                             lose(eid)
-                for eid in sched.alive:
-                    submit(eid)
+                submit()
                 report()
                 if not inflight and not sched.finished:
                     raise EnginesLost("No work in flight and the loop is not finished.")
@@ -451,7 +447,9 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
     from ipyparallel.error import EngineError, RemoteError
 
     try:
-        frames = ar.get(timeout=0)
+        # wait() can report a future whose result is set a moment before
+        # ipyparallel marks it ready: allow that moment
+        frames = ar.get(timeout=5)
     except EngineError:
         lose(chunk.engine)
         return

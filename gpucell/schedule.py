@@ -197,6 +197,21 @@ class Schedule:
         self._cursor = stop
         return self._new(start, stop, engine, 0)
 
+    def fill(self) -> list[Chunk]:
+        """Assign every engine the chunks it should have outstanding, round-robin
+        (each engine's first chunk before anyone's second), and return them."""
+        out: list[Chunk] = []
+        progress = True
+        while progress:
+            progress = False
+            for e in list(self._alive):
+                if self.wants_work(e):
+                    c = self.next_chunk(e)
+                    if c is not None:
+                        out.append(c)
+                        progress = True
+        return out
+
     def complete(self, chunk_id: int, seconds: float) -> None:
         """Record a chunk done, with its engine-measured compute time."""
         c = self.chunks[chunk_id]
@@ -286,17 +301,20 @@ class Schedule:
         remaining = self._remaining()
         if remaining <= 0:
             return 1
-        floor = self.min_chunk(engine)
+        k = max(1, len(self._alive))
+        # No engine takes more than its fair part of what is left, whatever the
+        # overhead floor says: cheap iterations must not leave the others idle.
+        fair = math.ceil(remaining / k)
+        floor = min(self.min_chunk(engine), fair)
         if self.mode == "dynamic":
             return max(1, min(remaining, floor))
-        k = max(1, len(self._alive))
         share = remaining / (self.factor * k) * self._speed_share(engine)
         if self._stats[engine].per_iteration is None and len(self._alive) > 1:
             # calibration: an unmeasured engine gets a small first chunk, so a
             # slow engine cannot be handed a quarter of the loop before anyone
             # knows it is slow
             share /= 4
-        return max(1, min(remaining, max(floor, math.ceil(share))))
+        return max(1, min(remaining, fair, max(floor, math.ceil(share))))
 
 
 def covers(chunks: Iterable[Chunk], n: int) -> bool:

@@ -27,11 +27,9 @@ def simulate(
     busy = dict.fromkeys(speeds, 0.0)
     events: list[tuple[float, int, int]] = []  # (end time, chunk id, engine)
 
-    def feed(e: int) -> None:
-        while sched.wants_work(e):
-            c = sched.next_chunk(e)
-            if c is None:
-                return
+    def feed(_e: int = -1) -> None:
+        for c in sched.fill():
+            e = c.engine
             t = sum(cost(i) for i in range(c.start, c.stop)) / speeds[e]
             start = max(now, free_at[e])
             free_at[e] = start + t
