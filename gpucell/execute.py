@@ -38,24 +38,31 @@ def _set_last_run(record: Any) -> None:
         mod.last_run = record  # type: ignore[attr-defined]
 
 
+def parse_engine_ids(spec: str, live: list[int], option: str) -> list[int]:
+    """``"0,2"`` -> ``[0, 2]``, all live engines, or an error naming ``option``."""
+    from .errors import DeviceSelectionError
+
+    try:
+        ids = [int(t) for t in spec.split(",") if t.strip()]
+    except ValueError:
+        raise DeviceSelectionError(
+            f"{option} {spec!r}: expected engine ids like '0,2'."
+        ) from None
+    bad = [i for i in ids if i not in live]
+    if bad or not ids:
+        raise DeviceSelectionError(
+            f"{option}: no live engine {bad or spec!r} (live engines: {live})."
+        )
+    return ids
+
+
 def select_targets(gc: Any, req: CellRequest) -> list[int]:
     """Engine ids a cell runs on: --targets, --devices, the selection, or all live."""
     from .errors import DeviceSelectionError
 
     live = gc.live_ids()
     if req.targets:
-        try:
-            ids = [int(t) for t in req.targets.split(",") if t.strip()]
-        except ValueError:
-            raise DeviceSelectionError(
-                f"--targets {req.targets!r}: expected engine ids like '0,1'."
-            ) from None
-        bad = [i for i in ids if i not in live]
-        if bad:
-            raise DeviceSelectionError(
-                f"--targets: no live engine {bad} (live engines: {live})."
-            )
-        return ids
+        return parse_engine_ids(req.targets, live, "--targets")
     if req.devices:
         want = [t.strip().lower() for t in req.devices.split(",") if t.strip()]
         ids = []

@@ -185,22 +185,15 @@ class GpuClusterMagics(Magics):
 
             display(DeviceSelector(gc, for_cluster(gc)))
             return
+        from .execute import parse_engine_ids
+
         live = gc.live_ids()
         if engines.strip().lower() == "all":
             gc.selected = None
         else:
-            try:
-                ids = [int(t) for t in engines.split(",") if t.strip()]
-            except ValueError:
-                raise DeviceSelectionError(
-                    f"select {engines!r}: expected engine ids like '0,2' or 'all'."
-                ) from None
-            bad = [i for i in ids if i not in live]
-            if bad:
-                raise DeviceSelectionError(
-                    f"select: no live engine {bad} (live engines: {live})."
-                )
-            gc.selected = selection_from(ids, live)
+            gc.selected = selection_from(
+                parse_engine_ids(engines, live, "select"), live
+            )
         which = "all engines" if gc.selected is None else f"engines {list(gc.selected)}"
         print(f"gpucell: later cells run on {which}.")
 
