@@ -72,8 +72,9 @@ class GpuCluster:
     # engine id -> {input name: fingerprint} of what that engine caches
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
-    # (cell source, engines) -> seconds per iteration measured last time it ran
-    cost_history: dict[Any, float] = field(default_factory=dict)
+    # (cell source, engines) -> (seconds per iteration, uniform pace) measured the
+    # last time that cell ran on those engines
+    cost_history: dict[Any, tuple[float, bool]] = field(default_factory=dict)
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property

@@ -46,6 +46,7 @@ class Options:
     quiet: bool = False
     interrupt_grace: float = 2.0
     cost_hint: float | None = None  # seconds per iteration, from an earlier run
+    uniform: bool = False  # that run's iterations all took the same time
 
 
 class _Interrupted(Exception):
@@ -184,6 +185,7 @@ def run_chunks(
         mode=options.schedule,
         chunksize=options.chunksize,
         hint=options.cost_hint,
+        uniform=options.uniform,
     )
     views = {eid: gc.view(eid) for eid in alive}
     inflight: dict[Any, tuple[Chunk, float | None]] = {}

@@ -169,8 +169,10 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         for e in targets
     }
     cost_key = (src, tuple(sorted(targets)))
+    hint, uniform = gc.cost_history.get(cost_key, (None, False))
     options = Options(
-        cost_hint=gc.cost_history.get(cost_key),
+        cost_hint=hint,
+        uniform=uniform,
         schedule=req.schedule or settings.schedule,
         chunksize=req.chunksize,
         seed=req.seed,
@@ -186,7 +188,10 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
         )
     if record.status == "ok" and chunker.count:
-        gc.cost_history[cost_key] = record.serial_estimate / chunker.count
+        gc.cost_history[cost_key] = (
+            record.serial_estimate / chunker.count,
+            record.uniform,
+        )
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)
     update.commit(ns)

@@ -55,6 +55,22 @@ class LastRun:
         return out
 
     @property
+    def uniform(self) -> bool:
+        """True when every chunk ran at the same pace (within 10%) on every engine.
+
+        Such a loop is best split statically next time: one chunk per engine, no
+        tail.  Needs at least 4 chunks to tell.
+        """
+        done = [c for c in self.chunks if c.state == "done" and c.stop > c.start]
+        if len(done) < 4:
+            return False
+        paces = [c.compute / (c.stop - c.start) for c in done]
+        mean = sum(paces) / len(paces)
+        if mean <= 0:
+            return False
+        return max(abs(p - mean) for p in paces) <= 0.1 * mean
+
+    @property
     def serial_estimate(self) -> float:
         """The loop's compute time summed over engines (a serial run's estimate)."""
         return sum(self.busy.values())

@@ -86,6 +86,9 @@ class Schedule:
         Seconds per iteration measured by an earlier run of the same cell: no
         calibration chunks are needed, and a loop whose whole work is a few
         dispatch overheads is split statically (one message per engine).
+    uniform
+        That earlier run found every iteration equally costly on every engine:
+        guided then becomes static (one block per engine, no tail to balance).
     """
 
     n: int
@@ -97,6 +100,7 @@ class Schedule:
     depth: int = 2
     factor: float = 2.0
     hint: float | None = None
+    uniform: bool = False
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
     _free: list[tuple[int, int, int]] = field(
@@ -118,8 +122,9 @@ class Schedule:
         if self.hint is not None and self.hint > 0:
             for st in self._stats.values():
                 st.iterations, st.seconds = 1, self.hint
-            if self.mode == "guided" and self.n * self.hint <= 10 * self.overhead:
-                self.mode = "static"  # cheaper to send it all at once
+            cheap = self.n * self.hint <= 10 * self.overhead
+            if self.mode == "guided" and (cheap or self.uniform):
+                self.mode = "static"  # nothing to balance: send it all at once
         if self.mode == "static":
             k = len(self._alive)
             for i, e in enumerate(self._alive):

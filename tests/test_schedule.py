@@ -151,3 +151,28 @@ def test_bad_parameters(bad):
     kw = {"n": 5, "engines": [0], **bad}
     with pytest.raises(ValueError):
         Schedule(**kw)
+
+
+def test_a_loop_measured_uniform_goes_static_next_time():
+    s = Schedule(40, [0, 1], hint=0.05, uniform=True)
+    assert [(c.engine, c.size) for c in s.fill()] == [(0, 20), (1, 20)]
+    s = Schedule(40, [0, 1], hint=0.05, uniform=False)
+    assert len(s.fill()) == 4  # guided: two queued chunks each
+
+
+def test_last_run_tells_uniform_from_uneven_paces():
+    from gpucell.provenance import ChunkRecord, LastRun
+
+    def rec(paces):
+        lr = LastRun(engines=(0, 1))
+        for k, p in enumerate(paces):
+            lr.chunks.append(
+                ChunkRecord(
+                    10 * k, 10 * k + 10, k % 2, "h", "CPU", 0, 1, p * 10, 0, "done"
+                )
+            )
+        return lr
+
+    assert rec([0.05, 0.051, 0.049, 0.05]).uniform
+    assert not rec([0.01, 0.05, 0.09, 0.13]).uniform
+    assert not rec([0.05, 0.05]).uniform  # too few chunks to tell
