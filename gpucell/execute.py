@@ -188,9 +188,12 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
         )
     if record.status == "ok" and chunker.count:
+        # a statically split run has too few chunks to judge uniformity: it
+        # keeps the verdict that made it static
+        done = sum(c.state == "done" for c in record.chunks)
         gc.cost_history[cost_key] = (
             record.serial_estimate / chunker.count,
-            record.uniform,
+            record.uniform if done >= 4 else uniform,
         )
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)
