@@ -26,7 +26,7 @@ from typing import Any
 
 from . import wire
 from .cluster import GpuCluster
-from .errors import CellTimeout, EnginesLost, IterationError
+from .errors import CellTimeout, EnginesLost, InputNotSendable, IterationError
 from .provenance import ChunkRecord, LastRun
 from .runstate import BUSY, DEAD, IDLE, RETRYING, EngineProgress, RunSnapshot
 from .schedule import DONE, RUNNING, Chunk, Schedule
@@ -173,7 +173,12 @@ def run_chunks(
             )
         )
         if send not in encoded:
-            encoded[send] = wire.dumps({k: inputs[k] for k in send}) if send else []
+            try:
+                encoded[send] = _encode_inputs({k: inputs[k] for k in send})
+            except InputNotSendable as e:
+                record.status = "error"
+                record.errors.append(str(e))
+                raise
         setups[eid] = ((programs[eid], sorted(inputs), keys), encoded[send])
         cache.pop(eid, None)  # unknown until this engine's first chunk answers
 
@@ -311,6 +316,30 @@ def run_chunks(
     record.status = "ok"
     report("ok", force=True)
     return [results[k] for k in sorted(results)]
+
+
+def _encode_inputs(values: dict[str, Any]) -> list[Any]:
+    """Wire frames of the inputs, or an error naming each one that cannot travel."""
+    if not values:
+        return []
+    try:
+        return wire.dumps(values)
+    except Exception:
+        pass
+    bad = []
+    for name, value in values.items():
+        try:
+            wire.dumps(value)
+        except Exception as e:
+            bad.append(f"`{name}` ({type(value).__name__}): {e}")
+    if not bad:  # only the combination failed; re-raise the original problem
+        return wire.dumps(values)
+    raise InputNotSendable(
+        "%%gpu_parallel cannot send what the loop reads to the engines: "
+        + "; ".join(bad)
+        + ". Create such objects inside the loop (each engine gets its own), pass "
+        "what they hold instead, or run the cell without %%gpu_parallel. Nothing ran."
+    )
 
 
 def snapshot(

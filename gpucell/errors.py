@@ -52,3 +52,7 @@ class EnginesLost(GpucellError, RuntimeError):
 
 class CellTimeout(GpucellError, TimeoutError):
     """``%%gpu_parallel --timeout`` expired; outstanding work was cancelled."""
+
+
+class InputNotSendable(GpucellError, TypeError):
+    """A name the loop reads cannot be serialised to the engines."""

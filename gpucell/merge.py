@@ -223,6 +223,41 @@ def _current(current: Mapping[str, Any], name: str) -> Any:
         ) from None
 
 
+def _torch_broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """``torch.broadcast_shapes`` as a tuple (torch leaves that function untyped)."""
+    import torch
+
+    broadcast: Callable[..., Sequence[int]] = torch.broadcast_shapes
+    return tuple(broadcast(*shapes))
+
+
+def _appender(target: Any, items: Sequence[Any]) -> Callable[[], Any]:
+    """A commit action appending ``items`` one by one to ``target``."""
+
+    def action() -> list[Any]:
+        return [target.append(x) for x in items]
+
+    return action
+
+
+def _extender(extend: Callable[[Any], Any], items: Sequence[Any]) -> Callable[[], Any]:
+    """A commit action calling ``extend(items)``."""
+
+    def action() -> Any:
+        return extend(items)
+
+    return action
+
+
+def _returner(value: Any) -> Callable[[], Any]:
+    """A commit action that just returns ``value`` (computed and checked already)."""
+
+    def action() -> Any:
+        return value
+
+    return action
+
+
 def _check_array_write(target: Any, key: Any, value: Any) -> Any:
     """Validate ``target[key] = value`` for numpy/torch; return the converted value."""
     view = target[key]
@@ -236,17 +271,17 @@ def _check_array_write(target: Any, key: Any, value: Any) -> Any:
         return conv
     import torch
 
-    conv = torch.as_tensor(value, dtype=target.dtype, device=target.device)
+    tconv = torch.as_tensor(value, dtype=target.dtype, device=target.device)
     shape = tuple(view.shape)
-    if tuple(torch.broadcast_shapes(tuple(conv.shape), shape)) != shape:
+    if _torch_broadcast_shape(tuple(tconv.shape), shape) != shape:
         raise ValueError(
-            f"cannot write a value of shape {tuple(conv.shape)} into {shape}"
+            f"cannot write a value of shape {tuple(tconv.shape)} into {shape}"
         )
     if target.requires_grad and target.is_leaf and torch.is_grad_enabled():
         raise RuntimeError(
             "a leaf tensor that requires grad cannot be written in place"
         )
-    return conv
+    return tconv
 
 
 def _plan_inplace(name: str, v0: Any, op: str, c: Any) -> tuple[Any, Callable[[], Any]]:
@@ -282,14 +317,14 @@ def _plan_inplace(name: str, v0: Any, op: str, c: Any) -> tuple[Any, Callable[[]
 
         if _is_torch(c) and c.device != v0.device:
             c = c.to(v0.device)
-        rt = torch.result_type(v0, c)
-        if not torch.can_cast(rt, v0.dtype):
+        trt = torch.result_type(v0, c)
+        if not torch.can_cast(trt, v0.dtype):
             raise TypeError(
-                f"cannot apply `{name} {op}= ...` in place: result type {rt} "
+                f"cannot apply `{name} {op}= ...` in place: result type {trt} "
                 f"cannot be cast to {v0.dtype}"
             )
         cshape = tuple(c.shape) if _is_torch(c) else ()
-        if tuple(torch.broadcast_shapes(tuple(v0.shape), cshape)) != tuple(v0.shape):
+        if _torch_broadcast_shape(tuple(v0.shape), cshape) != tuple(v0.shape):
             raise ValueError(f"cannot apply `{name} {op}= ...` in place: shape change")
         if v0.requires_grad and v0.is_leaf and torch.is_grad_enabled():
             raise RuntimeError(
@@ -377,13 +412,9 @@ def prepare(
             )
         ext = getattr(target, "extend", None)
         if ext is None:
-            up.mutations.append(
-                Mutation(
-                    name, "append", lambda t=target, i=items: [t.append(x) for x in i]
-                )
-            )
+            up.mutations.append(Mutation(name, "append", _appender(target, items)))
         else:
-            up.mutations.append(Mutation(name, "extend", lambda e=ext, i=items: e(i)))
+            up.mutations.append(Mutation(name, "extend", _extender(ext, items)))
     if getattr(plan, "result_name", None):
         up.assign[plan.result_name] = _concat(rs, "gathers", RESULT_KEY)
 
@@ -536,11 +567,11 @@ def _prepare_keyed(
             base = target[k]
         if op in ("max", "min"):
             new: Any = _BIN[op](base, c)
-            action: Callable[[], Any] = lambda n=new: n  # noqa: E731
+            action: Callable[[], Any] = _returner(new)
         elif is_array:
             new = _BIN[op](base, c)
             new = _check_array_write(target, k, new)
-            action = lambda n=new: n  # noqa: E731
+            action = _returner(new)
         else:
             new, action = _plan_inplace(f"{name}[{k!r}]", base, op, c)
 

@@ -286,10 +286,8 @@ class Schedule:
 
     def _speed_share(self, engine: int) -> float:
         """Engine's speed relative to the mean of the live engines (1.0 unknown)."""
-        rates = {
-            e: self._stats[e].per_iteration
-            for e in self._alive
-            if self._stats[e].per_iteration
+        rates: dict[int, float] = {
+            e: r for e in self._alive if (r := self._stats[e].per_iteration)
         }
         mine = rates.get(engine)
         if not mine or len(rates) < 2:

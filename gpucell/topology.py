@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from .devices import Device
 from .errors import DeviceSelectionError
@@ -145,7 +146,8 @@ def plan_engines(
                 f"(GPUs here: {have}). Pick from those, or use --gpus none for CPU "
                 "engines."
             )
-        chosen = [by_index[i] for i in select]
+        # every entry is a known GPU index here (``missing`` is empty)
+        chosen = [by_index[i] for i in cast("tuple[int, ...]", select)]
     if chosen and n is not None:
         if n > len(chosen):
             raise DeviceSelectionError(

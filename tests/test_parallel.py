@@ -370,3 +370,20 @@ def test_selection_is_the_default_of_later_cells_and_shown_in_status(
         ip.run_line_magic("gpu_cluster", "select all")
     ip.run_cell_magic("gpu_parallel", "--quiet", "for i in range(8):\n    v = i\n")
     assert set(gpucell.last_run.engines) == set(cluster.ids)
+
+
+def test_an_input_that_cannot_travel_is_named(ip, cluster):
+    import threading
+
+    ip.user_ns.update({"lock": threading.Lock(), "out": []})
+    with pytest.raises(gpucell.GpucellError, match="`lock` \\(lock\\)"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(4):\n    with lock:\n        out.append(i)\n",
+        )
+    assert ip.user_ns["out"] == []
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(4):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == [0, 1, 2, 3]

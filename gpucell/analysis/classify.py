@@ -18,6 +18,7 @@ Every problem becomes a :class:`Diagnostic`; the caller raises them all at once.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -115,6 +116,15 @@ class Classification:
     prints: list[int] = field(default_factory=list)
 
 
+def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
+    """The except clauses of a ``try`` / ``try*`` statement; none for others."""
+    if isinstance(s, ast.Try):
+        return s.handlers
+    if sys.version_info >= (3, 11) and isinstance(s, ast.TryStar):
+        return s.handlers
+    return []
+
+
 def block_statements(stmts: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
     """Every statement of the body's scope, through compound statements."""
     for s in stmts:
@@ -123,9 +133,8 @@ def block_statements(stmts: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
             continue
         for name in ("body", "orelse", "finalbody"):
             yield from block_statements(getattr(s, name, []))
-        if isinstance(s, (ast.Try, ast.TryStar)):
-            for h in s.handlers:
-                yield from block_statements(h.body)
+        for h in _handlers(s):
+            yield from block_statements(h.body)
         if isinstance(s, ast.Match):
             for c in s.cases:
                 yield from block_statements(c.body)
@@ -781,7 +790,7 @@ def _has_break(stmts: list[ast.stmt]) -> bool:
 def _alias_expr(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
     """Could evaluating ``e`` return an object from outside (not a new one)?"""
     if isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Starred)):
-        root = root_name(e)  # type: ignore[arg-type]
+        root = root_name(e)
         return root is not None and is_outer(root.id)
     if isinstance(e, ast.IfExp):
         return _alias_expr(e.body, is_outer) or _alias_expr(e.orelse, is_outer)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from gpucell.analysis.scope import target_parts
 
@@ -152,7 +152,7 @@ class _SinkRewriter:
             name = node.targets[0].id
             if name in self.reductions:
                 v = node.value
-                e = v.right if isinstance(v, ast.BinOp) else v.args[1]  # type: ignore[attr-defined]
+                e = v.right if isinstance(v, ast.BinOp) else cast(ast.Call, v).args[1]
                 return _rec_call("reduce", [_const(name, node), e], node)
         sink_parts = [
             p
@@ -172,8 +172,8 @@ class _SinkRewriter:
             p = sink_parts[0]
             return _rec_call(
                 "setitem",
-                [node.value, _const(p.value.id, node), p.slice],
-                node,  # type: ignore[attr-defined]
+                [node.value, _const(cast(ast.Name, p.value).id, node), p.slice],
+                node,
             )
         # tuple or chained targets: assign to temporaries, then record the writes
         replaced: list[tuple[str, ast.Subscript]] = []
