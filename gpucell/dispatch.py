@@ -191,6 +191,8 @@ def run_chunks(
         chunksize=options.chunksize,
         hint=options.cost_hint,
         uniform=options.uniform,
+        heterogeneous=len({(gc.engines[e].kind, gc.engines[e].name) for e in alive})
+        > 1,
     )
     views = {eid: gc.view(eid) for eid in alive}
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
@@ -403,6 +405,21 @@ def _record(
     )
 
 
+def _robust_seconds(timing: dict[str, Any], size: int) -> float:
+    """A chunk's compute time for the schedule's speed estimates.
+
+    The median iteration times the iteration count, when the engine stamped each
+    iteration: an engine's first iteration also pays one-time costs (first
+    imports, warm-up) that would make it look slow.
+    """
+    starts = list(timing.get("starts") or ())
+    if size < 3 or len(starts) != size:
+        return float(timing["compute"])
+    ends = [*starts[1:], timing["end"]]
+    durations = sorted(b - a for a, b in zip(starts, ends, strict=True))
+    return durations[len(durations) // 2] * size
+
+
 class _OutputRelay:
     """Forward engine output to the cell as it arrives, losing none.
 
@@ -501,7 +518,7 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
         record.chunks.append(_record(chunk, gc, timing, "failed"))
         _raise_iteration_error(payload, chunk, gc, record)
     results[chunk.start] = payload
-    sched.complete(chunk.id, timing["compute"])
+    sched.complete(chunk.id, _robust_seconds(timing, chunk.size))
     if t_sub is not None:
         sched.observe_overhead(
             max(0.0, time.perf_counter() - t_sub - timing["compute"])

@@ -89,6 +89,11 @@ class Schedule:
     uniform
         That earlier run found every iteration equally costly on every engine:
         guided then becomes static (one block per engine, no tail to balance).
+    heterogeneous
+        The engines' devices differ (a GPU beside a CPU engine, mixed GPU
+        models): chunk sizes follow each engine's measured speed.  Between equal
+        devices, measured differences are noise or the iterations' own varying
+        costs, so work is shared equally.
     """
 
     n: int
@@ -101,6 +106,7 @@ class Schedule:
     factor: float = 2.0
     hint: float | None = None
     uniform: bool = False
+    heterogeneous: bool = False
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
     _free: list[tuple[int, int, int]] = field(
@@ -155,6 +161,11 @@ class Schedule:
         if engine not in self._alive or not self._has_unassigned(engine):
             return False
         depth = self.depth if self._plenty_left() else 1
+        if self._stats[engine].per_iteration is None:
+            # one calibration chunk at a time: queueing a second before the first
+            # is measured would commit work at a guessed size (and, for cheap
+            # loops, cost a message more than it saves)
+            depth = 1
         return len(self.outstanding(engine)) < depth
 
     def min_chunk(self, engine: int | None = None) -> int:
@@ -175,7 +186,9 @@ class Schedule:
             if its == 0 or secs <= 0:
                 return floor
             t = secs / its
-        return max(floor, math.ceil(self.overhead / (self.target_overhead * t)))
+        # rounded down: with the next chunk already queued the engine does not
+        # wait for a round trip, so a tail of single iterations costs little
+        return max(floor, int(self.overhead / (self.target_overhead * t)))
 
     # -- transitions -------------------------------------------------------------
 
@@ -285,7 +298,10 @@ class Schedule:
         return self._remaining() >= 2 * k * max(1, self.min_chunk())
 
     def _speed_share(self, engine: int) -> float:
-        """Engine's speed relative to the mean of the live engines (1.0 unknown)."""
+        """Engine's speed relative to the mean of the live engines (1.0 unknown,
+        or equal devices)."""
+        if not self.heterogeneous:
+            return 1.0
         rates: dict[int, float] = {
             e: r for e in self._alive if (r := self._stats[e].per_iteration)
         }
@@ -305,9 +321,17 @@ class Schedule:
         if remaining <= 0:
             return 1
         k = max(1, len(self._alive))
-        # No engine takes more than its fair part of what is left, whatever the
-        # overhead floor says: cheap iterations must not leave the others idle.
-        fair = math.ceil(remaining / k)
+        # No engine takes more than its fair part of the work not yet done (left
+        # to assign plus already outstanding), less what it already holds,
+        # whatever the overhead floor says: cheap iterations must not leave the
+        # others idle, and an engine served while the others are busy with
+        # their part may take the rest.
+        held = {e: sum(c.size for c in self.outstanding(e)) for e in self._alive}
+        total = remaining + sum(held.values())
+        # weighted by speed only once a clear gap is established (a GPU beside a
+        # CPU engine); iterations' own costs vary too much to read more into it
+        part = min(1.0, self._speed_share(engine) / k)
+        fair = max(1, math.ceil(total * part) - held.get(engine, 0))
         floor = min(self.min_chunk(engine), fair)
         if self.mode == "dynamic":
             return max(1, min(remaining, floor))

@@ -109,7 +109,7 @@ def test_uneven_loop_is_balanced():
 
 
 def test_a_faster_engine_gets_more_work():
-    s = Schedule(2000, [0, 1], mode="guided")
+    s = Schedule(2000, [0, 1], mode="guided", heterogeneous=True)
     _, busy = simulate(s, {0: 4.0, 1: 1.0}, lambda i: 0.001)
     done0 = sum(c.size for c in s.chunks if c.engine == 0 and c.state == DONE)
     assert done0 > 1400  # ~4/5 of the work
@@ -176,3 +176,12 @@ def test_last_run_tells_uniform_from_uneven_paces():
     assert rec([0.05, 0.051, 0.049, 0.05]).uniform
     assert not rec([0.01, 0.05, 0.09, 0.13]).uniform
     assert not rec([0.05, 0.05]).uniform  # too few chunks to tell
+
+
+def test_a_cheap_loop_takes_one_calibration_chunk_then_one_chunk_per_engine():
+    s = Schedule(2000, [0, 1], overhead=0.003)
+    simulate(s, {0: 1.0, 1: 1.0}, lambda i: 1e-6)
+    assert len(s.chunks) == 4
+    assert covers(s.chunks, 2000)
+    per_engine = {e: sum(c.size for c in s.chunks if c.engine == e) for e in (0, 1)}
+    assert abs(per_engine[0] - per_engine[1]) <= 2000 * 0.1
