@@ -351,11 +351,14 @@ def start_cluster(
         specs=tuple(specs),
     )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
-    if discovery.gpus == () and discovery.notes:
-        gc.warnings.append("no GPU found: " + "; ".join(discovery.notes))
+    if discovery.gpus == () and discovery.notes and select != "none":
+        # the user asked for GPUs (the default): say why there are none
+        gc.warnings.append("no GPU found (" + "; ".join(discovery.notes) + ")")
     _current = gc
     if echo:
         echo(f"gpucell: {gc.description} ready in {elapsed:.1f} s")
+        for w in gc.warnings:
+            echo(f"gpucell: note: {w}")
     return gc
 
 
@@ -462,18 +465,24 @@ def connect(
                 "or raise --timeout."
             ) from None
         ids = list(client.ids)
-        engines = _assign_by_local_rank(client, ids, timeout)
+        engines, pin_warnings = _assign_by_local_rank(client, ids, timeout)
     except BaseException:
         client.close()
         raise
     elapsed = time.perf_counter() - t0
     gc = GpuCluster(
-        client=client, engines=engines, owned=False, startup_seconds=elapsed
+        client=client,
+        engines=engines,
+        owned=False,
+        startup_seconds=elapsed,
+        warnings=pin_warnings,
     )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
     _current = gc
     if echo:
         echo(f"gpucell: connected to {gc.description} in {elapsed:.1f} s")
+        for w in gc.warnings:
+            echo(f"gpucell: warning: {w}")
     return gc
 
 
@@ -493,7 +502,7 @@ def _host_facts() -> dict[str, Any]:
 
 def _assign_by_local_rank(
     client: ipp.Client, ids: list[int], timeout: float
-) -> dict[int, EngineInfo]:
+) -> tuple[dict[int, EngineInfo], list[str]]:
     from .runtime import assign_device
 
     view = client.direct_view(ids)
@@ -527,9 +536,12 @@ def _assign_by_local_rank(
     for eid, ar in results.items():
         d = ar.get(timeout=timeout)
         if not d.get("pinned", True):
-            warnings.append(f"engine {eid}: CUDA already initialised; kept its device")
+            warnings.append(
+                f"engine {eid} had initialised CUDA before gpucell connected; it "
+                "keeps its current device (restart it to pin it by local rank)"
+            )
         engines[eid] = _info_from(eid, d)
-    return engines
+    return engines, warnings
 
 
 def stop(echo: Callable[[str], None] | None = None) -> None:

@@ -320,3 +320,17 @@ def test_config_traitlets_set_defaults(ip, no_active_cluster):
     finally:
         ip.run_line_magic("config", "GpuCell.per_gpu = 1")
         ip.run_line_magic("config", "GpuCell.gpus = 'all'")
+
+
+def test_a_cluster_without_gpus_says_why(no_active_cluster):
+    lines = []
+    gpucell.start_cluster(
+        1, nvml=FakeNvml(broken="NVML Shared Library Not Found"), echo=lines.append
+    )
+    try:
+        assert lines[0].startswith("gpucell: 1 engines") or "ready in" in lines[0]
+        assert lines[1] == (
+            "gpucell: note: no GPU found (NVML Shared Library Not Found)"
+        )
+    finally:
+        gpucell.stop()
