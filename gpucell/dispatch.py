@@ -292,7 +292,7 @@ def run_chunks(
         except KeyboardInterrupt:
             raise _Interrupted("interrupt") from None
     except _Interrupted as stop:
-        _cancel(gc, inflight, options.interrupt_grace, output.started)
+        _cancel(gc, inflight, options.interrupt_grace)
         record.status = "timeout" if stop.reason == "timeout" else "interrupted"
         record.wall = time.perf_counter() - t0
         report(record.status, force=True)
@@ -307,7 +307,7 @@ def run_chunks(
             "engines stopped their work, nothing was merged"
         ) from None
     except BaseException:
-        _cancel(gc, inflight, options.interrupt_grace, output.started)
+        _cancel(gc, inflight, options.interrupt_grace)
         record.wall = time.perf_counter() - t0
         record.status = "error"
         report("error", force=True)
@@ -444,10 +444,6 @@ class _OutputRelay:
             self._md[ar] = md
             self._printed[ar] = (0, 0)
 
-    def started(self, ar: Any) -> bool:
-        md = self._md.get(ar)
-        return md is None or md.get("started") is not None
-
     def _forward(self, ar: Any) -> None:
         md = self._md.get(ar)
         if md is None:
@@ -571,13 +567,13 @@ def _raise_iteration_error(
     raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
 
 
-def _cancel(
-    gc: GpuCluster,
-    inflight: dict[Any, Any],
-    grace: float,
-    started: Callable[[Any], bool],
-) -> None:
-    """Abort queued chunk tasks, signal running ones, wait until engines are idle."""
+def _cancel(gc: GpuCluster, inflight: dict[Any, Any], grace: float) -> None:
+    """Abort queued chunk tasks, signal running ones, wait until engines are idle.
+
+    Every engine with an unfinished task is signalled, whether or not its
+    "started" notice has arrived yet: an idle engine ignores SIGINT, and waiting
+    for the notice could leave a running chunk to finish on its own.
+    """
     if not inflight:
         return
     client = gc.client
@@ -587,9 +583,7 @@ def _cancel(
         client.abort(msg_ids, block=False)
     except Exception:
         pass
-    running = sorted(
-        {c.engine for ar, (c, _) in inflight.items() if started(ar) and not ar.done()}
-    )
+    running = sorted({c.engine for ar, (c, _) in inflight.items() if not ar.done()})
     if running:
         _signal_engines(gc, running, signal.SIGINT)
     concurrent.futures.wait(ars, timeout=grace)
