@@ -29,7 +29,7 @@ from .cluster import GpuCluster
 from .errors import CellTimeout, EnginesLost, InputNotSendable, IterationError
 from .provenance import ChunkRecord, LastRun
 from .runstate import BUSY, DEAD, IDLE, RETRYING, EngineProgress, RunSnapshot
-from .schedule import DONE, RUNNING, Chunk, Schedule
+from .schedule import Chunk, Schedule
 
 __all__ = ["Options", "run_chunks"]
 
@@ -351,9 +351,8 @@ def snapshot(
     rows = []
     for eid in engines:
         info = gc.engines.get(eid)
-        mine = [c for c in sched.chunks if c.engine == eid]
-        done = [c for c in mine if c.state == DONE]
-        running = [c for c in mine if c.state == RUNNING]
+        done_its, done_secs = sched.engine_progress(eid)
+        running = sched.outstanding(eid)
         if eid not in sched.alive:
             state = DEAD
         elif any(c.attempt > 0 for c in running):
@@ -371,8 +370,8 @@ def snapshot(
                 pid=info.pid if info else 0,
                 kind=info.kind if info else "cpu",
                 index=info.index if info else -1,
-                done=sum(c.size for c in done),
-                busy_seconds=sum(c.seconds for c in done),
+                done=done_its,
+                busy_seconds=done_secs,
                 state=state,
             )
         )

@@ -115,6 +115,10 @@ class Schedule:
     _stats: dict[int, _EngineStats] = field(default_factory=dict)
     _alive: list[int] = field(default_factory=list)
     _static: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # kept as chunks change state, so the per-assignment queries below do not
+    # rescan every chunk (dynamic schedules make tens of thousands of them)
+    _running: dict[int, dict[int, Chunk]] = field(default_factory=dict)
+    _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
 
     def __post_init__(self) -> None:
         if self.mode not in ("guided", "dynamic", "static"):
@@ -124,6 +128,8 @@ class Schedule:
         if not self.engines:
             raise ValueError("a schedule needs at least one engine")
         self._alive = list(self.engines)
+        self._running = {e: {} for e in self.engines}
+        self._done = {e: [0, 0.0] for e in self.engines}
         self._stats = {e: _EngineStats() for e in self.engines}
         if self.hint is not None and self.hint > 0:
             for st in self._stats.values():
@@ -151,10 +157,15 @@ class Schedule:
 
     @property
     def done_iterations(self) -> int:
-        return sum(c.size for c in self.chunks if c.state == DONE)
+        return int(sum(d[0] for d in self._done.values()))
 
     def outstanding(self, engine: int) -> list[Chunk]:
-        return [c for c in self.chunks if c.engine == engine and c.state == RUNNING]
+        return list(self._running.get(engine, {}).values())
+
+    def engine_progress(self, engine: int) -> tuple[int, float]:
+        """Iterations ``engine`` finished, and their engine-measured seconds."""
+        its, secs = self._done.get(engine, (0, 0.0))
+        return int(its), float(secs)
 
     def wants_work(self, engine: int) -> bool:
         """True when ``engine`` has fewer chunks outstanding than it should."""
@@ -237,6 +248,11 @@ class Schedule:
             return
         c.state = DONE
         c.seconds = seconds
+        if c.engine is not None:
+            self._running[c.engine].pop(c.id, None)
+            done = self._done[c.engine]
+            done[0] += c.size
+            done[1] += seconds
         if c.engine is not None and c.engine in self._stats:
             st = self._stats[c.engine]
             st.iterations += c.size
@@ -254,7 +270,8 @@ class Schedule:
         """
         if engine in self._alive:
             self._alive.remove(engine)
-        lost = [c for c in self.chunks if c.engine == engine and c.state == RUNNING]
+        lost = list(self._running.get(engine, {}).values())
+        self._running[engine] = {}
         for c in lost:
             c.state = LOST
             self._free.append((c.start, c.stop, c.attempt + 1))
@@ -280,6 +297,7 @@ class Schedule:
     def _new(self, start: int, stop: int, engine: int, attempt: int) -> Chunk:
         c = Chunk(len(self.chunks), start, stop, engine, RUNNING, attempt)
         self.chunks.append(c)
+        self._running[engine][c.id] = c
         return c
 
     def _remaining(self) -> int:
