@@ -13,16 +13,9 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["assign_device", "describe", "device", "device_string"]
+from gpucell.topology import THREAD_ENV_VARS as _THREAD_VARS
 
-_THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "GPUCELL_NUM_THREADS",
-)
+__all__ = ["assign_device", "describe", "device", "device_string"]
 
 
 def device_string() -> str:
