@@ -7,6 +7,7 @@ through its launch hook (:mod:`gpucell.launcher`).  The magics call these functi
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +77,26 @@ class GpuCluster:
     # last time that cell ran on those engines
     cost_history: dict[Any, tuple[float, bool]] = field(default_factory=dict)
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
+    _channel: Any = field(default=None, repr=False)  # shm.Channel, opened on use
+
+    def results_channel(self) -> Any:
+        """Where engines on this host put big results (``None``: nowhere, or off)."""
+        from . import shm
+
+        if not _config.settings().shared_memory:
+            return None
+        if self._channel is None:
+            self._channel = shm.open_channel() or False
+            if self._channel:
+                atexit.register(shm.close_channel, self._channel)
+        return self._channel or None
+
+    def sweep_results(self) -> None:
+        """Remove result files a finished cell left unread (abandoned chunks)."""
+        if self._channel:
+            from . import shm
+
+            shm.sweep(self._channel)
 
     @property
     def ids(self) -> list[int]:
@@ -129,6 +150,12 @@ class GpuCluster:
             pass
         if self.owned and self.cluster is not None:
             self.cluster.stop_cluster_sync()
+        if self._channel:
+            from . import shm
+
+            shm.close_channel(self._channel)
+            atexit.unregister(shm.close_channel)
+            self._channel = None
 
 
 _current: GpuCluster | None = None

@@ -58,6 +58,13 @@ class GpuCell(Configurable):
         help="Without a cluster, run %%gpu_parallel cells serially in the kernel (with "
         "a one-line note) instead of raising.",
     )
+    shared_memory = Bool(
+        True,
+        config=True,
+        help="Engines on the kernel's host return big arrays and tensors through "
+        "/dev/shm (one copy) instead of through the controller (three). Engines that "
+        "cannot see the kernel's /dev/shm use the controller either way.",
+    )
 
 
 _settings: GpuCell | None = None

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import wire
+from . import shm, wire
 from .cluster import GpuCluster
 from .errors import CellTimeout, EnginesLost, InputNotSendable, IterationError
 from .provenance import ChunkRecord, LastRun
@@ -195,6 +195,7 @@ def run_chunks(
         > 1,
     )
     views = {eid: gc.view(eid) for eid in alive}
+    results_to = gc.results_channel()
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
     results: dict[int, Any] = {}
     output = _OutputRelay(client, relay)
@@ -235,6 +236,7 @@ def run_chunks(
                 options.seed,
                 setup,
                 input_frames,
+                results_to,
             )
             # a chunk queued behind another waits on the engine: its round trip
             # says nothing about dispatch cost
@@ -314,6 +316,8 @@ def run_chunks(
         raise
     finally:
         output.flush(inflight)
+        if results_to is not None and (record.status != "running" or record.warnings):
+            gc.sweep_results()  # results abandoned by a failure, or a lost engine
     record.wall = time.perf_counter() - t0
     record.status = "ok"
     report("ok", force=True)
@@ -505,6 +509,7 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
             f"{chunk.start}-{chunk.stop - 1}: {e.ename}: {e.evalue}\n"
             f"{e.traceback or ''}"
         ) from None
+    frames = shm.unspill(frames, record)
     status, payload, timing = wire.loads(frames)
     if timing.get("cached") is not None:
         # what the engine caches now, as it says (never assumed)

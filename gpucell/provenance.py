@@ -44,6 +44,7 @@ class LastRun:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     status: str = "running"  # "ok", "error", "interrupted", "timeout"
+    shared_bytes: int = 0  # result bytes that came back through /dev/shm
 
     @property
     def busy(self) -> dict[int, float]:

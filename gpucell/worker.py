@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Any
 
-from gpucell import wire
+from gpucell import shm, wire
 from gpucell.analysis.iterspace import chunk_items
 from gpucell.engine import run_chunk
 
@@ -209,6 +209,7 @@ def run(
     seed: int | None = None,
     setup: tuple[Any, list[str], dict[str, Any]] | None = None,
     input_frames: list[Any] | None = None,
+    results_to: shm.Channel | None = None,
 ) -> list[Any]:
     """Run one chunk; return wire frames of ``(status, payload, timing)``.
 
@@ -217,6 +218,8 @@ def run(
     An engine's first chunk of a cell carries ``setup`` (program, input names,
     fingerprints) and ``input_frames`` (the inputs to send, a top-level argument
     so ipyparallel ships each buffer zero-copy): one message for all of it.
+    ``results_to`` is the kernel's shared-memory channel: when this engine can see
+    it, the result's big buffers go there instead of through the controller.
     """
     loaded = None
     if setup is not None:
@@ -291,4 +294,5 @@ def run(
         "pid": os.getpid(),
         "cached": loaded["cached"] if loaded is not None else None,
     }
-    return wire.dumps((status, payload, timing))
+    frames = wire.dumps((status, payload, timing))
+    return shm.spill(frames, results_to, f"{engine_id}-{start}-{os.urandom(4).hex()}")
