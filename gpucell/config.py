@@ -58,6 +58,14 @@ class GpuCell(Configurable):
         help="Without a cluster, run %%gpu_parallel cells serially in the kernel (with "
         "a one-line note) instead of raising.",
     )
+    inline_below = Float(
+        0.005,
+        config=True,
+        help="Run a %%gpu_parallel loop in the kernel when its last run on the same "
+        "engines measured less than this many seconds of work in all (sending it "
+        "would cost more). 0: always send. Cells with CUDA, --seed or explicit "
+        "engines, schedule, chunk size or timeout are always sent.",
+    )
     shared_memory = Bool(
         True,
         config=True,

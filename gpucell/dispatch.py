@@ -415,6 +415,9 @@ def _robust_seconds(timing: dict[str, Any], size: int) -> float:
     iteration: an engine's first iteration also pays one-time costs (first
     imports, warm-up) that would make it look slow.
     """
+    median = timing.get("median")
+    if median is not None and size >= 3:
+        return float(median) * size
     starts = list(timing.get("starts") or ())
     if size < 3 or len(starts) != size:
         return float(timing["compute"])

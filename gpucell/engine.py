@@ -13,12 +13,14 @@ import builtins
 import itertools
 import linecache
 import marshal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
 from typing import Any
 
 from gpucell.analysis.iterspace import chunk_items
+from gpucell.analysis.rewrite import BEGIN, NOW, gather_name
 from gpucell.merge import fold, own
 
 __all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
@@ -88,12 +90,16 @@ class Recorder:
         seed_fn: Callable[[int], Any] | None = None,
         on_iteration: Callable[[int], Any] | None = None,
         device: Any = None,
+        stamps: dict[int, float] | None = None,
     ) -> None:
         self.ns = ns
         self.result = ChunkResult(start=start)
         self.seed_fn = seed_fn
         self.on_iteration = on_iteration
         self.device = device
+        # iteration index -> wall-clock start: provenance, and which iteration
+        # is running (the last key) for output tags and error reports
+        self.stamps: dict[int, float] = {} if stamps is None else stamps
         self.locals: tuple[str, ...] = ()
         self.red_ops: dict[str, str] = {}
         self.keyed_ops: dict[str, str] = {}
@@ -101,23 +107,48 @@ class Recorder:
         self._keyed: dict[str, list[list[Any]]] = {}
         self._keyed_index: dict[str, dict[Any, int]] = {}
         self._deleted: set[str] = set()
-        self.current: int | None = None
+        self._per_iteration_end = False
+
+    @property
+    def current(self) -> int | None:
+        """The iteration running (or that ran last)."""
+        return next(reversed(self.stamps)) if self.stamps else None
 
     # -- called by the program ---------------------------------------------------
 
     def setup(self, spec: Mapping[str, Any]) -> None:
+        """Bind what the program calls per iteration to the cheapest callables.
+
+        The common case costs no Python frame per iteration: ``begin`` is the
+        stamps dict's ``__setitem__`` and each gather its list's ``append``.
+        """
+        ns = self.ns
         self.locals = tuple(spec.get("locals", ()))
         self.red_ops = dict(spec.get("reductions", {}))
         self.keyed_ops = dict(spec.get("keyed", {}))
+        self._per_iteration_end = bool(spec.get("end", True))
         if spec.get("device"):
-            self.ns["__gpucell_device__"] = resolve_device(self.device)
+            ns["__gpucell_device__"] = resolve_device(self.device)
+        ns[NOW] = time.time
+        stamp = self.stamps.__setitem__
+        if self.seed_fn is None and self.on_iteration is None:
+            ns[BEGIN] = stamp
+        else:
+            hooks = [h for h in (self.on_iteration, self.seed_fn) if h is not None]
+
+            def begin(index: int, t: float) -> None:
+                stamp(index, t)
+                for hook in hooks:
+                    hook(index)
+
+            ns[BEGIN] = begin
+        gathers = self.result.gathers
+        for name in spec.get("gathers", ()):
+            ns[gather_name(name)] = gathers.setdefault(name, []).append
 
     def begin(self, index: int) -> None:
-        self.current = index
-        if self.on_iteration is not None:
-            self.on_iteration(index)
-        if self.seed_fn is not None:
-            self.seed_fn(index)
+        """Per-iteration start for programs that call the recorder directly."""
+        self.ns[BEGIN](index, time.time())
 
     def end(self, index: int) -> None:
         ns, last = self.ns, self.result.last_values
@@ -185,6 +216,22 @@ class Recorder:
 
     def finish(self) -> ChunkResult:
         r = self.result
+        if not self._per_iteration_end:
+            # Locals were not popped after each iteration (nothing deletes
+            # them), so the namespace holds each one's last value in this chunk,
+            # exactly as a serial run would; merge only compares chunks, so the
+            # chunk's last index orders them.
+            r.count = len(self.stamps)
+            last_index = self.current if self.current is not None else r.start
+            ns, last = self.ns, r.last_values
+            for name in self.locals:
+                value = ns.get(name, _MISSING)
+                if value is _MISSING:
+                    continue
+                if isinstance(value, ModuleType):
+                    last[name] = (last_index, "module", value.__name__)
+                else:
+                    last[name] = (last_index, "value", value)
         for name, partial in self._partials.items():
             r.reductions[name] = (self.red_ops[name], partial)
         for name, entries in self._keyed.items():
@@ -222,6 +269,7 @@ def run_chunk(
     seed_fn: Callable[[int], Any] | None = None,
     on_iteration: Callable[[int], Any] | None = None,
     device: Any = None,
+    stamps: dict[int, float] | None = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -243,6 +291,10 @@ def run_chunk(
     device : str or torch.device, optional
         The engine's device for ``__gpucell_device__`` (CUDA-rewritten programs);
         default: ``cuda`` when available, else ``cpu``.
+    stamps : dict, optional
+        Filled with ``{iteration: time.time() at its start}`` as the chunk runs
+        (the caller may read it while it runs: its last key is the iteration
+        running).
 
     Raises
     ------
@@ -255,7 +307,12 @@ def run_chunk(
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
     rec = Recorder(
-        ns, start_index, seed_fn=seed_fn, on_iteration=on_iteration, device=device
+        ns,
+        start_index,
+        seed_fn=seed_fn,
+        on_iteration=on_iteration,
+        device=device,
+        stamps=stamps,
     )
     ns["__gpucell_rec__"] = rec
     ns["__gpucell_items__"] = zip(

@@ -152,6 +152,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
 
     from . import merge as _merge
     from .dispatch import Options
+    from .inline import run_in_kernel, should_inline
     from .provenance import LastRun
 
     record = LastRun(plan=plan)
@@ -183,6 +184,14 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     if chunker.count == 0:
         results: list[Any] = []
         record.status = "ok"
+    elif should_inline(
+        src=src,
+        request=req,
+        iterations=chunker.count,
+        per_iteration=hint,
+        threshold=settings.inline_below,
+    ):
+        results = run_in_kernel(plan, inputs, chunker, record)
     else:
         results = _run_with_display(
             shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
@@ -192,7 +201,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         # keeps the verdict that made it static
         done = sum(c.state == "done" for c in record.chunks)
         gc.cost_history[cost_key] = (
-            record.serial_estimate / chunker.count,
+            record.work_estimate / chunker.count,
             record.uniform if done >= 4 else uniform,
         )
     current = {n: ns[n] for n in plan.affected_names if n in ns}

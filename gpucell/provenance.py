@@ -45,6 +45,7 @@ class LastRun:
     warnings: list[str] = field(default_factory=list)
     status: str = "running"  # "ok", "error", "interrupted", "timeout"
     shared_bytes: int = 0  # result bytes that came back through /dev/shm
+    inline: bool = False  # run in the kernel: too little work to send (inline.py)
 
     @property
     def busy(self) -> dict[int, float]:
@@ -76,6 +77,23 @@ class LastRun:
     def serial_estimate(self) -> float:
         """The loop's compute time summed over engines (a serial run's estimate)."""
         return sum(self.busy.values())
+
+    @property
+    def work_estimate(self) -> float:
+        """The loop's work in seconds without one-time costs: each chunk's first
+        iteration (which pays the engine's first imports and warm-ups) is
+        replaced by the chunk's mean of the others.  What a re-run will cost."""
+        total = 0.0
+        for c in self.chunks:
+            if c.state != "done":
+                continue
+            size, starts = c.stop - c.start, c.iteration_starts
+            if size >= 2 and len(starts) == size:
+                rest = max(0.0, c.t_end - starts[1])
+                total += rest * size / (size - 1)
+            else:
+                total += c.compute
+        return total
 
     @property
     def speedup(self) -> float:
@@ -126,6 +144,13 @@ class LastRun:
 
     def summary(self) -> str:
         """The one line printed after a cell."""
+        if self.inline:
+            return (
+                f"gpucell: {self.iterations} iterations in the kernel in "
+                f"{self.wall * 1e3:.1f} ms (its last run measured less work than "
+                "sending it to the engines costs; `%config GpuCell.inline_below = 0` "
+                "always sends)"
+            )
         n = len(self.engines)
         s = (
             f"gpucell: {self.iterations} iterations on {n} engine"

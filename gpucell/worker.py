@@ -117,14 +117,15 @@ def _seeder(seed: int):
 class _Tagged(io.TextIOBase):
     """A stream that prefixes each line with the engine and iteration."""
 
-    def __init__(self, target: Any, engine: int, current: list[int | None]) -> None:
+    def __init__(self, target: Any, engine: int, stamps: dict[int, float]) -> None:
         self._target = target
         self._engine = engine
-        self._current = current  # the running iteration, set by the runner
+        self._stamps = stamps  # iteration -> start, filled as the chunk runs
         self._at_line_start = True
+        self.written = False  # flushing costs a round trip to the I/O thread
 
     def _prefix(self) -> str:
-        i = self._current[0]
+        i = next(reversed(self._stamps)) if self._stamps else None
         if i is None:
             return f"[engine {self._engine}] "
         return f"[engine {self._engine} | iteration {i}] "
@@ -133,6 +134,7 @@ class _Tagged(io.TextIOBase):
         return True
 
     def write(self, s: str) -> int:
+        self.written = True
         out = []
         for piece in s.splitlines(keepends=True):
             if self._at_line_start:
@@ -144,6 +146,17 @@ class _Tagged(io.TextIOBase):
 
     def flush(self) -> None:
         self._target.flush()
+
+
+def _median_iteration(stamps: dict[int, float], end: float) -> float | None:
+    """The chunk's median iteration time (computed here, in parallel, rather
+    than in the kernel): the schedule's speed estimate, which the first
+    iteration's one-time costs (imports, warm-up) would otherwise skew."""
+    if len(stamps) < 3:
+        return None
+    starts = list(stamps.values())
+    durations = sorted(b - a for a, b in zip(starts, [*starts[1:], end], strict=True))
+    return durations[len(durations) // 2]
 
 
 def _item_repr(chunk_obj: Any, offset: int) -> str:
@@ -237,19 +250,11 @@ def run(
             f"gpucell: engine has cell {_cell!r} loaded, not {cell!r} "
             "(was the engine restarted?)"
         )
-    current: list[int | None] = [None]
-    starts: list[float] = []
-    stamp = starts.append
-    now = time.time
-
-    def on_iteration(i: int) -> None:  # per iteration: keep it to two stores
-        current[0] = i
-        stamp(now())
-
+    stamps: dict[int, float] = {}
     device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
     out, err = sys.stdout, sys.stderr
-    sys.stdout = _Tagged(out, engine_id, current)
-    sys.stderr = _Tagged(err, engine_id, current)
+    sys.stdout = _Tagged(out, engine_id, stamps)
+    sys.stderr = _Tagged(err, engine_id, stamps)
     t0, c0 = time.time(), time.perf_counter()
     try:
         result = run_chunk(
@@ -258,14 +263,14 @@ def run(
             chunk_obj,
             start,
             seed_fn=_seeder(seed) if seed is not None else None,
-            on_iteration=on_iteration,
             device=device,
+            stamps=stamps,
         )
         status, payload = "ok", result
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
-        it = getattr(exc, "gpucell_iteration", start + max(0, len(starts) - 1))
+        it = getattr(exc, "gpucell_iteration", next(reversed(stamps), start))
         try:
             pickled = wire.dumps(exc)
         except Exception:
@@ -282,14 +287,19 @@ def run(
         }
         status = "error"
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        end, compute = time.time(), time.perf_counter() - c0
+        # ipykernel's flush waits for its I/O thread (about a millisecond on a
+        # busy host): only a stream that was written to needs it
+        for tagged in (sys.stdout, sys.stderr):
+            if getattr(tagged, "written", True):
+                tagged.flush()
         sys.stdout, sys.stderr = out, err
     timing = {
         "start": t0,
-        "end": time.time(),
-        "compute": time.perf_counter() - c0,
-        "starts": starts,
+        "end": end,
+        "compute": compute,
+        "starts": list(stamps.values()),
+        "median": _median_iteration(stamps, end),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "cached": loaded["cached"] if loaded is not None else None,

@@ -5,11 +5,15 @@ recorder ``__gpucell_rec__`` and the chunk's items ``__gpucell_items__``::
 
     __gpucell_rec__.setup({...})                      # names and operators
     for __gpucell_i__, <target> in __gpucell_items__:
-        __gpucell_rec__.begin(__gpucell_i__)
-        try:
-            <body, with sink patterns replaced by recorder calls>
-        finally:
-            __gpucell_rec__.end(__gpucell_i__)
+        __gpucell_begin__(__gpucell_i__, __gpucell_now__())
+        <body, with sink patterns replaced by recorder calls>
+
+The names the loop calls per iteration are bound by the recorder's ``setup`` to
+C-level callables where it can (``dict.__setitem__``, ``list.append``,
+``time.time``): the per-iteration cost of a trivial body is then a few tens of
+nanoseconds, not a few Python calls.  Only a body that ``del``-etes a local keeps
+a ``try/finally: __gpucell_rec__.end(__gpucell_i__)`` after each iteration, to
+see the deletion.
 
 Sink patterns (``L.append(e)``, ``D[k] = e``, ``acc += e``...) become recorder calls
 so the engine never changes a shipped object in place. Every original node keeps
@@ -30,7 +34,10 @@ __all__ = [
     "INDEX",
     "DEVICE",
     "RESULT",
+    "BEGIN",
+    "NOW",
     "build_program",
+    "gather_name",
     "rewrite_cuda",
 ]
 
@@ -39,6 +46,13 @@ ITEMS = "__gpucell_items__"
 INDEX = "__gpucell_i__"
 DEVICE = "__gpucell_device__"
 RESULT = "__gpucell_result__"
+BEGIN = "__gpucell_begin__"
+NOW = "__gpucell_now__"
+
+
+def gather_name(name: str) -> str:
+    """The program's name for ``name``'s bound ``append`` (set by the recorder)."""
+    return f"__gpucell_g_{name}__"
 
 
 def _rec_call(method: str, args: list[ast.expr], loc: ast.AST) -> ast.Expr:
@@ -52,6 +66,15 @@ def _rec_call(method: str, args: list[ast.expr], loc: ast.AST) -> ast.Expr:
     ast.copy_location(call.func, loc)
     ast.copy_location(call.func.value, loc)  # type: ignore[attr-defined]
     return ast.copy_location(stmt, loc)
+
+
+def _plain(call: ast.Call) -> bool:
+    """One positional argument, nothing starred: the shape ``list.append`` takes."""
+    return (
+        len(call.args) == 1
+        and not call.keywords
+        and not isinstance(call.args[0], ast.Starred)
+    )
 
 
 def _const(value: Any, loc: ast.AST) -> ast.expr:
@@ -123,6 +146,18 @@ class _SinkRewriter:
         ):
             name, attr = v.func.value.id, v.func.attr
             nm = _const(name, node)
+            if name in self.gathers and attr == "append" and _plain(v):
+                call = ast.copy_location(
+                    ast.Call(
+                        func=ast.copy_location(
+                            ast.Name(gather_name(name), ast.Load()), node
+                        ),
+                        args=v.args,
+                        keywords=[],
+                    ),
+                    node,
+                )
+                return ast.copy_location(ast.Expr(call), node)
             if name in self.gathers and attr in ("append", "extend"):
                 return _rec_call(attr, [nm, *v.args], node)
             if name in self.unions and attr in ("add", "update"):
@@ -255,21 +290,37 @@ def build_program(
     )
     new_body = rw.block(list(body))
     loc = loop_node
+    deletes = bool(rw.deleted)
+    spec = {**spec, "gathers": tuple(sorted(rw.gathers)), "end": deletes}
     setup = _rec_call("setup", [_spec_expr(spec, loc)], loc)
     idx_store = ast.copy_location(ast.Name(INDEX, ast.Store()), loc)
     tgt = ast.copy_location(ast.Tuple([idx_store, target], ast.Store()), loc)
-    begin = _rec_call(
-        "begin", [ast.copy_location(ast.Name(INDEX, ast.Load()), loc)], loc
+
+    def name(n: str) -> ast.expr:
+        return ast.copy_location(ast.Name(n, ast.Load()), loc)
+
+    now = ast.copy_location(ast.Call(func=name(NOW), args=[], keywords=[]), loc)
+    begin = ast.copy_location(
+        ast.Expr(
+            ast.copy_location(
+                ast.Call(func=name(BEGIN), args=[name(INDEX), now], keywords=[]), loc
+            )
+        ),
+        loc,
     )
-    end = _rec_call("end", [ast.copy_location(ast.Name(INDEX, ast.Load()), loc)], loc)
-    guarded = ast.copy_location(
-        ast.Try(body=new_body, handlers=[], orelse=[], finalbody=[end]), loc
-    )
+    per_iteration: list[ast.stmt] = new_body
+    if deletes:
+        end = _rec_call("end", [name(INDEX)], loc)
+        per_iteration = [
+            ast.copy_location(
+                ast.Try(body=new_body, handlers=[], orelse=[], finalbody=[end]), loc
+            )
+        ]
     loop = ast.copy_location(
         ast.For(
             target=tgt,
-            iter=ast.copy_location(ast.Name(ITEMS, ast.Load()), loc),
-            body=[begin, guarded],
+            iter=name(ITEMS),
+            body=[begin, *per_iteration],
             orelse=[],
         ),
         loc,

@@ -1,0 +1,92 @@
+"""Loops too cheap to send: run them in the kernel, as OpenMP's ``if`` clause does.
+
+Sending a loop to the engines costs a few milliseconds however little it does (two
+messages through the controller, the engines' wake-up, the results' way back).  When
+the last run of the same cell on the same engines measured less work than that, in
+all, running it in the kernel is the faster way to the same result: the same chunk
+program and the same merge, over every iteration at once.
+
+Only the plainest runs qualify: no CUDA in the cell (the kernel may have no GPU, or
+not the engines' one), no ``--seed`` (it would reseed the kernel's generators), and
+no explicit engines, schedule, chunk size or timeout (asking for those is asking for
+the engines).  ``GpuCell.inline_below = 0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from .provenance import ChunkRecord, LastRun
+
+__all__ = ["run_in_kernel", "should_inline"]
+
+
+def should_inline(
+    *,
+    src: str,
+    request: Any,
+    iterations: int,
+    per_iteration: float | None,
+    threshold: float,
+) -> bool:
+    """True when the cell's last measured cost says the kernel is the quicker place."""
+    if threshold <= 0 or per_iteration is None or iterations == 0:
+        return False
+    explicit = (
+        request.seed,
+        request.targets,
+        request.devices,
+        request.schedule,
+        request.chunksize,
+        request.timeout,
+    )
+    if any(x is not None for x in explicit) or "cuda" in src:
+        return False
+    return per_iteration * iterations < threshold
+
+
+def run_in_kernel(
+    plan: Any, inputs: dict[str, Any], chunker: Any, record: LastRun
+) -> list[Any]:
+    """Run every iteration here with the engines' chunk program; fill ``record``."""
+    from .engine import run_chunk
+
+    stamps: dict[int, float] = {}
+    t0, c0 = time.time(), time.perf_counter()
+    record.iterations = chunker.count
+    record.schedule = "kernel"
+    record.inline = True
+    try:
+        result = run_chunk(
+            plan.engine_program(),
+            inputs,
+            chunker.chunk(0, chunker.count),
+            0,
+            device="cpu",
+            stamps=stamps,
+        )
+    except BaseException:
+        record.status = "error"
+        record.wall = time.perf_counter() - c0
+        raise
+    compute = time.perf_counter() - c0
+    record.chunks.append(
+        ChunkRecord(
+            start=0,
+            stop=chunker.count,
+            engine=-1,
+            host=socket.gethostname(),
+            device="kernel",
+            t_start=t0,
+            t_end=time.time(),
+            compute=compute,
+            attempt=0,
+            state="done",
+            iteration_starts=tuple(stamps.values()),
+        )
+    )
+    record.wall = compute
+    record.status = "ok"
+    return [result]
