@@ -91,8 +91,12 @@ class Recorder:
         on_iteration: Callable[[int], Any] | None = None,
         device: Any = None,
         stamps: dict[int, float] | None = None,
+        to_host: Any = None,
     ) -> None:
         self.ns = ns
+        # GPU engines: starts each recorded value's copy to the host at once
+        # (gpucell.tohost.HostCopier); None records values as they are
+        self.to_host = to_host
         self.result = ChunkResult(start=start)
         self.seed_fn = seed_fn
         self.on_iteration = on_iteration
@@ -143,8 +147,13 @@ class Recorder:
 
             ns[BEGIN] = begin
         gathers = self.result.gathers
+        to_host = self.to_host
         for name in spec.get("gathers", ()):
-            ns[gather_name(name)] = gathers.setdefault(name, []).append
+            add = gathers.setdefault(name, []).append
+            if to_host is None:
+                ns[gather_name(name)] = add
+            else:
+                ns[gather_name(name)] = lambda v, add=add: add(to_host(v))
 
     def begin(self, index: int) -> None:
         """Per-iteration start for programs that call the recorder directly."""
@@ -168,12 +177,18 @@ class Recorder:
         self._deleted.update(names)
 
     def append(self, name: str, value: Any) -> None:
+        if self.to_host is not None:
+            value = self.to_host(value)
         self.result.gathers.setdefault(name, []).append(value)
 
     def extend(self, name: str, values: Any) -> None:
+        if self.to_host is not None:
+            values = [self.to_host(v) for v in values]
         self.result.gathers.setdefault(name, []).extend(values)
 
     def setitem(self, value: Any, name: str, key: Any) -> None:
+        if self.to_host is not None:
+            value = self.to_host(value)
         self.result.writes.setdefault(name, []).append((key, value))
 
     def reduce(self, name: str, value: Any) -> None:
@@ -236,6 +251,22 @@ class Recorder:
             r.reductions[name] = (self.red_ops[name], partial)
         for name, entries in self._keyed.items():
             r.keyed[name] = (self.keyed_ops[name], [(k, p) for k, p in entries])
+        move = self.to_host
+        if move is not None:
+            # what is only known at the end goes now, then every copy is awaited
+            r.reductions = {k: (op, move(v)) for k, (op, v) in r.reductions.items()}
+            r.keyed = {
+                k: (op, [(key, move(p)) for key, p in es])
+                for k, (op, es) in r.keyed.items()
+            }
+            r.last_values = {
+                k: (i, kind, move(v) if kind == "value" else v)
+                for k, (i, kind, v) in r.last_values.items()
+            }
+            r.unions = {
+                k: [(op, move(x)) for op, x in ops] for k, ops in r.unions.items()
+            }
+            move.wait()
         return r
 
 
@@ -270,6 +301,7 @@ def run_chunk(
     on_iteration: Callable[[int], Any] | None = None,
     device: Any = None,
     stamps: dict[int, float] | None = None,
+    to_host: Any = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -295,6 +327,9 @@ def run_chunk(
         Filled with ``{iteration: time.time() at its start}`` as the chunk runs
         (the caller may read it while it runs: its last key is the iteration
         running).
+    to_host : gpucell.tohost.HostCopier, optional
+        On GPU engines: copies recorded CUDA tensors to the host as they are
+        recorded, overlapping later iterations; awaited before returning.
 
     Raises
     ------
@@ -313,6 +348,7 @@ def run_chunk(
         on_iteration=on_iteration,
         device=device,
         stamps=stamps,
+        to_host=to_host,
     )
     ns["__gpucell_rec__"] = rec
     ns["__gpucell_items__"] = zip(

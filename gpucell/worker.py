@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Any
 
-from gpucell import shm, wire
+from gpucell import shm, tohost, wire
 from gpucell.analysis.iterspace import chunk_items
 from gpucell.engine import run_chunk
 
@@ -265,6 +265,7 @@ def run(
             seed_fn=_seeder(seed) if seed is not None else None,
             device=device,
             stamps=stamps,
+            to_host=tohost.copier(device),
         )
         status, payload = "ok", result
     except KeyboardInterrupt:
