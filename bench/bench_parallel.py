@@ -276,15 +276,25 @@ class Systems:
 
     # -- gpucell ---------------------------------------------------------------------
 
-    def gpucell_cell(self, cell: str, line: str = "--quiet") -> dict:
+    def gpucell_cell(
+        self, cell: str, line: str = "--quiet", inline: bool = True, fresh: bool = False
+    ) -> dict:
+        """One run of ``cell``. ``inline=False``: always send it to the engines;
+        ``fresh``: forget what earlier runs measured (a cell's first run)."""
         import gpucell
+        from gpucell import config
 
+        config.settings().inline_below = 0.005 if inline else 0.0
+        if fresh:
+            self.gc.cost_history.clear()
         t = time.perf_counter()
         self.ip.run_cell_magic("gpu_parallel", line, cell)
         whole = time.perf_counter() - t
+        config.settings().inline_below = 0.005
         lr = gpucell.last_run
         done = [c for c in lr.chunks if c.state == "done"]
         return {
+            "inline": lr.inline,
             "whole": whole,
             "dispatch_wall": lr.wall,
             "chunks": len(done),
@@ -455,6 +465,12 @@ def bench_a(S: Systems, runs: int, quick: bool) -> dict:
 
     systems = {
         "gpucell %%gpu_parallel (whole cell)": gp,
+        "gpucell, sent to the engines (inline off)": lambda: S.gpucell_cell(
+            CELL_A, inline=False
+        ),
+        "gpucell, first run (no cost memory)": lambda: S.gpucell_cell(
+            CELL_A, fresh=True
+        ),
         "serial exec": serial_exec,
         "serial ip.run_cell": serial_ipython,
         "ipp DirectView.map_sync": lambda: S.dv.map_sync(body, range(2000)),
@@ -519,6 +535,11 @@ def bench_a(S: Systems, runs: int, quick: bool) -> dict:
         f"merge, magic) {ms(g['outside_dispatch']['median'])} ms; chunks "
         f"{g['chunk_sizes_last']}; engine compute "
         f"{ms(g['engine_compute']['median'])} ms"
+    )
+    print(
+        "   gpucell's default re-run ran in the kernel: "
+        f"{all(r['inline'] for r in gp_runs)} (OpenMP-style `if`: its last run "
+        "measured less work than sending costs; GpuCell.inline_below)"
     )
     print(
         f"   analysis: transform_cell {ms(analysis['transform_cell']['median'])} ms, "

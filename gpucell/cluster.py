@@ -73,9 +73,11 @@ class GpuCluster:
     # engine id -> {input name: fingerprint} of what that engine caches
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
-    # (cell source, engines) -> (seconds per iteration, uniform pace) measured the
-    # last time that cell ran on those engines
-    cost_history: dict[Any, tuple[float, bool]] = field(default_factory=dict)
+    # (cell source, engines) -> (seconds per iteration, uniform pace, seconds of
+    # each iteration or None) measured the last time that cell ran on them
+    cost_history: dict[Any, tuple[float, bool, tuple[float, ...] | None]] = field(
+        default_factory=dict
+    )
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
     _channel: Any = field(default=None, repr=False)  # shm.Channel, opened on use
 

@@ -47,6 +47,7 @@ class Options:
     interrupt_grace: float = 2.0
     cost_hint: float | None = None  # seconds per iteration, from an earlier run
     uniform: bool = False  # that run's iterations all took the same time
+    profile: tuple[float, ...] | None = None  # that run's seconds per iteration
 
 
 class _Interrupted(Exception):
@@ -156,7 +157,6 @@ def run_chunks(
         )
     record.engines = tuple(alive)
     record.iterations = n
-    record.schedule = options.schedule
 
     # ---- ship program + inputs (cached on engines by fingerprint) -------------
     keys = {name: wire.fingerprint(v) for name, v in inputs.items()}
@@ -191,9 +191,11 @@ def run_chunks(
         chunksize=options.chunksize,
         hint=options.cost_hint,
         uniform=options.uniform,
+        profile=options.profile,
         heterogeneous=len({(gc.engines[e].kind, gc.engines[e].name) for e in alive})
         > 1,
     )
+    record.schedule = sched.mode + (" (profiled)" if sched.profiled else "")
     views = {eid: gc.view(eid) for eid in alive}
     results_to = gc.results_channel()
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
@@ -521,7 +523,10 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
         record.chunks.append(_record(chunk, gc, timing, "failed"))
         _raise_iteration_error(payload, chunk, gc, record)
     results[chunk.start] = payload
-    sched.complete(chunk.id, _robust_seconds(timing, chunk.size))
+    # a profiled schedule compares each chunk's time with the profile's cost of
+    # the same iterations: it needs the whole time, not a median-based estimate
+    seconds = timing["compute"] if sched.profiled else None
+    sched.complete(chunk.id, seconds or _robust_seconds(timing, chunk.size))
     if t_sub is not None:
         sched.observe_overhead(
             max(0.0, time.perf_counter() - t_sub - timing["compute"])

@@ -170,10 +170,11 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         for e in targets
     }
     cost_key = (src, tuple(sorted(targets)))
-    hint, uniform = gc.cost_history.get(cost_key, (None, False))
+    hint, uniform, profile = gc.cost_history.get(cost_key, (None, False, None))
     options = Options(
         cost_hint=hint,
         uniform=uniform,
+        profile=profile,
         schedule=req.schedule or settings.schedule,
         chunksize=req.chunksize,
         seed=req.seed,
@@ -203,6 +204,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         gc.cost_history[cost_key] = (
             record.work_estimate / chunker.count,
             record.uniform if done >= 4 else uniform,
+            record.profile(),
         )
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)

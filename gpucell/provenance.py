@@ -31,6 +31,10 @@ class ChunkRecord:
     iteration_starts: tuple[float, ...] = ()
 
 
+#: Loops longer than this keep no per-iteration profile for their next run.
+PROFILE_MAX = 200_000
+
+
 @dataclass
 class LastRun:
     """Provenance of one ``%%gpu_parallel`` run."""
@@ -94,6 +98,39 @@ class LastRun:
             else:
                 total += c.compute
         return total
+
+    def profile(self, limit: int = PROFILE_MAX) -> tuple[float, ...] | None:
+        """Seconds of each iteration, for the schedule of the cell's next run.
+
+        ``None`` unless every iteration ran and was stamped (and there are at
+        most ``limit``).  Each engine's first chunk's first iteration also paid
+        the engine's one-time costs (imports, warm-up): it counts no more than
+        that chunk's median iteration.
+        """
+        done = sorted(
+            (c for c in self.chunks if c.state == "done"), key=lambda c: c.start
+        )
+        if not done or self.iterations > limit:
+            return None
+        out: list[float] = []
+        earliest: dict[int, ChunkRecord] = {}
+        for c in done:
+            if c.engine not in earliest or c.t_start < earliest[c.engine].t_start:
+                earliest[c.engine] = c
+        firsts = {c.start for c in earliest.values()}
+        for c in done:
+            starts = c.iteration_starts
+            if len(starts) != c.stop - c.start or (out and len(out) != c.start):
+                return None
+            if not out and c.start != 0:
+                return None
+            ends = [*starts[1:], c.t_end]
+            durations = [max(0.0, b - a) for a, b in zip(starts, ends, strict=True)]
+            if c.start in firsts and len(durations) >= 3:
+                median = sorted(durations)[len(durations) // 2]
+                durations[0] = min(durations[0], median)
+            out.extend(durations)
+        return tuple(out) if len(out) == self.iterations else None
 
     @property
     def speedup(self) -> float:

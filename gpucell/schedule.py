@@ -20,13 +20,25 @@ static
 In guided and dynamic modes no chunk is made smaller than the calibrated minimum:
 the chunk size at which dispatch overhead is under ``target_overhead`` (5%) of the
 chunk's compute time.
+
+guided with a profile
+    Given each iteration's seconds from the last run, chunks are cut by cost, not
+    count: each is the guided share of the cost left, grown around the costliest
+    iteration not yet assigned.  So chunks go out largest first (LPT), costly
+    iterations early, and the loop ends on small chunks of cheap iterations
+    wherever they sit in the range.  Cutting as engines ask, rather than all up
+    front, keeps speed shares, re-runs of lost work and a logarithmic chunk count.
+    No chunk holds more iterations than guided-by-count would give it, so a wrong
+    profile (the loop changed since) costs about what having none does.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 __all__ = ["Chunk", "Schedule"]
 
@@ -54,12 +66,20 @@ class Chunk:
 class _EngineStats:
     iterations: int = 0
     seconds: float = 0.0
+    cost: float = 0.0  # the profile's seconds for the same iterations
 
     @property
     def per_iteration(self) -> float | None:
         if self.iterations == 0 or self.seconds <= 0:
             return None
         return self.seconds / self.iterations
+
+    @property
+    def per_cost(self) -> float | None:
+        """Engine seconds per profile second: the engine's pace against the profile."""
+        if self.cost <= 0 or self.seconds <= 0:
+            return None
+        return self.seconds / self.cost or None  # (None if it underflows)
 
 
 @dataclass
@@ -94,6 +114,12 @@ class Schedule:
         models): chunk sizes follow each engine's measured speed.  Between equal
         devices, measured differences are noise or the iterations' own varying
         costs, so work is shared equally.
+    profile
+        Seconds of each iteration ``0..n-1`` in an earlier run of the same cell:
+        guided chunks are then cut by cost and the costliest go out first (see
+        the module docstring).  Ignored unless it has ``n`` finite values >= 0
+        with a positive sum, and in static, dynamic or fixed-``chunksize``
+        schedules; :attr:`profiled` says whether it is used.
     """
 
     n: int
@@ -107,6 +133,8 @@ class Schedule:
     hint: float | None = None
     uniform: bool = False
     heterogeneous: bool = False
+    profile: Sequence[float] | None = field(default=None, repr=False)
+    profiled: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
     _free: list[tuple[int, int, int]] = field(
@@ -119,6 +147,12 @@ class Schedule:
     # rescan every chunk (dynamic schedules make tens of thousands of them)
     _running: dict[int, dict[int, Chunk]] = field(default_factory=dict)
     _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
+    # profiled: cost prefix sums, iterations costliest first, which are assigned
+    _prefix: list[float] = field(default_factory=list, repr=False)
+    _order: list[int] = field(default_factory=list, repr=False)
+    _taken: bytearray = field(default_factory=bytearray, repr=False)
+    _seek: int = 0  # _order[:_seek] are all assigned
+    _back: int = 0  # and so are _order[_back + 1:]
 
     def __post_init__(self) -> None:
         if self.mode not in ("guided", "dynamic", "static"):
@@ -131,12 +165,15 @@ class Schedule:
         self._running = {e: {} for e in self.engines}
         self._done = {e: [0, 0.0] for e in self.engines}
         self._stats = {e: _EngineStats() for e in self.engines}
-        if self.hint is not None and self.hint > 0:
+        if self.hint is not None and self.hint > 0 and not self.heterogeneous:
+            # (different devices each need measuring: the hint is one pace)
             for st in self._stats.values():
                 st.iterations, st.seconds = 1, self.hint
             cheap = self.n * self.hint <= 10 * self.overhead
             if self.mode == "guided" and (cheap or self.uniform):
                 self.mode = "static"  # nothing to balance: send it all at once
+        if self.profile is not None and self.mode == "guided" and not self.chunksize:
+            self._use_profile(self.profile)
         if self.mode == "static":
             k = len(self._alive)
             for i, e in enumerate(self._alive):
@@ -172,7 +209,7 @@ class Schedule:
         if engine not in self._alive or not self._has_unassigned(engine):
             return False
         depth = self.depth if self._plenty_left() else 1
-        if self._stats[engine].per_iteration is None:
+        if self._pace(engine) is None:
             # one calibration chunk at a time: queueing a second before the first
             # is measured would commit work at a guessed size (and, for cheap
             # loops, cost a message more than it saves)
@@ -199,7 +236,7 @@ class Schedule:
             t = secs / its
         # rounded down: with the next chunk already queued the engine does not
         # wait for a round trip, so a tail of single iterations costs little
-        return max(floor, int(self.overhead / (self.target_overhead * t)))
+        return max(floor, int(min(self.n, self.overhead / self.target_overhead / t)))
 
     # -- transitions -------------------------------------------------------------
 
@@ -212,6 +249,8 @@ class Schedule:
             if own:
                 start, stop = own.pop(0)
                 return self._new(start, stop, engine, 0)
+        if self.profiled:
+            return self._next_by_cost(engine)
         size = self._size_for(engine)
         if self._free:
             start, stop, attempt = self._free.pop(0)
@@ -257,6 +296,8 @@ class Schedule:
             st = self._stats[c.engine]
             st.iterations += c.size
             st.seconds += seconds
+            if self.profiled:
+                st.cost += self._cost(c.start, c.stop)
 
     def observe_overhead(self, seconds: float) -> None:
         """Update the per-chunk dispatch cost (round trip minus compute)."""
@@ -275,6 +316,9 @@ class Schedule:
         for c in lost:
             c.state = LOST
             self._free.append((c.start, c.stop, c.attempt + 1))
+            if self.profiled:
+                self._taken[c.start : c.stop] = bytes(c.size)
+                self._seek, self._back = 0, self.n - 1
         for start, stop in self._static.pop(engine, []):
             self._free.append((start, stop, 0))
         self._free.sort()
@@ -313,16 +357,22 @@ class Schedule:
         if self.mode == "static":
             return True
         k = max(1, len(self._alive))
+        if self.profiled:
+            return self._remaining_cost() >= 2 * k * self._floor_cost(None)
         return self._remaining() >= 2 * k * max(1, self.min_chunk())
+
+    def _pace(self, engine: int) -> float | None:
+        """Engine's measured seconds per unit of work (an iteration, or a profile
+        second when profiled); ``None`` until measured."""
+        st = self._stats[engine]
+        return st.per_cost if self.profiled else st.per_iteration
 
     def _speed_share(self, engine: int) -> float:
         """Engine's speed relative to the mean of the live engines (1.0 unknown,
         or equal devices)."""
         if not self.heterogeneous:
             return 1.0
-        rates: dict[int, float] = {
-            e: r for e in self._alive if (r := self._stats[e].per_iteration)
-        }
+        rates: dict[int, float] = {e: r for e in self._alive if (r := self._pace(e))}
         mine = rates.get(engine)
         if not mine or len(rates) < 2:
             return 1.0
@@ -354,12 +404,147 @@ class Schedule:
         if self.mode == "dynamic":
             return max(1, min(remaining, floor))
         share = remaining / (self.factor * k) * self._speed_share(engine)
-        if self._stats[engine].per_iteration is None and len(self._alive) > 1:
+        if self._pace(engine) is None and len(self._alive) > 1:
             # calibration: an unmeasured engine gets a small first chunk, so a
             # slow engine cannot be handed a quarter of the loop before anyone
             # knows it is slow
             share /= 4
         return max(1, min(remaining, fair, max(floor, math.ceil(share))))
+
+    # -- profiled (cost-cut) guided ----------------------------------------------
+
+    def _use_profile(self, profile: Sequence[float]) -> None:
+        try:
+            costs = list(map(float, profile))
+        except (TypeError, ValueError):
+            return
+        total = sum(costs)
+        if len(costs) != self.n or not 0 < total < math.inf or min(costs) < 0:
+            return  # (a NaN makes the sum NaN)
+        self.profiled = True
+        self._prefix = list(accumulate(costs, initial=0.0))
+        # Only iterations costing over a quarter of the smallest chunk need seeding
+        # in cost order; chunks of cheaper ones are as fine-grained wherever they
+        # are cut (and sorting a million cheap iterations would cost ~0.3 s).
+        some = self.overhead / self.target_overhead / 4
+        heavy = [i for i, x in enumerate(costs) if x > some]
+        heavy.sort(key=costs.__getitem__, reverse=True)
+        self._order = heavy + [i for i, x in enumerate(costs) if x <= some]
+        self._back = self.n - 1
+        self._taken = bytearray(self.n)
+        self._free = [(0, self.n, 0)]
+        self._cursor = self.n
+        mean = total / self.n
+        for e in self._stats:
+            # equal devices: assume the profile's pace, so no calibration chunks;
+            # different devices must be measured before they get a large share
+            self._stats[e] = (
+                _EngineStats() if self.heterogeneous else _EngineStats(1, mean, mean)
+            )
+
+    def _cost(self, start: int, stop: int) -> float:
+        return self._prefix[stop] - self._prefix[start]
+
+    def _remaining_cost(self) -> float:
+        return sum(self._cost(a, b) for a, b, _ in self._free)
+
+    def _floor_cost(self, engine: int | None) -> float:
+        """Profile seconds below which a chunk's dispatch overhead exceeds the
+        target, on ``engine`` (or on the mean measured engine)."""
+        pace = self._pace(engine) if engine is not None else None
+        if pace is None:
+            paces = [p for e in self._alive if (p := self._pace(e))]
+            pace = sum(paces) / len(paces) if paces else 1.0
+        return self.overhead / self.target_overhead / pace
+
+    def _next_by_cost(self, engine: int) -> Chunk | None:
+        """The guided share of the cost left, grown around the costliest
+        unassigned iteration (the cheapest, for a slower or not yet measured
+        engine that the costliest would hold past its share)."""
+        if not self._free:
+            return None
+        target, fair = self._cost_target(engine)
+        seed = self._seed(costliest=True)
+        # an iteration this engine could not finish within its part is left to
+        # the others; one not yet measured may be the slow engine
+        if self._pace(engine) is None and len(self._alive) > 1:
+            limit = target
+        else:
+            limit = fair if self._speed_share(engine) < 1 else math.inf
+        if self._cost(seed, seed + 1) > limit:
+            seed = self._seed(costliest=False)
+        j = bisect_right(self._free, (seed, self.n + 1, 0)) - 1
+        a, b, attempt = self._free[j]
+        lo, hi = self._window(a, b, seed, target)
+        lo, hi = self._trim(engine, a, b, seed, lo, hi)
+        self._free[j : j + 1] = [
+            (x, y, attempt) for x, y in ((a, lo), (hi, b)) if y > x
+        ]
+        self._taken[lo:hi] = b"\x01" * (hi - lo)
+        return self._new(lo, hi, engine, attempt)
+
+    def _trim(
+        self, engine: int, a: int, b: int, seed: int, lo: int, hi: int
+    ) -> tuple[int, int]:
+        """Window ``[lo, hi)`` of free range ``[a, b)`` as it should be sent."""
+        # a leftover too cheap to be worth its own message joins the chunk
+        crumb = min(self._floor_cost(engine), self._cost(lo, hi)) / 4
+        lo = a if self._cost(a, lo) <= crumb else lo
+        hi = b if self._cost(hi, b) <= crumb else hi
+        # and no chunk holds more iterations than guided-by-count would give it,
+        # so a profile that calls costly iterations cheap cannot make a tail chunk
+        # worse than the schedule without a profile
+        k = max(1, len(self._alive))
+        share = self._remaining() * self._speed_share(engine) / (self.factor * k)
+        cap = max(self.min_chunk(engine), math.ceil(share))
+        if hi - lo > cap:
+            lo = max(lo, min(seed - (cap - 1) // 2, hi - cap))
+            hi = lo + cap
+        return lo, hi
+
+    def _seed(self, costliest: bool) -> int:
+        """The costliest (or cheapest) unassigned iteration; there is one."""
+        order, taken = self._order, self._taken
+        if costliest:
+            while taken[order[self._seek]]:
+                self._seek += 1
+            return order[self._seek]
+        while taken[order[self._back]]:
+            self._back -= 1
+        return order[self._back]
+
+    def _cost_target(self, engine: int) -> tuple[float, float]:
+        """As :meth:`_size_for`, in profile seconds: the chunk's cost, and the
+        most ``engine`` should take (its fair part of what is left)."""
+        remaining = self._remaining_cost()
+        k = max(1, len(self._alive))
+        held = {
+            e: sum(self._cost(c.start, c.stop) for c in self.outstanding(e))
+            for e in self._alive
+        }
+        share = self._speed_share(engine)
+        part = min(1.0, share / k)
+        fair = (remaining + sum(held.values())) * part - held.get(engine, 0.0)
+        floor = min(self._floor_cost(engine), fair)
+        guided = remaining / (self.factor * k) * share
+        if self._pace(engine) is None and k > 1:
+            guided /= 4  # calibration, as in _size_for
+        return min(remaining, fair, max(floor, guided)), fair
+
+    def _window(self, a: int, b: int, seed: int, target: float) -> tuple[int, int]:
+        """``[lo, hi)`` inside ``[a, b)``, holding ``seed``, costing about
+        ``target`` (never less than the seed itself)."""
+        p = self._prefix
+        budget = target - self._cost(seed, seed + 1)
+        if budget <= 0:
+            return seed, seed + 1
+        # half the budget each side; what one side cannot use goes to the other
+        hi = bisect_right(p, p[seed + 1] + budget / 2, seed + 1, b + 1) - 1
+        budget -= p[hi] - p[seed + 1]
+        lo = bisect_left(p, p[seed] - budget, a, seed + 1)
+        budget -= p[seed] - p[lo]
+        hi = bisect_right(p, p[hi] + budget, hi, b + 1) - 1
+        return lo, hi
 
 
 def covers(chunks: Iterable[Chunk], n: int) -> bool:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import heapq
+import importlib.util
+import math
+import random
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -185,3 +190,154 @@ def test_a_cheap_loop_takes_one_calibration_chunk_then_one_chunk_per_engine():
     assert covers(s.chunks, 2000)
     per_engine = {e: sum(c.size for c in s.chunks if c.engine == e) for e in (0, 1)}
     assert abs(per_engine[0] - per_engine[1]) <= 2000 * 0.1
+
+
+# -- guided with a profile (last run's seconds per iteration) ---------------------
+
+LINEAR = [i * 0.005 for i in range(40)]  # benchmark (c): the costly end comes last
+
+
+@pytest.fixture(scope="module")
+def bench_sim():
+    """bench/sim_schedule.py: engines with dispatch overhead, noise, and chunk
+    times reported as the dispatcher does."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "sim_schedule.py"
+    spec = importlib.util.spec_from_file_location("sim_schedule", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod
+
+
+def noisy_makespan(bench_sim, n_engines, cost, seeds=5, factors=None, **kw):
+    """Mean makespan of ``Schedule(**kw)`` over a few noise seeds."""
+    factors = factors or (1.0,) * n_engines
+    spans = []
+    for seed in range(seeds):
+        s = Schedule(len(cost), list(range(n_engines)), **kw)
+        spans.append(bench_sim.simulate(s, cost, factors, random.Random(seed)))
+    return sum(spans) / len(spans)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    profile=st.lists(st.floats(0.0, 0.05), min_size=1, max_size=300),
+    k=st.integers(1, 4),
+    speeds=st.lists(st.floats(0.2, 5.0), min_size=4, max_size=4),
+    wrong=st.booleans(),
+    heterogeneous=st.booleans(),
+    kill_at=st.one_of(st.none(), st.floats(0.0, 1.0)),
+)
+def test_profiled_chunks_cover_every_iteration_once(
+    profile, k, speeds, wrong, heterogeneous, kill_at
+):
+    profile[len(profile) // 2] += 0.001  # a positive sum: the profile is used
+    n = len(profile)
+    real = profile[::-1] if wrong else profile
+    s = Schedule(n, list(range(k)), profile=profile, heterogeneous=heterogeneous)
+    assert s.profiled
+    kill = {0: kill_at} if kill_at is not None and k > 1 else None
+    simulate(s, {e: speeds[e] for e in range(k)}, real.__getitem__, kill)
+    assert s.finished
+    assert covers(s.chunks, n)
+    assert sum(c.size for c in s.chunks if c.state == DONE) == n
+    assert s.pending_ranges() == []
+    assert sum(s.engine_progress(e)[0] for e in range(k)) == n
+
+
+def test_profiled_chunks_go_out_costliest_first():
+    s = Schedule(40, [0, 1], profile=LINEAR)
+    simulate(s, {0: 1.0, 1: 1.0}, LINEAR.__getitem__)
+    costs = [sum(LINEAR[c.start : c.stop]) for c in s.chunks]
+    assert s.chunks[0].stop == 40  # the costliest iterations, though they come last
+    assert costs[0] == max(costs)
+    assert costs[1] >= max(costs[2:])
+    assert max(costs[-4:]) < costs[0] / 10  # the loop ends on cheap chunks
+
+
+def test_profiled_uneven_loop_is_balanced(bench_sim):
+    """Benchmark (c) with the cost of dispatch and noisy engines: >= 95%."""
+    serial = sum(LINEAR)
+    for k in (2, 4):
+        guided = noisy_makespan(bench_sim, k, LINEAR, hint=serial / 40)
+        profiled = noisy_makespan(bench_sim, k, LINEAR, profile=LINEAR)
+        assert serial / (k * profiled) >= 0.95
+        assert profiled < guided
+
+
+def test_a_wrong_profile_costs_about_what_none_does(bench_sim):
+    """The loop changed since the profile was taken: its costs are reversed."""
+    for k in (2, 4):
+        guided = noisy_makespan(bench_sim, k, LINEAR)
+        wrong = noisy_makespan(bench_sim, k, LINEAR, profile=LINEAR[::-1])
+        assert wrong <= 1.1 * guided
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("hint", [None, 1e-6])
+def test_a_cheap_profiled_loop_takes_one_chunk_per_engine(k, hint):
+    s = Schedule(2000, list(range(k)), profile=[1e-6] * 2000, hint=hint)
+    simulate(s, dict.fromkeys(range(k), 1.0), lambda i: 1e-6)
+    assert len(s.chunks) == k
+    assert covers(s.chunks, 2000)
+
+
+@pytest.mark.parametrize(
+    ("profile", "kw"),
+    [
+        (LINEAR[:-1], {}),  # not one value per iteration
+        ([*LINEAR[:-1], -0.1], {}),
+        ([*LINEAR[:-1], math.nan], {}),
+        ([*LINEAR[:-1], math.inf], {}),
+        ([0.0] * 40, {}),
+        (["fast"] * 40, {}),
+        (LINEAR, {"mode": "static"}),
+        (LINEAR, {"mode": "dynamic"}),
+        (LINEAR, {"chunksize": 4}),
+    ],
+)
+def test_an_unusable_profile_is_ignored(profile, kw):
+    s = Schedule(40, [0, 1], profile=profile, **kw)
+    assert not s.profiled
+    plain = Schedule(40, [0, 1], **kw)
+    assert [(c.start, c.stop) for c in s.fill()] == [
+        (c.start, c.stop) for c in plain.fill()
+    ]
+
+
+@pytest.mark.parametrize(
+    "cost", [LINEAR, [5.0 if i == 17 else 0.1 for i in range(100)]]
+)
+@pytest.mark.parametrize("speeds", [(5.0, 1.0), (1.0, 5.0, 5.0)])
+def test_profiled_faster_engines_get_more_and_all_finish_together(cost, speeds):
+    """A GPU 5x faster than a CPU engine: profile seconds are not its seconds.
+
+    (Loops long enough that the GPU's smallest worthwhile chunk, 60 ms of its
+    time, is small beside its part.)
+    """
+    s = Schedule(len(cost), list(range(len(speeds))), profile=cost, heterogeneous=True)
+    _, busy = simulate(s, dict(enumerate(speeds)), cost.__getitem__)
+    assert max(busy.values()) - min(busy.values()) <= 0.1 * max(busy.values())
+
+
+def test_profiled_lost_work_is_rerun_elsewhere_and_may_be_split():
+    s = Schedule(40, [0, 1], profile=LINEAR)
+    first = s.fill()
+    lost = s.lose_engine(0)
+    assert lost and all(c.engine == 0 for c in lost)
+    assert s.fill() == []  # engine 1 already holds its two chunks
+    for c in first:
+        if c.engine == 1:
+            s.complete(c.id, 0.1)
+    rerun = []
+    while not s.finished:
+        for c in s.fill():
+            rerun.append(c)
+            s.complete(c.id, 0.1)
+    assert covers(s.chunks, 40)
+    assert all(c.engine == 1 for c in rerun)
+    again = [c for c in rerun if c.attempt == 1]
+    assert sum(c.size for c in again) == sum(c.size for c in lost)
