@@ -241,6 +241,8 @@ class Systems:
         self.ip.run_line_magic("load_ext", "gpucell")
         import gpucell
 
+        if os.environ.get("GPUCELL_BENCH_PIN") == "0":
+            gpucell.config.settings().pin_cpu_engines = False
         t = time.perf_counter()
         self.gc = gpucell.start_cluster(N_WORKERS, gpus="none")
         self.startup["gpucell"] = time.perf_counter() - t

@@ -1,11 +1,13 @@
 """Cluster start-up benchmark: from "start a 2-worker local cluster" to "ready".
 
-"Ready" means: client connected, both workers registered, and a trivial task answered by
-both (``view.apply_sync(lambda: 1) == [1, 1]`` for ipyparallel, ``client.run`` for Dask).
+"Ready" means: client connected, both workers registered, and a trivial task answered
+by both (``view.apply_sync(lambda: 1) == [1, 1]`` for ipyparallel, ``client.run`` for
+Dask).
 
-Every measurement runs in a fresh interpreter (``python bench_startup.py --one VARIANT``),
-so import costs are paid each time, as in a new Jupyter kernel.  The parent collects one
-JSON line per run, prints a table and writes ``bench/results/startup.json``.
+Every measurement runs in a fresh interpreter
+(``python bench_startup.py --one VARIANT``), so import costs are paid each time, as in
+a new Jupyter kernel.  The parent collects one JSON line per run, prints a table and
+writes ``bench/results/startup.json``.
 
 Variants
   ipp_bare         ipyparallel.Cluster(n=2).start_and_connect_sync()  (all defaults)
@@ -361,7 +363,8 @@ def main(argv=None) -> int:
             continue
         r, im, st, gn = e["ready_s"], e["import_s"], e["stop_s"], e["gone_s"]
         print(
-            f"{v:17s} {len(e['runs']):2d} {r['median']:9.2f} {r['min']:6.2f} {r['max']:6.2f} "
+            f"{v:17s} {len(e['runs']):2d} {r['median']:9.2f} {r['min']:6.2f} "
+            f"{r['max']:6.2f} "
             f"{im['median']:6.2f} {st['median']:5.2f} {gn['median']:5.2f} "
             f"{e['runs_with_leftover_processes']:4d}"
         )
