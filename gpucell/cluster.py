@@ -80,6 +80,7 @@ class GpuCluster:
     )
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
     _channel: Any = field(default=None, repr=False)  # shm.Channel, opened on use
+    _shm_reach: dict[int, bool] = field(default_factory=dict, repr=False)
 
     def results_channel(self) -> Any:
         """Where engines on this host put big results (``None``: nowhere, or off)."""
@@ -92,6 +93,23 @@ class GpuCluster:
             if self._channel:
                 atexit.register(shm.close_channel, self._channel)
         return self._channel or None
+
+    def sees_shm(self, eid: int) -> bool:
+        """Whether engine ``eid`` can map files in the kernel's /dev/shm (asked of
+        every engine once, with the first cell that has a big input)."""
+        from . import shm
+
+        ch = self.results_channel()
+        if ch is None:
+            return False
+        if eid not in self._shm_reach:
+            ids = [e for e in self.live_ids() if e not in self._shm_reach]
+            try:
+                ar = self.client.direct_view(ids).apply_async(shm.reachable, ch)
+                self._shm_reach.update(zip(ids, ar.get(timeout=10), strict=True))
+            except Exception:
+                self._shm_reach.update(dict.fromkeys(ids, False))
+        return self._shm_reach.get(eid, False)
 
     def sweep_results(self) -> None:
         """Remove result files a finished cell left unread (abandoned chunks)."""

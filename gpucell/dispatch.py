@@ -161,7 +161,9 @@ def run_chunks(
     # ---- ship program + inputs (cached on engines by fingerprint) -------------
     keys = {name: wire.fingerprint(v) for name, v in inputs.items()}
     cache = gc.input_cache
+    channel = gc.results_channel()
     encoded: dict[tuple[str, ...], list[Any]] = {}
+    mapped: dict[tuple[str, ...], list[Any]] = {}  # the same, spilled to /dev/shm
     setups: dict[int, tuple[Any, ...]] = {}  # travels with the engine's first chunk
     for eid in alive:
         have = cache.get(eid, {})
@@ -179,7 +181,14 @@ def run_chunks(
                 record.status = "error"
                 record.errors.append(str(e))
                 raise
-        setups[eid] = ((programs[eid], sorted(inputs), keys), encoded[send])
+        frames = encoded[send]
+        if channel is not None and wire.frames_nbytes(frames) >= channel.min_bytes:
+            if send not in mapped:  # written once, mapped by every local engine
+                mapped[send] = shm.spill(frames, channel, f"in-{cell[:12]}-{eid}")
+            if shm.spilled(mapped[send]) and gc.sees_shm(eid):
+                frames = mapped[send]
+                record.shared_bytes += wire.frames_nbytes(encoded[send])
+        setups[eid] = ((programs[eid], sorted(inputs), keys), frames)
         cache.pop(eid, None)  # unknown until this engine's first chunk answers
 
     if telemetry is not None:
@@ -197,7 +206,7 @@ def run_chunks(
     )
     record.schedule = sched.mode + (" (profiled)" if sched.profiled else "")
     views = {eid: gc.view(eid) for eid in alive}
-    results_to = gc.results_channel()
+    results_to = channel
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
     results: dict[int, Any] = {}
     output = _OutputRelay(client, relay)
@@ -318,6 +327,8 @@ def run_chunks(
         raise
     finally:
         output.flush(inflight)
+        for frames in mapped.values():  # every engine that maps it has it mapped
+            shm.release(frames)
         if results_to is not None and (record.status != "running" or record.warnings):
             gc.sweep_results()  # results abandoned by a failure, or a lost engine
     record.wall = time.perf_counter() - t0

@@ -48,7 +48,7 @@ class LastRun:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     status: str = "running"  # "ok", "error", "interrupted", "timeout"
-    shared_bytes: int = 0  # result bytes that came back through /dev/shm
+    shared_bytes: int = 0  # bytes of inputs (per engine) and results via /dev/shm
     inline: bool = False  # run in the kernel: too little work to send (inline.py)
 
     @property

@@ -1,4 +1,5 @@
-"""Big result buffers from engines on the kernel's own host, through shared memory.
+"""Big buffers between the kernel and the engines on its own host, through shared
+memory.
 
 Every message still travels through ipyparallel (engine → controller → client); only
 the large out-of-band buffers of a chunk's result (numpy arrays, tensors: the frames
@@ -10,6 +11,11 @@ hops and the copy that makes a received frame writable).  Measured on the 2-core
 host: 32 × 4 MiB came back at ~600 MiB/s through the controller (the same as
 ``DirectView``); through this path several times faster (``bench/bench_parallel.py``
 (d)).
+
+Inputs go the same way in the other direction: the kernel writes a big input
+once, every engine on the host maps that one file copy-on-write (so N engines hold
+one copy of a 1 GB dataset until one of them writes to it), and the kernel removes
+the file once the engines have answered.
 
 This is not a second transport: no socket, no protocol, no process of ours; a
 message that needs it rides ipyparallel's own.  It is only used when the engine can
@@ -39,7 +45,9 @@ __all__ = [
     "close_channel",
     "open_channel",
     "reachable",
+    "release",
     "spill",
+    "spilled",
     "sweep",
     "sweep_stale",
     "unspill",
@@ -162,32 +170,45 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def unspill(frames: Sequence[Any], record: Any = None) -> list[Any]:
+def spilled(frames: Sequence[Any]) -> bool:
+    """True for a message :func:`spill` made."""
+    return bool(frames) and len(frames[0]) == len(MARK) and bytes(frames[0]) == MARK
+
+
+def unspill(
+    frames: Sequence[Any], record: Any = None, *, shared: bool = False
+) -> list[Any]:
     """The message's frames, with spilled buffers mapped back in (writable views).
 
-    Frames that were not spilled come back as they are.  The file is unlinked as
-    soon as it is mapped: its pages live as long as the arrays built on them.
-    ``record.shared_bytes`` (a provenance record), if given, counts the bytes.
+    Frames that were not spilled come back as they are.  A result (one reader) is
+    unlinked as soon as it is mapped: its pages live as long as the arrays built
+    on them.  ``shared`` is for inputs every engine maps: each maps them
+    copy-on-write (the engines share the pages until one writes) and leaves the
+    file to the sender's :func:`release`.  ``record.shared_bytes`` (a provenance
+    record), if given, counts the bytes.
     """
-    if not frames or len(frames[0]) != len(MARK) or bytes(frames[0]) != MARK:
+    if not spilled(frames):
         return list(frames)
     path, size, places = pickle.loads(frames[1])
     rest = list(frames[2:])
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY if shared else os.O_RDWR)
     except OSError as e:
-        raise OSError(
-            f"gpucell: an engine's result in shared memory ({path}) is gone: {e}"
-        ) from e
+        what = "the kernel's input" if shared else "an engine's result"
+        raise OSError(f"gpucell: {what} in shared memory ({path}) is gone: {e}") from e
     try:
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mm = mmap.mmap(fd, size, flags=flags)
+        populate = getattr(mmap, "MAP_POPULATE", 0)
+        if shared:
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | populate)
+        else:
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate)
     finally:
         os.close(fd)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if not shared:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     if record is not None:
         record.shared_bytes += size
     view = memoryview(mm)
@@ -260,6 +281,16 @@ def spill(frames: list[Any], ch: Channel | None, tag: str) -> list[Any]:
         rest[i] = b""
     place = pickle.dumps((path, offset, places), protocol=5)
     return [MARK, place, *frames[:2], *rest]
+
+
+def release(frames: Sequence[Any]) -> None:
+    """Remove the file behind a spilled message (an input, once every engine that
+    was to map it has answered); engines that mapped it keep their pages."""
+    if spilled(frames):
+        try:
+            os.unlink(pickle.loads(frames[1])[0])
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, view: memoryview, at: int) -> None:

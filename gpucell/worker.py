@@ -61,6 +61,8 @@ def load(
     fingerprint in ``keys``.
     """
     global _program, _cell
+    if frames and shm.spilled(frames):
+        frames = shm.unspill(frames, shared=True)  # mapped, copy-on-write
     sent = wire.loads(frames, cuda_to=_cuda_target()) if frames else {}
     missing = []
     inputs: dict[str, Any] = {}

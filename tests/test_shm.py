@@ -100,6 +100,22 @@ def test_sweeps_remove_leftovers_and_files_of_dead_kernels(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["unrelated-file"]
 
 
+def test_inputs_are_mapped_copy_on_write_and_released_by_the_sender(channel):
+    data = np.arange(MiB, dtype=np.float64)
+    sent = shm.spill(wire.dumps({"data": data}), channel, "in-x")
+    first = wire.loads(shm.unspill(sent, shared=True))["data"]
+    second = wire.loads(shm.unspill(sent, shared=True))["data"]
+    assert len(files(channel)) == 2  # still there for other engines
+    first[:10] = -1  # an engine writing to its input changes only its own copy
+    assert np.array_equal(second, data)
+    third = wire.loads(shm.unspill(sent, shared=True))["data"]
+    assert np.array_equal(third, data)
+    shm.release(sent)
+    assert files(channel) == [os.path.basename(channel.probe)]
+    assert np.array_equal(second, data)  # mappings outlive the file
+    shm.release(sent)  # twice is harmless
+
+
 # -- on the real cluster -------------------------------------------------------------
 
 
@@ -126,6 +142,20 @@ def test_cluster_results_come_back_through_shm_and_match_serial(ip, cluster):
         assert t.dtype == torch.int64 and bool((t == i).all())
     got[0][0][:] = 99  # the user's arrays are theirs to change
     assert leftovers(cluster) == []
+
+
+@pytest.mark.cluster
+def test_a_big_input_reaches_every_engine_through_shm_once(ip, cluster):
+    ip.user_ns.update(np=np, table=np.arange(2 * MiB, dtype=np.float64))
+    cell = "s = []\nfor i in range(4):\n    s.append(float(table[i::4].sum()))\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule static", cell)
+    expect = [float(np.arange(2 * MiB, dtype=np.float64)[i::4].sum()) for i in range(4)]
+    assert ip.user_ns["s"] == expect
+    assert gpucell.last_run.shared_bytes >= 2 * 16 * MiB  # one mapping per engine
+    assert leftovers(cluster) == []  # released once both engines had it
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule static", cell)
+    assert gpucell.last_run.shared_bytes == 0  # cached on the engines
+    assert ip.user_ns["s"] == expect
 
 
 @pytest.mark.cluster
