@@ -24,11 +24,16 @@ Benchmarks
      gpucell vs ipyparallel DirectView.map vs Dask client.map + gather; ceiling:
      ``np.copyto`` of 128 MiB in this process.
 
+  e  a new 256 MiB float64 input reaching both workers (a dataset the loop reads):
+     seconds of gpucell's whole cell (4 trivial iterations reading it) with and without
+     /dev/shm, vs ipyparallel ``DirectView.push`` and Dask ``scatter(broadcast=True)``
+     of the same array (the send alone).  Not an issue target: a measurement.
+
 ipyparallel peers use the same two engines gpucell started
 (``gpucell.current().client``), so both drive identical processes.  Results: tables
 on stdout and ``bench/results/parallel.json``.
 
-Usage:  python bench/bench_parallel.py [--runs 5] [--quick] [--only a,b,c,d]
+Usage:  python bench/bench_parallel.py [--runs 5] [--quick] [--only a,b,c,d,e]
 """
 
 from __future__ import annotations
@@ -851,6 +856,86 @@ def bench_d(S: Systems, runs: int, quick: bool) -> dict:
     }
 
 
+CELL_E = "e_out = []\nfor i in range(4):\n    e_out.append(float(table_e[i]))\n"
+
+
+def bench_e(S: Systems, runs: int, quick: bool) -> dict:
+    import numpy as np
+
+    from gpucell import config
+
+    n = (32 if not quick else 4) << 20  # float64: 256 MiB (32 MiB quick)
+    mib = n * 8 / MiB
+    ip = S.ip
+
+    def fresh():
+        return np.random.default_rng().random(n)
+
+    def gp(shm: bool):
+        def run():
+            ip.user_ns["table_e"] = fresh()  # new content: must be sent
+            config.settings().shared_memory = shm
+            try:
+                r = S.gpucell_cell(CELL_E, "--quiet --schedule static")
+            finally:
+                config.settings().shared_memory = True
+            return r
+
+        return run
+
+    def push():
+        a = fresh()
+        t = time.perf_counter()
+        S.dv.push({"table_e": a}, block=True)
+        return time.perf_counter() - t
+
+    def scatter():
+        a = fresh()
+        t = time.perf_counter()
+        fut = S.dask.scatter(a, broadcast=True)
+        S.dask.replicate([fut])
+        dt = time.perf_counter() - t
+        del fut
+        return dt
+
+    systems = {
+        "gpucell whole cell, /dev/shm": gp(True),
+        "gpucell whole cell, through the controller": gp(False),
+        "ipp DirectView.push (send only)": push,
+        "dask scatter(broadcast=True) (send only)": scatter,
+    }
+    out: dict[str, list[float]] = {k: [] for k in systems}
+    for fn in systems.values():
+        fn()  # warm-up
+    for _ in range(runs):
+        for name, fn in systems.items():
+            r = fn()
+            # each times its send alone (making the array is not in it)
+            out[name].append(r if isinstance(r, float) else r["whole"])
+    rows = {k: summary(v) for k, v in out.items()}
+    ref = rows["ipp DirectView.push (send only)"]["median"]
+    table(
+        f"(e) a new {mib:.0f} MiB input to 2 workers",
+        ["system", "median s", "min s", "MiB/s to each", "ratio to push"],
+        [
+            [
+                k,
+                f"{v['median']:.3f}",
+                f"{v['min']:.3f}",
+                f"{mib / v['median']:.0f}",
+                f"{v['median'] / ref:.2f}",
+            ]
+            for k, v in rows.items()
+        ],
+    )
+    return {
+        "mib": mib,
+        "rows": rows,
+        "target": "(no target) gpucell /dev/shm faster than DirectView.push",
+        "target_met": rows["gpucell whole cell, /dev/shm"]["median"] < ref,
+    }
+
+
 def git_state() -> dict:
     """Which gpucell was measured: HEAD, dirty files, a hash of gpucell/*.py."""
     import hashlib
@@ -886,7 +971,7 @@ def main() -> None:
         help="smoke mode (< 60 s): 2 runs, 5 ms / 0.5 ms work units, no per-item "
         "Dask map in (a)",
     )
-    ap.add_argument("--only", default="a,b,c,d", help="benchmarks to run, e.g. a,d")
+    ap.add_argument("--only", default="a,b,c,d,e", help="benchmarks to run, e.g. a,d")
     ap.add_argument("--json", default=str(RESULTS))
     args = ap.parse_args()
     runs = 2 if args.quick and args.runs == 5 else args.runs
@@ -913,6 +998,7 @@ def main() -> None:
             "b": lambda: bench_b(S, runs, args.quick, per_iter),
             "c": lambda: bench_c(S, runs, args.quick, unit),
             "d": lambda: bench_d(S, runs, args.quick),
+            "e": lambda: bench_e(S, runs, args.quick),
         }
         for key, fn in benches.items():
             if key not in which:
@@ -944,7 +1030,7 @@ def main() -> None:
         "total_seconds": time.perf_counter() - t_all,
     }
     print("\n== targets")
-    for k in "abcd":
+    for k in "abcde":
         if k in result:
             if "error" in result[k]:
                 print(f"   ({k}) failed: {result[k]['error'].splitlines()[-1]}")
