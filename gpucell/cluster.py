@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -103,12 +104,22 @@ class GpuCluster:
         if ch is None:
             return False
         if eid not in self._shm_reach:
-            ids = [e for e in self.live_ids() if e not in self._shm_reach]
-            try:
-                ar = self.client.direct_view(ids).apply_async(shm.reachable, ch)
-                self._shm_reach.update(zip(ids, ar.get(timeout=10), strict=True))
-            except Exception:
-                self._shm_reach.update(dict.fromkeys(ids, False))
+            # a connected cluster's engines are asked once (a started one's
+            # were asked as they started); other hosts cannot see this one's
+            ask = [
+                e
+                for e in self.live_ids()
+                if e not in self._shm_reach and self.engines[e].host == _HOST
+            ]
+            for e in self.ids:
+                if e not in ask:
+                    self._shm_reach.setdefault(e, False)
+            if ask:
+                try:
+                    ar = self.client.direct_view(ask).apply_async(shm.reachable, ch)
+                    self._shm_reach.update(zip(ask, ar.get(timeout=5), strict=True))
+                except Exception:
+                    self._shm_reach.update(dict.fromkeys(ask, False))
         return self._shm_reach.get(eid, False)
 
     def sweep_results(self) -> None:
@@ -179,6 +190,7 @@ class GpuCluster:
 
 
 _current: GpuCluster | None = None
+_HOST = socket.gethostname()
 
 
 def current() -> GpuCluster:
@@ -263,12 +275,12 @@ def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[st
 
 
 def _describe_engines(
-    client: ipp.Client, ids: Sequence[int], timeout: float
+    client: ipp.Client, ids: Sequence[int], timeout: float, channel: Any = None
 ) -> dict[int, dict[str, Any]]:
     from .runtime import describe
 
     view = client.direct_view(list(ids))
-    ar = view.apply_async(describe)
+    ar = view.apply_async(describe, channel)
     try:
         infos = ar.get(timeout=timeout)
     except Exception as e:
@@ -375,10 +387,14 @@ def start_cluster(
         **profile_kw,
         **cluster_kw,
     )
+    from . import shm
+
+    channel = shm.open_channel()
     try:
         client = _start_and_connect(cluster, specs, engine_args, timeout)
-        infos = _describe_engines(client, client.ids, timeout)
+        infos = _describe_engines(client, client.ids, timeout, channel)
     except BaseException as e:
+        shm.close_channel(channel)
         _stop_quietly(cluster)
         if isinstance(e, ClusterError):
             raise
@@ -397,6 +413,10 @@ def start_cluster(
         startup_seconds=elapsed,
         specs=tuple(specs),
     )
+    if channel is not None:
+        gc._channel = channel
+        atexit.register(shm.close_channel, channel)
+        gc._shm_reach = {eid: bool(d.get("shm")) for eid, d in infos.items()}
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
     if discovery.gpus == () and discovery.notes and select != "none":
         # the user asked for GPUs (the default): say why there are none

@@ -45,8 +45,11 @@ def _torch_threads() -> int | None:
         return None
 
 
-def describe() -> dict[str, Any]:
-    """Identity and pinning of this engine, as plain data for the status table."""
+def describe(channel: Any = None) -> dict[str, Any]:
+    """Identity and pinning of this engine, as plain data for the status table;
+    ``shm``: whether it sees the kernel's shared-memory ``channel``."""
+    from .shm import reachable
+
     env = os.environ
     try:
         affinity = sorted(os.sched_getaffinity(0))
@@ -65,6 +68,7 @@ def describe() -> dict[str, Any]:
         "torch_threads": _torch_threads(),
         "cpu_affinity": affinity,
         "torch_loaded": "torch" in sys.modules,
+        "shm": bool(channel is not None and reachable(channel)),
     }
 
 
