@@ -23,6 +23,9 @@ message that needs it rides ipyparallel's own.  It is only used when the engine 
 and an engine spills only if it reads that token back (a remote host, or a container
 with its own ``/dev/shm``, falls back to the normal frames).  Any error on the way
 (a full ``/dev/shm``, a missing file) falls back or is reported; nothing is lost.
+A small ``/dev/shm`` (Docker's 64 MiB default) is not used at all, and no buffer
+takes more than a quarter of the free space: the arrays the kernel keeps live there,
+and other programs need it too.
 
 Leftovers (a result abandoned by an interrupted or failed cell) are removed after
 each cell and when the cluster stops; files of kernels that died are removed when
@@ -252,7 +255,7 @@ def spill(frames: list[Any], ch: Channel | None, tag: str) -> list[Any]:
         if memoryview(f).nbytes >= FRAME_MIN
     ]
     total = sum(v.nbytes for _, v in big)
-    if total < ch.min_bytes or not reachable(ch):
+    if total < ch.min_bytes or not reachable(ch) or not _room(ch.directory, total):
         return frames
     places, offset = [], 0
     for i, v in big:
@@ -291,6 +294,22 @@ def release(frames: Sequence[Any]) -> None:
             os.unlink(pickle.loads(frames[1])[0])
         except OSError:
             pass
+
+
+#: A shared-memory directory smaller than this (Docker's default is 64 MiB) is left
+#: to whatever else needs it (PyTorch's DataLoader workers do).
+MIN_DIR_BYTES = 1 << 30
+
+
+def _room(directory: str, nbytes: int) -> bool:
+    """Room for ``nbytes`` without crowding others: a real-sized /dev/shm, and at
+    most a quarter of what is free in it (results the kernel holds stay there)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    return total >= MIN_DIR_BYTES and nbytes <= free // 4
 
 
 def _write_all(fd: int, view: memoryview, at: int) -> None:

@@ -72,6 +72,28 @@ def test_a_full_shm_falls_back_and_leaves_nothing(channel, monkeypatch):
     assert files(channel) == [os.path.basename(channel.probe)]
 
 
+def test_a_small_or_crowded_shm_is_left_alone(channel, monkeypatch):
+    real = os.statvfs(channel.directory)
+
+    def fake(total, free):
+        class St:
+            f_frsize = 4096
+            f_blocks = total // 4096
+            f_bavail = free // 4096
+
+        # /dev/shm's size is the machine's: the symptom is what can be made here
+        monkeypatch.setattr(shm.os, "statvfs", lambda _d: St)
+
+    frames = wire.dumps([np.ones(2 * MiB)])  # 16 MiB
+    fake(64 * MiB, 64 * MiB)  # Docker's default size
+    assert shm.spill(frames, channel, "a") is frames
+    fake(8 << 30, 40 * MiB)  # big, but mostly taken (by results the kernel holds)
+    assert shm.spill(frames, channel, "b") is frames
+    fake(8 << 30, 8 << 30)
+    assert shm.spilled(shm.spill(frames, channel, "c"))
+    assert real.f_blocks > 0
+
+
 def test_a_vanished_result_is_a_clear_error(channel):
     sent = shm.spill(wire.dumps([np.ones(2 * MiB)]), channel, "v")
     shm.sweep(channel)
