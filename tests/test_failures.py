@@ -97,3 +97,39 @@ def test_sigkilled_engine_mid_cell_still_gives_the_serial_result(
         gpucell.stop()
     assert not wait_gone(children() - before), "engine processes leaked"
     assert gc_mod._current is None
+
+
+def test_engine_killed_during_a_profiled_run_with_shm_results(
+    ip, no_active_cluster, capsys
+):
+    """The newer paths together: a re-run scheduled from its profile, results
+    coming back through /dev/shm, and an engine SIGKILLed in the middle."""
+    import numpy as np
+
+    before = children()
+    c = gpucell.start_cluster(2, gpus="none")
+    try:
+        ip.user_ns.update({"time": time, "np": np})
+        cell = (
+            "blocks = []\nfor i in range(24):\n    time.sleep(0.02 * (i % 6))\n"
+            "    blocks.append(np.full(1 << 18, i, np.float32))\n"
+        )
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert gpucell.last_run.shared_bytes > 0
+        victim = c.engines[c.ids[1]]
+        killer = threading.Timer(0.25, os.kill, (victim.pid, signal.SIGKILL))
+        killer.start()
+        ip.user_ns["blocks"] = None
+        ip.run_cell_magic("gpu_parallel", "", cell)
+        assert "profiled" in gpucell.last_run.schedule
+        assert f"engine {victim.id} died" in capsys.readouterr().out
+        got = ip.user_ns["blocks"]
+        assert [int(b[0]) for b in got] == list(range(24))
+        assert all(b.shape == (1 << 18,) and (b == i).all() for i, b in enumerate(got))
+        ch = c.results_channel()
+        left = [n for n in os.listdir(ch.directory) if ch.token in n]
+        assert left == [os.path.basename(ch.probe)]
+    finally:
+        killer.cancel()
+        gpucell.stop()
+    assert not wait_gone(children() - before), "engine processes leaked"
