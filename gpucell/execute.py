@@ -254,6 +254,7 @@ def _run_with_display(
             record=record,
             progress=on_progress,
             telemetry=tele,
+            relay=getattr(display, "write_above", None),
         )
     finally:
         display.close(last[0])

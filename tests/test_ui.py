@@ -468,6 +468,45 @@ def test_text_display_redraws_one_line_then_summary():
     assert "done" in final.splitlines()[-1]
 
 
+def test_engine_output_goes_above_the_line_not_into_it():
+    from gpucell.ui.progress import TextProgress
+
+    out = Tty()
+    t = TextProgress(stream=out, width=120)
+    t.write_above("[engine 0 | iteration 0] before\n")  # no line yet: as is
+    t.update(snap(done=10))
+    line = out.getvalue().split("\r")[-1]
+    t.write_above("[engine 1 | iteration 7] hello\n")
+    t.write_above("partial")
+    t.update(snap(done=20))
+    text = out.getvalue()
+    screen = terminal(text)
+    assert screen[:3] == [
+        "[engine 0 | iteration 0] before",
+        "[engine 1 | iteration 7] hello",
+        "partial",
+    ]
+    assert "20/100 it" in screen[3] and len(screen) == 4
+    assert line in text
+
+
+def terminal(text: str) -> list[str]:
+    """What a terminal shows after ``text`` (\r returns to the line's start)."""
+    lines = [""]
+    col = 0
+    for ch in text:
+        if ch == "\n":
+            lines.append("")
+            col = 0
+        elif ch == "\r":
+            col = 0
+        else:
+            cur = lines[-1]
+            lines[-1] = cur[:col] + ch + cur[col + 1 :]
+            col += 1
+    return [ln.rstrip() for ln in lines if ln.strip()]
+
+
 def test_text_display_not_a_terminal_writes_only_the_summary():
     from gpucell.ui.progress import TextProgress
 

@@ -124,6 +124,7 @@ class TextProgress:
         self._sampler = TelemetryThrottle(telemetry)
         self._width = width
         self._shown = 0
+        self._line = ""
         self.errors = 0
 
     @property
@@ -150,9 +151,23 @@ class TextProgress:
             pad = " " * max(0, self._shown - len(line))
             self.stream.write("\r" + line + pad)
             self.stream.flush()
-            self._shown = len(line)
+            self._shown, self._line = len(line), line
         except Exception:
             self.errors += 1
+
+    def write_above(self, text: str) -> None:
+        """Engine output while the line is shown: the line is cleared, the output
+        printed, and the line drawn again below it (never mixed into it)."""
+        s = self.stream
+        if not self._shown:
+            s.write(text)
+            s.flush()
+            return
+        s.write("\r" + " " * self._shown + "\r" + text)
+        if not text.endswith("\n"):
+            s.write("\n")  # the next redraw's \r must not overwrite the output
+        s.write(self._line)
+        s.flush()
 
     def close(self, snap: RunSnapshot) -> None:
         try:
