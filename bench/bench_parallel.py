@@ -418,6 +418,21 @@ def rounds(systems: dict, runs: int, check=None, cap=None) -> dict[str, list]:
     return out
 
 
+def paired(times: dict[str, list[float]], ours: str, peers: list[str]) -> dict:
+    """Round by round, each peer's time over ours: systems run interleaved, so a
+    round's ratio cancels the host's slow drifts that separate medians keep."""
+    out = {}
+    for p in peers:
+        r = [b / a for a, b in zip(times[ours], times[p], strict=True)]
+        wins = sum(x > 1 for x in r)
+        out[p] = {"median_ratio": statistics.median(r), "wins": wins, "rounds": len(r)}
+        print(
+            f"   paired: {ours} faster than {p} in {wins}/{len(r)} rounds "
+            f"(median time ratio {statistics.median(r):.3f})"
+        )
+    return out
+
+
 def ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
@@ -650,8 +665,14 @@ def bench_b(S: Systems, runs: int, quick: bool, per_iter: float) -> dict:
     g = rows["gpucell %%gpu_parallel"]
     peers = [k for k in rows if not k.startswith(("gpucell", "serial", "ProcessPool"))]
     best_peer = max(rows[k]["speedup_median"] for k in peers)
+    pairs = paired(
+        times,
+        "gpucell %%gpu_parallel",
+        [*peers, next(iter(k for k in rows if k.startswith("ProcessPool")))],
+    )
     print(f"   gpucell chunks (last run): {g['gpucell']['chunk_sizes_last']}")
     return {
+        "paired": pairs,
         "n": n,
         "iteration_seconds": t_one,
         "cell": CELL_B,
@@ -753,8 +774,10 @@ def bench_c(S: Systems, runs: int, quick: bool, unit: float) -> dict:
                 f"   {k}: chunks {v['gpucell']['chunk_sizes_last']}, busy "
                 + ", ".join(f"e{e} {b:.2f}s" for e, b in busy)
             )
+    pairs = paired(times, "gpucell guided (default)", peers)
     g = rows["gpucell guided (default)"]["efficiency_median"]
     return {
+        "paired": pairs,
         "unit_n": u,
         "cell": CELL_C,
         "rows": rows,
