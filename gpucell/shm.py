@@ -37,6 +37,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,6 +143,11 @@ def sweep(ch: Channel | None) -> int:
     return removed
 
 
+#: Files of a dead kernel younger than this are left alone: a kernel in another
+#: pid namespace sharing this /dev/shm (containers with ``--ipc=host``) may own them.
+STALE_AFTER = 600.0
+
+
 def sweep_stale(directory: str = _DEFAULT_DIR) -> int:
     """Remove files of channels whose kernel process is gone (it was killed)."""
     removed = 0
@@ -149,14 +155,18 @@ def sweep_stale(directory: str = _DEFAULT_DIR) -> int:
         names = os.listdir(directory)
     except OSError:
         return 0
+    now = time.time()
     for name in names:
         if not name.startswith(_PREFIX):
             continue
         pid = name[len(_PREFIX) :].split("-", 1)[0]
         if not pid.isdigit() or _alive(int(pid)):
             continue
+        path = os.path.join(directory, name)
         try:
-            os.unlink(os.path.join(directory, name))
+            if now - os.stat(path).st_mtime < STALE_AFTER:
+                continue
+            os.unlink(path)
             removed += 1
         except OSError:
             pass

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -110,11 +111,16 @@ def test_sweeps_remove_leftovers_and_files_of_dead_kernels(tmp_path):
     ).stdout.strip()
     stale = tmp_path / f"gpucell-{dead}-abc-0-1-ff"
     stale.write_bytes(b"x")
+    old = time.time() - 2 * shm.STALE_AFTER
+    os.utime(stale, (old, old))
+    recent = tmp_path / f"gpucell-{dead}-def-probe"  # maybe another pid namespace's
+    recent.write_bytes(b"x")
     other = tmp_path / "unrelated-file"
     other.write_bytes(b"x")
     ch = shm.open_channel(str(tmp_path))  # opening sweeps dead kernels' files
     assert ch is not None
-    assert not stale.exists() and other.exists()
+    assert not stale.exists() and other.exists() and recent.exists()
+    recent.unlink()
     shm.spill(wire.dumps([np.ones(2 * MiB)]), ch, "left")
     assert shm.sweep(ch) == 1
     assert os.path.exists(ch.probe)
