@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import itertools
 import linecache
 import marshal
@@ -20,7 +21,7 @@ from types import CodeType, ModuleType
 from typing import Any
 
 from gpucell.analysis.iterspace import chunk_items
-from gpucell.analysis.rewrite import BEGIN, NOW, gather_name
+from gpucell.analysis.rewrite import AS_DEVICE, BEGIN, NOW, gather_name
 from gpucell.merge import fold, own
 
 __all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
@@ -74,6 +75,18 @@ def resolve_device(device: Any = None) -> Any:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(device)
+
+
+def as_device(target: Any, value: Any) -> Any:
+    """``target`` for a CUDA device held in a value (``"cuda"``, ``"cuda:1"``, a
+    ``torch.device``); anything else (a dtype, a tensor, ``"cpu"``) unchanged.
+    CPU engines standing in for GPUs call it where the cell passes a device."""
+    if isinstance(value, str):
+        return target if value == "cuda" or value.startswith("cuda:") else value
+    t = type(value)
+    if t.__name__ == "device" and t.__module__ == "torch" and value.type == "cuda":
+        return target
+    return value
 
 
 class Recorder:
@@ -132,7 +145,9 @@ class Recorder:
         self.keyed_ops = dict(spec.get("keyed", {}))
         self._per_iteration_end = bool(spec.get("end", True))
         if spec.get("device"):
-            ns["__gpucell_device__"] = resolve_device(self.device)
+            target = resolve_device(self.device)
+            ns["__gpucell_device__"] = target
+            ns[AS_DEVICE] = functools.partial(as_device, target)
         ns[NOW] = time.time
         stamp = self.stamps.__setitem__
         if self.seed_fn is None and self.on_iteration is None:

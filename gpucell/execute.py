@@ -140,16 +140,6 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             "No cluster for %%gpu_parallel. Start one with `%gpu_cluster start` (or "
             "`%config GpuCell.serial_fallback = True` to run such cells serially)."
         )
-    # The CUDA rewrite for CPU engines is a second analysis; skip it when the
-    # cell cannot mention CUDA at all.
-    cpu_plan = plan_for(True) if "cpu" in kinds and "cuda" in src else plan
-    if cpu_plan.cuda_rewritten and not req.quiet:
-        lines = ", ".join(map(str, cpu_plan.cuda_lines))
-        print(
-            f"gpucell: CPU engines run the CUDA code of line(s) {lines} on the CPU "
-            "(their device has no GPU)."
-        )
-
     from . import merge as _merge
     from .dispatch import Options
     from .inline import run_in_kernel, should_inline
@@ -165,6 +155,16 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     values = [eval(compile(leaf, filename, "eval"), ns) for leaf in space.leaves]
     chunker = make_chunker(space, values)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
+    # The CUDA rewrite for CPU engines is a second analysis; skip it when neither
+    # the cell nor a value it reads can name a CUDA device.
+    cuda = "cuda" in src or any(map(_names_cuda, inputs.values()))
+    cpu_plan = plan_for(True) if "cpu" in kinds and cuda else plan
+    if cpu_plan.cuda_rewritten and not req.quiet:
+        lines = ", ".join(map(str, cpu_plan.cuda_lines))
+        print(
+            f"gpucell: CPU engines run the CUDA code of line(s) {lines} on the CPU "
+            "(their device has no GPU)."
+        )
     programs = {
         e: (cpu_plan if gc.engines[e].kind == "cpu" else plan).engine_program()
         for e in targets
@@ -186,7 +186,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         results: list[Any] = []
         record.status = "ok"
     elif should_inline(
-        src=src,
+        uses_cuda=cuda,
         request=req,
         iterations=chunker.count,
         per_iteration=hint,
@@ -261,6 +261,19 @@ def _run_with_display(
 
 
 _PLANS: dict[Any, Any] = {}
+
+
+def _names_cuda(value: Any, depth: int = 1) -> bool:
+    """A CUDA device held in a value (or one level into a dict, list or tuple)."""
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    t = type(value)
+    if t.__name__ == "device" and t.__module__ == "torch":
+        return bool(value.type == "cuda")
+    if depth > 0 and isinstance(value, (dict, list, tuple)) and len(value) <= 64:
+        items = value.values() if isinstance(value, dict) else value
+        return any(_names_cuda(v, depth - 1) for v in items)
+    return False
 
 
 def _identifiers(src: str) -> set[str]:

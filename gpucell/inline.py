@@ -6,10 +6,11 @@ the last run of the same cell on the same engines measured less work than that, 
 all, running it in the kernel is the faster way to the same result: the same chunk
 program and the same merge, over every iteration at once.
 
-Only the plainest runs qualify: no CUDA in the cell (the kernel may have no GPU, or
-not the engines' one), no ``--seed`` (it would reseed the kernel's generators), and
-no explicit engines, schedule, chunk size or timeout (asking for those is asking for
-the engines).  ``GpuCell.inline_below = 0`` turns it off.
+Only the plainest runs qualify: no CUDA in the cell or in a device it is given
+(the kernel may have no GPU, or not the engines' one), no ``--seed`` (it would
+reseed the kernel's generators), and no explicit engines, schedule, chunk size or
+timeout (asking for those is asking for the engines).  ``GpuCell.inline_below = 0``
+turns it off.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["run_in_kernel", "should_inline"]
 
 def should_inline(
     *,
-    src: str,
+    uses_cuda: bool,
     request: Any,
     iterations: int,
     per_iteration: float | None,
@@ -42,7 +43,7 @@ def should_inline(
         request.chunksize,
         request.timeout,
     )
-    if any(x is not None for x in explicit) or "cuda" in src:
+    if any(x is not None for x in explicit) or uses_cuda:
         return False
     return per_iteration * iterations < threshold
 

@@ -737,6 +737,41 @@ def test_cuda_rewrite_runs_on_cpu() -> None:
     assert [float(v) for v in r.gathers["out"]] == [1.0, 3.0, 5.0]
 
 
+def test_devices_held_in_values_are_mapped_on_cpu_engines() -> None:
+    torch = pytest.importorskip("torch")
+    from gpucell.engine import run_chunk
+
+    src = (
+        "for x in xs:\n"
+        "    y = x.to(dev) * 2\n"
+        "    z = torch.ones(1, device=cfg['device']).to(torch.float64)\n"
+        "    w = x.to(torch.device(name))\n"
+        "    out.append((y + z + w, str(y.device), x.to(other).dtype, label))\n"
+    )
+    p = analyse(src, known_names=KNOWN | {"dev", "cfg", "name", "other", "label"})
+    assert "__gpucell_as_device__" not in p.chunk_source  # GPU engines: untouched
+    q = analyse(
+        src, known_names=KNOWN | {"dev", "cfg", "name", "other", "label"}, for_cpu=True
+    )
+    assert not q.cuda_rewritten  # no literal: nothing to report, but wrapped
+    assert "__gpucell_as_device__(dev)" in q.chunk_source
+    assert "'device': True" in q.chunk_source
+    inputs = {
+        "torch": torch,
+        "dev": "cuda",
+        "cfg": {"device": torch.device("cuda", 1)},
+        "name": "cuda:0",
+        "other": torch.float16,  # not a device: passes through
+        "label": "cuda",  # a plain string not used as a device stays as it is
+    }
+    xs = torch.arange(3.0)
+    r = run_chunk(q.engine_program(), inputs, ("seq", xs), 0, device="cpu")
+    got = r.gathers["out"]
+    assert [float(v[0]) for v in got] == [1.0, 4.0, 7.0]
+    assert {v[1] for v in got} == {"cpu"}
+    assert {v[2] for v in got} == {torch.float16} and got[0][3] == "cuda"
+
+
 def test_no_cuda_rewrite_reported_when_none() -> None:
     p = plan("for x in xs:\n    out.append(x)\n", for_cpu=True)
     assert not p.cuda_rewritten

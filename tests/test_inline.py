@@ -16,7 +16,7 @@ CHEAP = (
 
 def test_policy_needs_a_cheap_measured_run_and_a_plain_request():
     plain = CellRequest()
-    ok = {"src": CHEAP, "iterations": 500, "threshold": 0.005}
+    ok = {"uses_cuda": False, "iterations": 500, "threshold": 0.005}
     assert should_inline(request=plain, per_iteration=1e-6, **ok)
     assert not should_inline(request=plain, per_iteration=None, **ok)  # never ran
     assert not should_inline(request=plain, per_iteration=1e-4, **ok)  # 50 ms
@@ -24,7 +24,7 @@ def test_policy_needs_a_cheap_measured_run_and_a_plain_request():
         request=plain, per_iteration=1e-6, **{**ok, "threshold": 0}
     )
     assert not should_inline(
-        request=plain, per_iteration=1e-6, **{**ok, "src": CHEAP + "x.cuda()\n"}
+        request=plain, per_iteration=1e-6, **{**ok, "uses_cuda": True}
     )
     for explicit in (
         {"seed": 1},

@@ -387,3 +387,15 @@ def test_an_input_that_cannot_travel_is_named(ip, cluster):
         "gpu_parallel", "--quiet", "for i in range(4):\n    out.append(i)\n"
     )
     assert ip.user_ns["out"] == [0, 1, 2, 3]
+
+
+def test_a_cuda_device_held_in_a_variable_runs_on_cpu_engines(ip, cluster):
+    """``dev = "cuda"`` from an earlier cell: the cell itself never says cuda."""
+    ip.user_ns.update(
+        dev="cuda", torch=torch, xs=[torch.full((3,), float(i)) for i in range(6)]
+    )
+    cell = "sums = []\nfor x in xs:\n    sums.append(float(x.to(dev).sum()))\n"
+    for _ in range(2):  # the re-run must not be run in the kernel (no GPU here)
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert ip.user_ns["sums"] == [3.0 * i for i in range(6)]
+        assert not gpucell.last_run.inline

@@ -276,8 +276,8 @@ def analyse(
             deleted=cl.deleted_locals,
         )
         if for_cpu:
-            chunk_ast, cuda_lines = rewrite_cuda(chunk_ast)
-            if cuda_lines:
+            chunk_ast, cuda_lines, wrapped = rewrite_cuda(chunk_ast)
+            if cuda_lines or wrapped:
                 # tell the recorder to provide __gpucell_device__
                 setup = chunk_ast.body[0].value  # type: ignore[attr-defined]
                 spec_node = setup.args[0]
