@@ -208,6 +208,7 @@ def run_chunks(
     views = {eid: gc.view(eid) for eid in alive}
     results_to = channel
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
+    ends: dict[int, float] = {}
     results: dict[int, Any] = {}
     output = _OutputRelay(client, relay)
     t0 = time.perf_counter()
@@ -249,9 +250,11 @@ def run_chunks(
                 input_frames,
                 results_to,
             )
-            # a chunk queued behind another waits on the engine: its round trip
-            # says nothing about dispatch cost
-            inflight[ar] = (c, None if queued_behind else time.perf_counter())
+            # a chunk queued behind another waits on the engine, and an engine's
+            # first chunk also loads the program and inputs (and the imports they
+            # need): neither round trip says what dispatching a chunk costs
+            timed = not queued_behind and setup is None
+            inflight[ar] = (c, time.perf_counter() if timed else None)
             output.watch(ar)
 
     def lose(eid: int) -> None:
@@ -291,7 +294,7 @@ def run_chunks(
                         continue
                     chunk, t_sub = inflight.pop(ar)
                     output.finished(ar)
-                    _finish(ar, chunk, t_sub, sched, results, record, gc, lose)
+                    _finish(ar, chunk, t_sub, sched, results, record, gc, lose, ends)
                 now = time.perf_counter()
                 if now - last_check > 0.2 or not inflight:
                     last_check = now
@@ -505,8 +508,9 @@ class _OutputRelay:
         self._draining.clear()
 
 
-def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
-    """Handle one finished chunk task."""
+def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, ends) -> None:
+    """Handle one finished chunk task (``ends``: engine -> its last chunk's end,
+    engine clock)."""
     from ipyparallel.error import EngineError, RemoteError
 
     try:
@@ -542,6 +546,12 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose) -> None:
         sched.observe_overhead(
             max(0.0, time.perf_counter() - t_sub - timing["compute"])
         )
+    elif chunk.engine in ends and timing["start"] > ends[chunk.engine]:
+        # queued behind the engine's previous chunk: what a chunk costs is the
+        # engine's dead time between the two (ipykernel's per-message work,
+        # results out, the next chunk in), a few milliseconds
+        sched.observe_overhead(timing["start"] - ends[chunk.engine])
+    ends[chunk.engine] = timing["end"]
     record.chunks.append(_record(chunk, gc, timing, "done"))
 
 

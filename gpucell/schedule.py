@@ -147,6 +147,7 @@ class Schedule:
     # rescan every chunk (dynamic schedules make tens of thousands of them)
     _running: dict[int, dict[int, Chunk]] = field(default_factory=dict)
     _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
+    _max_pace: float = 0.0  # the slowest seconds per iteration of any done chunk
     # profiled: cost prefix sums, iterations costliest first, which are assigned
     _prefix: list[float] = field(default_factory=list, repr=False)
     _order: list[int] = field(default_factory=list, repr=False)
@@ -234,6 +235,12 @@ class Schedule:
             if its == 0 or secs <= 0:
                 return floor
             t = secs / its
+        if not self.heterogeneous:
+            # Equal devices: a chunk that ran slower ran costlier iterations, and
+            # the loop may have more of them (costs rising along the range).  The
+            # floor comes from the costliest pace seen, or a cheap calibration
+            # chunk at the start of such a loop would make every later chunk huge.
+            t = max(t, self._max_pace)
         # rounded down: with the next chunk already queued the engine does not
         # wait for a round trip, so a tail of single iterations costs little
         return max(floor, int(min(self.n, self.overhead / self.target_overhead / t)))
@@ -292,6 +299,8 @@ class Schedule:
             done = self._done[c.engine]
             done[0] += c.size
             done[1] += seconds
+        if c.size and seconds > 0:
+            self._max_pace = max(self._max_pace, seconds / c.size)
         if c.engine is not None and c.engine in self._stats:
             st = self._stats[c.engine]
             st.iterations += c.size
