@@ -341,3 +341,21 @@ def test_profiled_lost_work_is_rerun_elsewhere_and_may_be_split():
     assert all(c.engine == 1 for c in rerun)
     again = [c for c in rerun if c.attempt == 1]
     assert sum(c.size for c in again) == sum(c.size for c in lost)
+
+
+def test_a_cheap_start_does_not_make_later_chunks_huge_on_equal_devices():
+    """Costs rising along the range: engine 0's calibration chunk ran the cheap
+    start; the floor must follow the costlier pace engine 1 measured."""
+    s = Schedule(40, [0, 1])
+    c0, c1 = s.fill()
+    s.complete(c0.id, 0.0001 * c0.size)
+    s.complete(c1.id, 0.02 * c1.size)
+    assert s.min_chunk(0) <= 0.003 / (0.05 * 0.02)
+    nxt = s.fill()
+    assert nxt and all(c.size <= 10 for c in nxt)
+    # different devices: an engine's own pace is its speed
+    h = Schedule(40, [0, 1], heterogeneous=True)
+    d0, d1 = h.fill()
+    h.complete(d0.id, 0.0001 * d0.size)
+    h.complete(d1.id, 0.02 * d1.size)
+    assert h.min_chunk(0) > h.min_chunk(1)
