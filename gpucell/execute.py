@@ -115,7 +115,9 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
                 raise_errors=not req.dry_run,
             )
             if len(_PLANS) >= 64:
-                _PLANS.pop(next(iter(_PLANS)))
+                old = _PLANS.pop(next(iter(_PLANS)))
+                for what in ("prelude", "leaves", "epilogue", "program"):
+                    _CODES.pop((id(old), what), None)
             _PLANS[key] = plan
         return plan
 
@@ -148,11 +150,16 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     record = LastRun(plan=plan)
     _set_last_run(record)
 
-    prelude = plan.compile_prelude()
+    prelude = _code(plan, "prelude", plan.compile_prelude)
     if prelude is not None:
         shell.ex(prelude)
     space = plan.iter_space
-    values = [eval(compile(leaf, filename, "eval"), ns) for leaf in space.leaves]
+    leaves = _code(
+        plan,
+        "leaves",
+        lambda: [compile(leaf, filename, "eval") for leaf in space.leaves],
+    )
+    values = [eval(code, ns) for code in leaves]
     chunker = make_chunker(space, values)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     # The CUDA rewrite for CPU engines is a second analysis; skip it when neither
@@ -165,10 +172,10 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             f"gpucell: CPU engines run the CUDA code of line(s) {lines} on the CPU "
             "(their device has no GPU)."
         )
-    programs = {
-        e: (cpu_plan if gc.engines[e].kind == "cpu" else plan).engine_program()
-        for e in targets
-    }
+    programs = {}
+    for e in targets:
+        p = cpu_plan if gc.engines[e].kind == "cpu" else plan
+        programs[e] = _code(p, "program", p.engine_program)
     cost_key = (src, tuple(sorted(targets)))
     hint, uniform, profile = gc.cost_history.get(cost_key, (None, False, None))
     options = Options(
@@ -192,7 +199,8 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         per_iteration=hint,
         threshold=settings.inline_below,
     ):
-        results = run_in_kernel(plan, inputs, chunker, record)
+        program = _code(plan, "program", plan.engine_program)
+        results = run_in_kernel(program, inputs, chunker, record)
     else:
         results = _run_with_display(
             shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
@@ -201,17 +209,23 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         # a statically split run has too few chunks to judge uniformity: it
         # keeps the verdict that made it static
         done = sum(c.state == "done" for c in record.chunks)
+        work = record.work_estimate
+        same = record.uniform if done >= 4 else uniform
+        # a per-iteration profile only steers a loop worth balancing: a cheap or
+        # uniform one is split statically next time (and computing it costs
+        # ~0.2 us per iteration, in the kernel, after every cell)
+        worth = work > 0.05 and not same
         gc.cost_history[cost_key] = (
-            record.work_estimate / chunker.count,
-            record.uniform if done >= 4 else uniform,
-            record.profile(),
+            work / chunker.count,
+            same,
+            record.profile() if worth else None,
         )
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)
     update.commit(ns)
     if not req.quiet:
         print(record.summary())
-    epilogue = plan.compile_epilogue()
+    epilogue = _code(plan, "epilogue", plan.compile_epilogue)
     if epilogue is not None:
         shell.ex(epilogue)
 
@@ -261,6 +275,18 @@ def _run_with_display(
 
 
 _PLANS: dict[Any, Any] = {}
+# compiled prelude, iterable and epilogue of the cached plans (a re-run of a cell
+# compiles nothing), keyed by the plan object's id while the plan is cached
+_CODES: dict[tuple[int, str], Any] = {}
+
+
+def _code(plan: Any, what: str, make: Any) -> Any:
+    key = (id(plan), what)
+    if key not in _CODES:
+        if not any(p is plan for p in _PLANS.values()):
+            return make()  # not cached: its id may be reused later
+        _CODES[key] = make()
+    return _CODES[key]
 
 
 def _names_cuda(value: Any, depth: int = 1) -> bool:

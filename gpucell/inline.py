@@ -49,9 +49,10 @@ def should_inline(
 
 
 def run_in_kernel(
-    plan: Any, inputs: dict[str, Any], chunker: Any, record: LastRun
+    program: Any, inputs: dict[str, Any], chunker: Any, record: LastRun
 ) -> list[Any]:
-    """Run every iteration here with the engines' chunk program; fill ``record``."""
+    """Run every iteration here with the engines' chunk ``program``
+    (``LoopPlan.engine_program()``); fill ``record``."""
     from .engine import run_chunk
 
     stamps: dict[int, float] = {}
@@ -61,7 +62,7 @@ def run_in_kernel(
     record.inline = True
     try:
         result = run_chunk(
-            plan.engine_program(),
+            program,
             inputs,
             chunker.chunk(0, chunker.count),
             0,

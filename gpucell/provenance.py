@@ -125,7 +125,9 @@ class LastRun:
             if not out and c.start != 0:
                 return None
             ends = [*starts[1:], c.t_end]
-            durations = [max(0.0, b - a) for a, b in zip(starts, ends, strict=True)]
+            durations = [b - a for a, b in zip(starts, ends, strict=True)]
+            if durations and min(durations) < 0:  # a clock step back
+                durations = [max(0.0, d) for d in durations]
             if c.start in firsts and len(durations) >= 3:
                 median = sorted(durations)[len(durations) // 2]
                 durations[0] = min(durations[0], median)
