@@ -75,8 +75,9 @@ class GpuCluster:
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
     # (cell source, engines) -> (seconds per iteration, uniform pace, seconds of
-    # each iteration or None) measured the last time that cell ran on them
-    cost_history: dict[Any, tuple[float, bool, tuple[float, ...] | None]] = field(
+    # each iteration or None, shapes of the values it read) measured the last
+    # time that cell ran on them
+    cost_history: dict[Any, tuple[float, bool, tuple[float, ...] | None, Any]] = field(
         default_factory=dict
     )
     _views: dict[int, Any] = field(default_factory=dict, repr=False)

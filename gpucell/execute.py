@@ -144,7 +144,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         )
     from . import merge as _merge
     from .dispatch import Options
-    from .inline import run_in_kernel, should_inline
+    from .inline import run_in_kernel, shape_of, should_inline
     from .provenance import LastRun
 
     record = LastRun(plan=plan)
@@ -177,7 +177,13 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         p = cpu_plan if gc.engines[e].kind == "cpu" else plan
         programs[e] = _code(p, "program", p.engine_program)
     cost_key = (src, tuple(sorted(targets)))
-    hint, uniform, profile = gc.cost_history.get(cost_key, (None, False, None))
+    hint, uniform, profile, shapes = gc.cost_history.get(
+        cost_key, (None, False, None, None)
+    )
+    now_shapes = (
+        tuple(shape_of(v) for v in values),
+        tuple((k, shape_of(v)) for k, v in sorted(inputs.items())),
+    )
     options = Options(
         cost_hint=hint,
         uniform=uniform,
@@ -196,7 +202,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         uses_cuda=cuda,
         request=req,
         iterations=chunker.count,
-        per_iteration=hint,
+        per_iteration=hint if shapes == now_shapes else None,
         threshold=settings.inline_below,
     ):
         program = _code(plan, "program", plan.engine_program)
@@ -219,6 +225,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             work / chunker.count,
             same,
             record.profile() if worth else None,
+            now_shapes,
         )
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = _merge.prepare(plan, results, current)

@@ -21,7 +21,34 @@ from typing import Any
 
 from .provenance import ChunkRecord, LastRun
 
-__all__ = ["run_in_kernel", "should_inline"]
+__all__ = ["run_in_kernel", "shape_of", "should_inline"]
+
+
+def shape_of(value: Any, depth: int = 2) -> Any:
+    """A cheap summary of a value's size: what a loop's cost scales with.
+
+    Arrays and tensors by shape and dtype, sequences by length and their first
+    and last items, strings by length.  A cell runs inline only while the values
+    it reads have the shape they had when its cost was measured: the same cell
+    over a bigger dataset is sent to the engines (and measured again).
+    """
+    t = type(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:  # arrays, tensors, data frames
+        try:
+            return (t.__name__, tuple(shape), str(getattr(value, "dtype", "")))
+        except TypeError:
+            pass
+    if t in (str, bytes, bytearray):
+        return (t.__name__, len(value))
+    if t in (list, tuple) or t.__name__ in ("range", "deque"):
+        n = len(value)
+        if depth == 0 or n == 0:
+            return (t.__name__, n)
+        return (t.__name__, n, shape_of(value[0], depth - 1), shape_of(value[-1], 0))
+    if t is dict:
+        return ("dict", len(value))
+    return t.__name__
 
 
 def should_inline(

@@ -57,6 +57,36 @@ def test_second_run_of_a_cheap_cell_runs_in_the_kernel_with_the_same_result(
     assert {r["device"] for r in rows} == {"kernel"}
 
 
+def test_shapes_summarise_what_a_loops_cost_scales_with():
+    import numpy as np
+    import torch
+
+    from gpucell.inline import shape_of
+
+    assert shape_of(np.zeros((3, 4))) == ("ndarray", (3, 4), "float64")
+    assert shape_of(torch.zeros(2)) == ("Tensor", (2,), "torch.float32")
+    small = [np.zeros(10)] * 5
+    assert shape_of(small) != shape_of([np.zeros(1000)] * 5)
+    assert shape_of(small) != shape_of([np.zeros(10)] * 6)
+    assert shape_of(range(10)) == shape_of(range(10)) != shape_of(range(11))
+    assert shape_of("abc") == ("str", 3) and shape_of(3) == "int"
+
+
+@pytest.mark.cluster
+def test_the_same_cell_over_bigger_data_is_sent_again(ip, cluster):
+    import numpy as np
+
+    cell = "norms = []\nfor a in arrays:\n    norms.append(float(a.sum()))\n"
+    ip.user_ns["arrays"] = [np.ones(10) for _ in range(8)]
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert gpucell.last_run.inline  # cheap, and the data as measured
+    ip.user_ns["arrays"] = [np.ones(100_000) for _ in range(8)]
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert not gpucell.last_run.inline  # same cell, bigger data: measured again
+    assert ip.user_ns["norms"] == [100_000.0] * 8
+
+
 @pytest.mark.cluster
 def test_inline_can_be_turned_off(ip, cluster):
     ip.run_line_magic("config", "GpuCell.inline_below = 0")
