@@ -27,9 +27,9 @@ A small ``/dev/shm`` (Docker's 64 MiB default) is not used at all, and no buffer
 takes more than a quarter of the free space: the arrays the kernel keeps live there,
 and other programs need it too.
 
-Leftovers (a result abandoned by an interrupted or failed cell) are removed after
-each cell and when the cluster stops; files of kernels that died are removed when
-the next channel opens.
+Leftovers (a result abandoned by an interrupted or failed cell, or written by an
+engine that died) are removed after such a cell and when the cluster stops; files
+of kernels that died are removed when the next channel opens.
 """
 
 from __future__ import annotations
