@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,6 +51,7 @@ class EngineInfo:
     cpu_affinity: tuple[int, ...] = ()
     cuda_visible_devices: str | None = None
     state: str = "idle"  # idle, busy, dead
+    shm: bool = False  # maps files in the kernel's /dev/shm (gpucell.shm)
 
     @property
     def device(self) -> str:
@@ -81,47 +81,18 @@ class GpuCluster:
         default_factory=dict
     )
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
-    _channel: Any = field(default=None, repr=False)  # shm.Channel, opened on use
-    _shm_reach: dict[int, bool] = field(default_factory=dict, repr=False)
+    # the kernel's shared-memory channel (shm.Channel), opened before the engines
+    # were described so each could say whether it sees it (EngineInfo.shm)
+    _channel: Any = field(default=None, repr=False)
 
     def results_channel(self) -> Any:
         """Where engines on this host put big results (``None``: nowhere, or off)."""
-        from . import shm
-
-        if not _config.settings().shared_memory:
-            return None
-        if self._channel is None:
-            self._channel = shm.open_channel() or False
-            if self._channel:
-                atexit.register(shm.close_channel, self._channel)
-        return self._channel or None
+        return self._channel if _config.settings().shared_memory else None
 
     def sees_shm(self, eid: int) -> bool:
-        """Whether engine ``eid`` can map files in the kernel's /dev/shm (asked of
-        every engine once, with the first cell that has a big input)."""
-        from . import shm
-
-        ch = self.results_channel()
-        if ch is None:
-            return False
-        if eid not in self._shm_reach:
-            # a connected cluster's engines are asked once (a started one's
-            # were asked as they started); other hosts cannot see this one's
-            ask = [
-                e
-                for e in self.live_ids()
-                if e not in self._shm_reach and self.engines[e].host == _HOST
-            ]
-            for e in self.ids:
-                if e not in ask:
-                    self._shm_reach.setdefault(e, False)
-            if ask:
-                try:
-                    ar = self.client.direct_view(ask).apply_async(shm.reachable, ch)
-                    self._shm_reach.update(zip(ask, ar.get(timeout=5), strict=True))
-                except Exception:
-                    self._shm_reach.update(dict.fromkeys(ask, False))
-        return self._shm_reach.get(eid, False)
+        """Whether engine ``eid`` maps files in the kernel's /dev/shm (and it is on)."""
+        info = self.engines.get(eid)
+        return self.results_channel() is not None and info is not None and info.shm
 
     def sweep_results(self) -> None:
         """Remove result files a finished cell left unread (abandoned chunks)."""
@@ -182,16 +153,11 @@ class GpuCluster:
             pass
         if self.owned and self.cluster is not None:
             self.cluster.stop_cluster_sync()
-        if self._channel:
-            from . import shm
-
-            shm.close_channel(self._channel)
-            atexit.unregister(shm.close_channel)
-            self._channel = None
+        _release_channel(self._channel)
+        self._channel = None
 
 
 _current: GpuCluster | None = None
-_HOST = socket.gethostname()
 
 
 def current() -> GpuCluster:
@@ -303,6 +269,7 @@ def _info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
         threads=int(threads) if threads else d.get("torch_threads"),
         cpu_affinity=tuple(d.get("cpu_affinity", ())),
         cuda_visible_devices=d.get("cuda_visible_devices"),
+        shm=bool(d.get("shm")),
     )
 
 
@@ -388,14 +355,12 @@ def start_cluster(
         **profile_kw,
         **cluster_kw,
     )
-    from . import shm
-
-    channel = shm.open_channel()
+    channel = _open_channel()
     try:
         client = _start_and_connect(cluster, specs, engine_args, timeout)
         infos = _describe_engines(client, client.ids, timeout, channel)
     except BaseException as e:
-        shm.close_channel(channel)
+        _release_channel(channel)
         _stop_quietly(cluster)
         if isinstance(e, ClusterError):
             raise
@@ -413,11 +378,8 @@ def start_cluster(
         owned=True,
         startup_seconds=elapsed,
         specs=tuple(specs),
+        _channel=channel,
     )
-    if channel is not None:
-        gc._channel = channel
-        atexit.register(shm.close_channel, channel)
-        gc._shm_reach = {eid: bool(d.get("shm")) for eid, d in infos.items()}
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
     if discovery.gpus == () and discovery.notes and select != "none":
         # the user asked for GPUs (the default): say why there are none
@@ -533,7 +495,12 @@ def connect(
                 "or raise --timeout."
             ) from None
         ids = list(client.ids)
-        engines, pin_warnings = _assign_by_local_rank(client, ids, timeout)
+        channel = _open_channel()
+        try:
+            engines, pin_warnings = _assign_by_local_rank(client, ids, timeout, channel)
+        except BaseException:
+            _release_channel(channel)
+            raise
     except BaseException:
         client.close()
         raise
@@ -544,6 +511,7 @@ def connect(
         owned=False,
         startup_seconds=elapsed,
         warnings=pin_warnings,
+        _channel=channel,
     )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
     _current = gc
@@ -552,6 +520,34 @@ def connect(
         for w in gc.warnings:
             echo(f"gpucell: warning: {w}")
     return gc
+
+
+_open_channels: set[Any] = set()  # closed at exit if their cluster never stops
+
+
+def _open_channel() -> Any:
+    """The kernel's shared-memory channel for a cluster's engines (or ``None``)."""
+    from . import shm
+
+    channel = shm.open_channel()
+    if channel is not None:
+        if not _open_channels:
+            atexit.register(_release_all)
+        _open_channels.add(channel)
+    return channel
+
+
+def _release_channel(channel: Any) -> None:
+    from . import shm
+
+    if channel is not None:
+        shm.close_channel(channel)
+        _open_channels.discard(channel)
+
+
+def _release_all() -> None:
+    for channel in list(_open_channels):
+        _release_channel(channel)
 
 
 def _host_facts() -> dict[str, Any]:
@@ -569,7 +565,7 @@ def _host_facts() -> dict[str, Any]:
 
 
 def _assign_by_local_rank(
-    client: ipp.Client, ids: list[int], timeout: float
+    client: ipp.Client, ids: list[int], timeout: float, channel: Any = None
 ) -> tuple[dict[int, EngineInfo], list[str]]:
     from .runtime import assign_device
 
@@ -597,7 +593,9 @@ def _assign_by_local_rank(
                 )
             else:
                 args = ("cpu", -1, None, "CPU", 0)
-            ar = client[eid].apply_async(assign_device, *args, threads, f"r{rank}")
+            ar = client[eid].apply_async(
+                assign_device, *args, threads, f"r{rank}", channel
+            )
             results[eid] = ar
     engines = {}
     warnings = []

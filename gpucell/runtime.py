@@ -88,11 +88,13 @@ def assign_device(
     memory_total: int,
     threads: int,
     label: str,
+    channel: Any = None,
 ) -> dict[str, Any]:
     """Pin an already-running engine (one we connected to) to a device.
 
     Works only before CUDA initialises in the engine; afterwards the engine keeps
-    what it has and the caller is told, so it can warn instead of lying.
+    what it has and the caller is told, so it can warn instead of lying.  The
+    answer is :func:`describe`'s (``channel``: the kernel's shared memory).
     """
     pinned = True
     if visible is not None:
@@ -117,7 +119,7 @@ def assign_device(
             torch.set_num_threads(threads)
         except Exception:
             pass
-    info = describe()
+    info = describe(channel)
     info["pinned"] = pinned
     return info
 
