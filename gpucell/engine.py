@@ -21,7 +21,13 @@ from types import CodeType, ModuleType
 from typing import Any
 
 from gpucell.analysis.iterspace import chunk_items
-from gpucell.analysis.rewrite import AS_DEVICE, BEGIN, NOW, gather_name
+from gpucell.analysis.rewrite import (
+    AS_DEVICE,
+    BEGIN,
+    NOW,
+    gather_name,
+    is_cuda_device,
+)
 from gpucell.merge import fold, own
 
 __all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
@@ -81,12 +87,7 @@ def as_device(target: Any, value: Any) -> Any:
     """``target`` for a CUDA device held in a value (``"cuda"``, ``"cuda:1"``, a
     ``torch.device``); anything else (a dtype, a tensor, ``"cpu"``) unchanged.
     CPU engines standing in for GPUs call it where the cell passes a device."""
-    if isinstance(value, str):
-        return target if value == "cuda" or value.startswith("cuda:") else value
-    t = type(value)
-    if t.__name__ == "device" and t.__module__ == "torch" and value.type == "cuda":
-        return target
-    return value
+    return target if is_cuda_device(value) else value
 
 
 class Recorder:

@@ -298,11 +298,10 @@ def _code(plan: Any, what: str, make: Any) -> Any:
 
 def _names_cuda(value: Any, depth: int = 1) -> bool:
     """A CUDA device held in a value (or one level into a dict, list or tuple)."""
-    if isinstance(value, str):
-        return value == "cuda" or value.startswith("cuda:")
-    t = type(value)
-    if t.__name__ == "device" and t.__module__ == "torch":
-        return bool(value.type == "cuda")
+    from .analysis.rewrite import is_cuda_device
+
+    if is_cuda_device(value):
+        return True
     if depth > 0 and isinstance(value, (dict, list, tuple)) and len(value) <= 64:
         items = value.values() if isinstance(value, dict) else value
         return any(_names_cuda(v, depth - 1) for v in items)

@@ -39,6 +39,7 @@ __all__ = [
     "NOW",
     "build_program",
     "gather_name",
+    "is_cuda_device",
     "rewrite_cuda",
 ]
 
@@ -337,11 +338,19 @@ def build_program(
 # ---------------------------------------------------------------------------
 
 
+def is_cuda_device(value: Any) -> bool:
+    """``"cuda"``, ``"cuda:N"`` or a CUDA ``torch.device`` (torch not imported)."""
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    t = type(value)
+    return t.__name__ == "device" and t.__module__ == "torch" and value.type == "cuda"
+
+
 def _is_cuda_str(node: ast.AST) -> bool:
     return (
         isinstance(node, ast.Constant)
         and isinstance(node.value, str)
-        and (node.value == "cuda" or node.value.startswith("cuda:"))
+        and is_cuda_device(node.value)
     )
 
 
