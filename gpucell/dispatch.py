@@ -427,19 +427,14 @@ def _record(
 def _robust_seconds(timing: dict[str, Any], size: int) -> float:
     """A chunk's compute time for the schedule's speed estimates.
 
-    The median iteration times the iteration count, when the engine stamped each
-    iteration: an engine's first iteration also pays one-time costs (first
-    imports, warm-up) that would make it look slow.
+    The median iteration (which the engine computes for chunks of 3 or more)
+    times the iteration count: an engine's first iteration also pays one-time
+    costs (first imports, warm-up) that would make it look slow.
     """
     median = timing.get("median")
     if median is not None and size >= 3:
         return float(median) * size
-    starts = list(timing.get("starts") or ())
-    if size < 3 or len(starts) != size:
-        return float(timing["compute"])
-    ends = [*starts[1:], timing["end"]]
-    durations = sorted(b - a for a, b in zip(starts, ends, strict=True))
-    return durations[len(durations) // 2] * size
+    return float(timing["compute"])
 
 
 class _OutputRelay:
