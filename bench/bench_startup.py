@@ -141,22 +141,12 @@ def _wait_gone(procs, t_ref, timeout=10.0):
     return time.perf_counter() - t_ref, [p.pid for p in alive]
 
 
-def _run_ipp(kwargs_factory) -> dict:
-    t0 = time.perf_counter()
-    import ipyparallel as ipp
-
-    t_import = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    cluster = ipp.Cluster(**kwargs_factory())
-    client = cluster.start_and_connect_sync()
-    r = client[:].apply_sync(lambda: 1)
-    t_ready = time.perf_counter() - t0
+def _stop_and_report(t_import: float, t_ready: float, stop) -> dict:
+    """Stop a ready cluster and time it: the same record for every variant."""
     t_since_process = time.perf_counter() - _T_PROCESS
-    assert r == [1, 1], r
     procs = _children()
     t0 = time.perf_counter()
-    client.close()
-    cluster.stop_cluster_sync()
+    stop()
     t_stop = time.perf_counter() - t0
     t_gone, alive = _wait_gone(procs, t0)
     return dict(
@@ -167,6 +157,22 @@ def _run_ipp(kwargs_factory) -> dict:
         process_start_to_ready_s=t_since_process,
         nprocs=len(procs),
         leftover=alive,
+    )
+
+
+def _run_ipp(kwargs_factory) -> dict:
+    t0 = time.perf_counter()
+    import ipyparallel as ipp
+
+    t_import = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cluster = ipp.Cluster(**kwargs_factory())
+    client = cluster.start_and_connect_sync()
+    r = client[:].apply_sync(lambda: 1)
+    t_ready = time.perf_counter() - t0
+    assert r == [1, 1], r
+    return _stop_and_report(
+        t_import, t_ready, lambda: (client.close(), cluster.stop_cluster_sync())
     )
 
 
@@ -185,22 +191,8 @@ def _run_gpucell() -> dict:
     handle = start_cluster(n=2)
     r = handle.client[:].apply_sync(lambda: 1)
     t_ready = time.perf_counter() - t0
-    t_since_process = time.perf_counter() - _T_PROCESS
     assert r == [1, 1], r
-    procs = _children()
-    t0 = time.perf_counter()
-    handle.stop()
-    t_stop = time.perf_counter() - t0
-    t_gone, alive = _wait_gone(procs, t0)
-    return dict(
-        import_s=t_import,
-        ready_s=t_ready,
-        stop_s=t_stop,
-        gone_s=t_gone,
-        process_start_to_ready_s=t_since_process,
-        nprocs=len(procs),
-        leftover=alive,
-    )
+    return _stop_and_report(t_import, t_ready, handle.stop)
 
 
 def _run_dask() -> dict:
@@ -218,22 +210,9 @@ def _run_dask() -> dict:
     client.wait_for_workers(2)
     r = client.run(lambda: 1)
     t_ready = time.perf_counter() - t0
-    t_since_process = time.perf_counter() - _T_PROCESS
     assert list(r.values()) == [1, 1], r
-    procs = _children()
-    t0 = time.perf_counter()
-    client.close()
-    cluster.close()
-    t_stop = time.perf_counter() - t0
-    t_gone, alive = _wait_gone(procs, t0)
-    return dict(
-        import_s=t_import,
-        ready_s=t_ready,
-        stop_s=t_stop,
-        gone_s=t_gone,
-        process_start_to_ready_s=t_since_process,
-        nprocs=len(procs),
-        leftover=alive,
+    return _stop_and_report(
+        t_import, t_ready, lambda: (client.close(), cluster.close())
     )
 
 
