@@ -262,6 +262,29 @@ class _Shared:
         self.util_style = ProgressStyle(description_width=_px(W_UTIL_FIG))
         self.mem_style = ProgressStyle(description_width=_px(W_MEM_FIG))
 
+    def util_bar(self, w: Any) -> Any:
+        """A device's utilisation bar (its figure is the description)."""
+        return w.FloatProgress(
+            min=0.0,
+            max=1.0,
+            description=model._NA,
+            bar_style="info",
+            style=self.util_style,
+            layout=self.util,
+            tooltip="",
+        )
+
+    def mem_bar(self, w: Any) -> Any:
+        """A device's memory bar."""
+        return w.FloatProgress(
+            min=0.0,
+            max=1.0,
+            description=model._NA,
+            style=self.mem_style,
+            layout=self.mem,
+            tooltip="",
+        )
+
 
 class _RowWidgets:
     """The widgets of one device row (an ``HBox``)."""
@@ -270,23 +293,8 @@ class _RowWidgets:
         # tooltip="": ipywidgets writes a None tooltip into the label's title as
         # the word "null", which a hover then shows
         self.label = w.HTML(layout=sh.label, style=sh.html, tooltip="")
-        self.util = w.FloatProgress(
-            min=0.0,
-            max=1.0,
-            description=model._NA,
-            bar_style="info",
-            style=sh.util_style,
-            layout=sh.util,
-            tooltip="",
-        )
-        self.mem = w.FloatProgress(
-            min=0.0,
-            max=1.0,
-            description=model._NA,
-            style=sh.mem_style,
-            layout=sh.mem,
-            tooltip="",
-        )
+        self.util = sh.util_bar(w)
+        self.mem = sh.mem_bar(w)
         self.stats = w.HTML(layout=sh.stats, style=sh.html, tooltip="")
         self.state = w.HTML(layout=sh.state, style=sh.html, tooltip="")
         self.box = w.HBox(

@@ -101,23 +101,8 @@ class DeviceSelector:
                 value=sel is None or eid in sel, indent=False, layout=check, tooltip=""
             )
             cb.observe(self._on_toggle, names="value")
-            bar = w.FloatProgress(
-                min=0.0,
-                max=1.0,
-                bar_style="info",
-                description=model._NA,
-                style=sh.util_style,
-                layout=sh.util,
-                tooltip="",
-            )
-            mem = w.FloatProgress(
-                min=0.0,
-                max=1.0,
-                description=model._NA,
-                style=sh.mem_style,
-                layout=sh.mem,
-                tooltip="",
-            )
+            bar = sh.util_bar(w)
+            mem = sh.mem_bar(w)
             load = w.HTML(layout=sh.stats, style=sh.html, tooltip="")
             self.checkboxes[eid], self.bars[eid] = cb, bar
             self.mems[eid], self.loads[eid] = mem, load
