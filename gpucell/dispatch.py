@@ -182,12 +182,13 @@ def run_chunks(
                 record.errors.append(str(e))
                 raise
         frames = encoded[send]
-        if channel is not None and wire.frames_nbytes(frames) >= channel.min_bytes:
+        nbytes = wire.frames_nbytes(frames)
+        if channel is not None and nbytes >= channel.min_bytes:
             if send not in mapped:  # written once, mapped by every local engine
                 mapped[send] = shm.spill(frames, channel, f"in-{cell[:12]}-{eid}")
             if shm.spilled(mapped[send]) and gc.sees_shm(eid):
                 frames = mapped[send]
-                record.shared_bytes += wire.frames_nbytes(encoded[send])
+                record.shared_bytes += nbytes
         setups[eid] = ((programs[eid], sorted(inputs), keys), frames)
         cache.pop(eid, None)  # unknown until this engine's first chunk answers
 
@@ -206,7 +207,6 @@ def run_chunks(
     )
     record.schedule = sched.mode + (" (profiled)" if sched.profiled else "")
     views = {eid: gc.view(eid) for eid in alive}
-    results_to = channel
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
     ends: dict[int, float] = {}
     results: dict[int, Any] = {}
@@ -248,7 +248,7 @@ def run_chunks(
                 options.seed,
                 setup,
                 input_frames,
-                results_to,
+                channel,
             )
             # a chunk queued behind another waits on the engine, and an engine's
             # first chunk also loads the program and inputs (and the imports they
@@ -332,7 +332,7 @@ def run_chunks(
         output.flush(inflight)
         for frames in mapped.values():  # every engine that maps it has it mapped
             shm.release(frames)
-        if results_to is not None and (record.status != "running" or record.warnings):
+        if channel is not None and (record.status != "running" or record.warnings):
             gc.sweep_results()  # results abandoned by a failure, or a lost engine
     record.wall = time.perf_counter() - t0
     record.status = "ok"
@@ -535,8 +535,10 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, ends) -> None:
     results[chunk.start] = payload
     # a profiled schedule compares each chunk's time with the profile's cost of
     # the same iterations: it needs the whole time, not a median-based estimate
-    seconds = timing["compute"] if sched.profiled else None
-    sched.complete(chunk.id, seconds or _robust_seconds(timing, chunk.size))
+    if sched.profiled:
+        sched.complete(chunk.id, timing["compute"])
+    else:
+        sched.complete(chunk.id, _robust_seconds(timing, chunk.size))
     if t_sub is not None:
         sched.observe_overhead(
             max(0.0, time.perf_counter() - t_sub - timing["compute"])

@@ -102,7 +102,6 @@ class Recorder:
         start: int,
         *,
         seed_fn: Callable[[int], Any] | None = None,
-        on_iteration: Callable[[int], Any] | None = None,
         device: Any = None,
         stamps: dict[int, float] | None = None,
         to_host: Any = None,
@@ -113,7 +112,6 @@ class Recorder:
         self.to_host = to_host
         self.result = ChunkResult(start=start)
         self.seed_fn = seed_fn
-        self.on_iteration = on_iteration
         self.device = device
         # iteration index -> wall-clock start: provenance, and which iteration
         # is running (the last key) for output tags and error reports
@@ -130,7 +128,7 @@ class Recorder:
     @property
     def current(self) -> int | None:
         """The iteration running (or that ran last)."""
-        return next(reversed(self.stamps)) if self.stamps else None
+        return next(reversed(self.stamps), None)
 
     # -- called by the program ---------------------------------------------------
 
@@ -150,16 +148,14 @@ class Recorder:
             ns["__gpucell_device__"] = target
             ns[AS_DEVICE] = functools.partial(as_device, target)
         ns[NOW] = time.time
-        stamp = self.stamps.__setitem__
-        if self.seed_fn is None and self.on_iteration is None:
+        stamp, seed = self.stamps.__setitem__, self.seed_fn
+        if seed is None:
             ns[BEGIN] = stamp
         else:
-            hooks = [h for h in (self.on_iteration, self.seed_fn) if h is not None]
 
             def begin(index: int, t: float) -> None:
                 stamp(index, t)
-                for hook in hooks:
-                    hook(index)
+                seed(index)
 
             ns[BEGIN] = begin
         gathers = self.result.gathers
@@ -170,10 +166,6 @@ class Recorder:
                 ns[gather_name(name)] = add
             else:
                 ns[gather_name(name)] = lambda v, add=add: add(to_host(v))
-
-    def begin(self, index: int) -> None:
-        """Per-iteration start for programs that call the recorder directly."""
-        self.ns[BEGIN](index, time.time())
 
     def end(self, index: int) -> None:
         ns, last = self.ns, self.result.last_values
@@ -253,7 +245,7 @@ class Recorder:
             # exactly as a serial run would; merge only compares chunks, so the
             # chunk's last index orders them.
             r.count = len(self.stamps)
-            last_index = self.current if self.current is not None else r.start
+            last_index = next(reversed(self.stamps), r.start)
             ns, last = self.ns, r.last_values
             for name in self.locals:
                 value = ns.get(name, _MISSING)
@@ -314,7 +306,6 @@ def run_chunk(
     start_index: int,
     *,
     seed_fn: Callable[[int], Any] | None = None,
-    on_iteration: Callable[[int], Any] | None = None,
     device: Any = None,
     stamps: dict[int, float] | None = None,
     to_host: Any = None,
@@ -334,8 +325,6 @@ def run_chunk(
         Index of the chunk's first iteration in the whole loop.
     seed_fn : callable, optional
         ``seed_fn(i)`` before iteration ``i`` runs (per-iteration seeding hook).
-    on_iteration : callable, optional
-        ``on_iteration(i)`` when iteration ``i`` starts (progress/output tagging).
     device : str or torch.device, optional
         The engine's device for ``__gpucell_device__`` (CUDA-rewritten programs);
         default: ``cuda`` when available, else ``cpu``.
@@ -361,7 +350,6 @@ def run_chunk(
         ns,
         start_index,
         seed_fn=seed_fn,
-        on_iteration=on_iteration,
         device=device,
         stamps=stamps,
         to_host=to_host,

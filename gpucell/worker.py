@@ -127,7 +127,7 @@ class _Tagged(io.TextIOBase):
         self.written = False  # flushing costs a round trip to the I/O thread
 
     def _prefix(self) -> str:
-        i = next(reversed(self._stamps)) if self._stamps else None
+        i = next(reversed(self._stamps), None)
         if i is None:
             return f"[engine {self._engine}] "
         return f"[engine {self._engine} | iteration {i}] "
