@@ -115,9 +115,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
                 raise_errors=not req.dry_run,
             )
             if len(_PLANS) >= 64:
-                old = _PLANS.pop(next(iter(_PLANS)))
-                for what in ("prelude", "leaves", "epilogue", "program"):
-                    _CODES.pop((id(old), what), None)
+                _CODES.pop(id(_PLANS.pop(next(iter(_PLANS)))), None)
             _PLANS[key] = plan
         return plan
 
@@ -282,18 +280,18 @@ def _run_with_display(
 
 
 _PLANS: dict[Any, Any] = {}
-# compiled prelude, iterable and epilogue of the cached plans (a re-run of a cell
-# compiles nothing), keyed by the plan object's id while the plan is cached
-_CODES: dict[tuple[int, str], Any] = {}
+# compiled prelude, iterable, epilogue and engine program of the cached plans (a
+# re-run of a cell compiles nothing), by the plan object's id while it is cached
+_CODES: dict[int, dict[str, Any]] = {}
 
 
 def _code(plan: Any, what: str, make: Any) -> Any:
-    key = (id(plan), what)
-    if key not in _CODES:
-        if not any(p is plan for p in _PLANS.values()):
-            return make()  # not cached: its id may be reused later
-        _CODES[key] = make()
-    return _CODES[key]
+    if not any(p is plan for p in _PLANS.values()):
+        return make()  # not cached: its id may be reused later
+    codes = _CODES.setdefault(id(plan), {})
+    if what not in codes:
+        codes[what] = make()
+    return codes[what]
 
 
 def _names_cuda(value: Any, depth: int = 1) -> bool:
