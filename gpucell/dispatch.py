@@ -437,6 +437,11 @@ def _robust_seconds(timing: dict[str, Any], size: int) -> float:
     return float(timing["compute"])
 
 
+def _whole_lines(text: str, final: bool) -> str:
+    """``text`` up to its last newline (all of it when ``final``)."""
+    return text if final else text[: text.rfind("\n") + 1]
+
+
 class _OutputRelay:
     """Forward engine output to the cell as it arrives, losing none.
 
@@ -456,26 +461,36 @@ class _OutputRelay:
         self._draining: list[Any] = []
 
     def watch(self, ar: Any) -> None:
-        md = self._client.metadata.get(ar.msg_ids[0])
+        # the task's own record, which its future holds: the client drops its
+        # copy once a task has finished, and a one-iteration chunk can finish
+        # before apply_async's caller runs again (output was lost that way)
+        md = ar.metadata
+        if isinstance(md, list):
+            md = md[0] if md else None
         if md is not None:
             self._md[ar] = md
             self._printed[ar] = (0, 0)
 
-    def _forward(self, ar: Any) -> None:
+    def _forward(self, ar: Any, final: bool = False) -> None:
+        """Relay what ``ar`` wrote since the last call: whole lines only while it
+        runs (a line can arrive in pieces, and another engine's line must not
+        land inside it), the rest once it is complete."""
         md = self._md.get(ar)
         if md is None:
             return
         out, err = md.get("stdout") or "", md.get("stderr") or ""
         k_out, k_err = self._printed[ar]
-        if len(out) > k_out:
-            self._relay(out[k_out:])
-        if len(err) > k_err:
-            sys.stderr.write(err[k_err:])
+        new_out = _whole_lines(out[k_out:], final)
+        new_err = _whole_lines(err[k_err:], final)
+        if new_out:
+            self._relay(new_out)
+        if new_err:
+            sys.stderr.write(new_err)
             sys.stderr.flush()
-        self._printed[ar] = (len(out), len(err))
+        self._printed[ar] = (k_out + len(new_out), k_err + len(new_err))
 
     def _complete(self, ar: Any) -> None:
-        self._forward(ar)
+        self._forward(ar, final=True)
         md = self._md.pop(ar, None)
         self._printed.pop(ar, None)
         if md is not None:
