@@ -194,6 +194,19 @@ def test_prints_are_forwarded_tagged_with_engine_and_iteration(ip, cluster, caps
         assert f"| iteration {i}] hello {i}" in out
 
 
+def test_every_print_arrives_from_many_small_chunks(ip, cluster, capsys):
+    """Engines skip flushes with nothing written (engine_tuning): output written
+    just before a chunk ends must still arrive, in full."""
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --schedule dynamic --chunksize 1",
+        "for i in range(60):\n    print('line', i, 'x' * 50)\n",
+    )
+    out = capsys.readouterr().out
+    for i in range(60):
+        assert out.count(f"| iteration {i}] line {i} {'x' * 50}\n") == 1, i
+
+
 def test_summary_line_and_last_run(ip, cluster, capsys):
     ip.run_cell_magic("gpu_parallel", "", "for i in range(50):\n    v = i\n")
     out = capsys.readouterr().out
