@@ -244,9 +244,13 @@ def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[st
 def _describe_engines(
     client: ipp.Client, ids: Sequence[int], timeout: float, channel: Any = None
 ) -> dict[int, dict[str, Any]]:
+    """Tune and describe the engines of a cluster we started."""
+    from .engine_tuning import tune
     from .runtime import describe
 
     view = client.direct_view(list(ids))
+    # engines we started are ours to tune (see engine_tuning); same round trip
+    view.apply_async(tune)
     ar = view.apply_async(describe, channel)
     try:
         infos = ar.get(timeout=timeout)
@@ -346,6 +350,8 @@ def start_cluster(
     import ipyparallel as ipp
 
     cluster_kw, controller_args, engine_args = _fast_start_settings(s.fast_start)
+    controller_args += [f"--IPController.log_level={s.cluster_log_level}"]
+    engine_args += [f"--IPEngine.log_level={s.cluster_log_level}"]
     cluster = ipp.Cluster(
         n=len(specs),
         engine_launcher_class="gpucell",

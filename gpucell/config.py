@@ -46,6 +46,15 @@ class GpuCell(Configurable):
         help="Start the controller with its schedulers in threads and engines without "
         "a nanny process where that is safe, which halves start-up on small hosts.",
     )
+    cluster_log_level = Enum(
+        ["DEBUG", "INFO", "WARN", "ERROR", "CRITICAL"],
+        "WARN",
+        config=True,
+        help="Log level of the controller and engines a local cluster starts. "
+        "ipyparallel's own default, INFO, writes a line per task to the controller's "
+        "and each engine's log file (CPU on every task, files that grow with the "
+        "loop); set INFO or DEBUG to see them when debugging a cluster.",
+    )
     schedule = Enum(
         ["guided", "dynamic", "static"],
         "guided",

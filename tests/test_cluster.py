@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -226,6 +227,33 @@ def ipcluster(tmp_path):
             os.environ["IPYTHONDIR"] = old
 
 
+def _flush_is_tuned() -> bool:
+    from ipykernel.iostream import OutStream
+
+    return hasattr(OutStream.flush, "_gpucell_original")
+
+
+def _engine_log_state() -> dict:
+    import logging
+
+    from ipyparallel.engine.app import IPEngine
+
+    app = IPEngine.instance()
+    return {
+        "level": app.kernel.log.getEffectiveLevel(),
+        "handlers": [h.level for h in logging.getLogger(app.log.name).handlers],
+    }
+
+
+def test_started_engines_are_tuned_and_log_quietly(cluster):
+    """Engines we start skip ipykernel's empty flushes and build no log records
+    below WARN, so a chunk costs less; ipyparallel's per-task INFO line is gone."""
+    assert all(cluster.client[:].apply_sync(_flush_is_tuned))
+    for state in cluster.client[:].apply_sync(_engine_log_state):
+        assert state["level"] >= logging.WARNING
+        assert all(h >= logging.WARNING for h in state["handlers"])
+
+
 def test_connect_to_an_ipcluster_profile(ip, ipcluster, no_active_cluster, capsys):
     deadline = time.monotonic() + 60
     while True:  # ipcluster writes its connection file once the controller is up
@@ -255,6 +283,9 @@ def test_connect_to_an_ipcluster_profile(ip, ipcluster, no_active_cluster, capsy
             )
         )
         assert env[0] == "cpu" and int(env[1]) >= 1
+    # someone else's engines: ipykernel left as it is (see engine_tuning)
+    for tuned in c.client[:].apply_sync(_flush_is_tuned):
+        assert tuned is False
     ip.run_line_magic("gpu_cluster", "status")
     assert "engine" in capsys.readouterr().out
     engine_pids = [e.pid for e in c.engines.values()]
