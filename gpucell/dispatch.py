@@ -437,6 +437,10 @@ def _robust_seconds(timing: dict[str, Any], size: int) -> float:
     return float(timing["compute"])
 
 
+#: seconds an unfinished line from a running task waits for the rest of it
+PARTIAL_LINE_WAIT = 1.0
+
+
 def _whole_lines(text: str, final: bool) -> str:
     """``text`` up to its last newline (all of it when ``final``)."""
     return text if final else text[: text.rfind("\n") + 1]
@@ -459,6 +463,8 @@ class _OutputRelay:
         self._md: dict[Any, Any] = {}
         self._printed: dict[Any, tuple[int, int]] = {}
         self._draining: list[Any] = []
+        self._partial_since: dict[Any, float] = {}  # a line waiting for its end
+        self._open_line: Any = None  # the task whose relayed line has no end yet
 
     def watch(self, ar: Any) -> None:
         # the task's own record, which its future holds: the client drops its
@@ -474,15 +480,25 @@ class _OutputRelay:
     def _forward(self, ar: Any, final: bool = False) -> None:
         """Relay what ``ar`` wrote since the last call: whole lines only while it
         runs (a line can arrive in pieces, and another engine's line must not
-        land inside it), the rest once it is complete."""
+        land inside it), the rest once it is complete or has waited
+        :data:`PARTIAL_LINE_WAIT`."""
         md = self._md.get(ar)
         if md is None:
             return
         out, err = md.get("stdout") or "", md.get("stderr") or ""
         k_out, k_err = self._printed[ar]
+        if not final and (out[-1:] not in ("", "\n") or err[-1:] not in ("", "\n")):
+            # a progress line (dots, a \r counter) still shows, a second late
+            since = self._partial_since.setdefault(ar, time.perf_counter())
+            final = time.perf_counter() - since >= PARTIAL_LINE_WAIT
         new_out = _whole_lines(out[k_out:], final)
         new_err = _whole_lines(err[k_err:], final)
+        if final:
+            self._partial_since.pop(ar, None)
         if new_out:
+            if self._open_line not in (None, ar):
+                new_out = "\n" + new_out  # another task's line was left open
+            self._open_line = None if new_out.endswith("\n") else ar
             self._relay(new_out)
         if new_err:
             sys.stderr.write(new_err)
@@ -493,6 +509,7 @@ class _OutputRelay:
         self._forward(ar, final=True)
         md = self._md.pop(ar, None)
         self._printed.pop(ar, None)
+        self._partial_since.pop(ar, None)
         if md is not None:
             _display_outputs(md.get("outputs") or [])
 

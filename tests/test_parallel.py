@@ -7,7 +7,10 @@ same cell leaves when run serially.
 from __future__ import annotations
 
 import copy
+import io
+import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -205,6 +208,39 @@ def test_every_print_arrives_from_many_small_chunks(ip, cluster, capsys):
     out = capsys.readouterr().out
     for i in range(60):
         assert out.count(f"| iteration {i}] line {i} {'x' * 50}\n") == 1, i
+
+
+def test_an_unfinished_line_shows_while_its_iteration_runs(ip, cluster, monkeypatch):
+    """Progress written without a newline (dots, a counter) is held for whole
+    lines, but not for longer than PARTIAL_LINE_WAIT: it shows while the
+    iteration is still running."""
+    from gpucell.dispatch import PARTIAL_LINE_WAIT
+
+    arrivals: list[tuple[float, str]] = []
+
+    class Recording(io.StringIO):
+        def write(self, s: str) -> int:
+            arrivals.append((time.perf_counter(), s))
+            return super().write(s)
+
+    monkeypatch.setattr(sys, "stdout", Recording())
+    cell = (
+        "import time\n"
+        "for i in range(2):\n"
+        "    print('working', end='', flush=True)\n"
+        f"    time.sleep({PARTIAL_LINE_WAIT + 1.5})\n"
+        "    print(' done')\n"
+    )
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    end = time.perf_counter()
+    text = "".join(s for _, s in arrivals)
+    lines = text.splitlines()
+    # each engine's line shows; one left open is ended before another's starts
+    assert sum(line.count("working") for line in lines) == 2
+    assert all(line.count("working") <= 1 for line in lines)
+    assert text.count("done") == 2
+    first = min(t for t, s in arrivals if "working" in s)
+    assert end - first > 0.5  # shown before the iterations ended
 
 
 def test_summary_line_and_last_run(ip, cluster, capsys):
