@@ -39,7 +39,7 @@ def _skip_empty_flushes() -> bool:
         return True  # already tuned
 
     def quick_flush(self: Any) -> None:
-        if self.__dict__.get("_gpucell_dirty", True) or self.echo is not None:
+        if self.__dict__.get("_gpucell_dirty", True) or getattr(self, "echo", None):
             self._gpucell_dirty = False
             flush(self)
 
