@@ -45,7 +45,10 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
     conn.add_argument("--profile", default=None)
     conn.add_argument("--cluster-id", default=None)
     conn.add_argument("--file", default=None, help="An ipcontroller-client.json.")
-    conn.add_argument("--ssh", default=None, help="user@host to tunnel through.")
+    conn.add_argument(
+        "--ssh", default=None, help="user@host[:port] to tunnel through (key login)."
+    )
+    conn.add_argument("--ssh-key", default=None, help="Private key for --ssh.")
     conn.add_argument("--timeout", type=float, default=None)
 
     select = _parser(
@@ -73,7 +76,7 @@ Usage:
   %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K] [--cpu-engines M]
                      [--profile NAME] [--timeout S]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
-                       [--ssh user@host] [--timeout S]
+                       [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
   %gpu_cluster status
   %gpu_cluster select [0,2|all]
   %gpu_cluster monitor
@@ -93,7 +96,8 @@ class GpuClusterMagics(Magics):
 
           %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K]
                              [--cpu-engines M] [--profile NAME] [--timeout S]
-          %gpu_cluster connect --profile P | --cluster-id ID | --file F [--ssh u@h]
+          %gpu_cluster connect --profile P | --cluster-id ID | --file F
+                               [--ssh u@h[:port] [--ssh-key K]]
           %gpu_cluster status
           %gpu_cluster select [0,2|all]
           %gpu_cluster monitor
@@ -149,6 +153,7 @@ class GpuClusterMagics(Magics):
                     cluster_id=args.cluster_id,
                     file=args.file,
                     ssh=args.ssh,
+                    ssh_key=args.ssh_key,
                     timeout=args.timeout,
                     echo=print,
                 )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -100,3 +103,45 @@ def wait_gone(pids: set[int] | list[int], timeout: float = 10.0) -> set[int]:
         if alive:
             time.sleep(0.1)
     return alive
+
+
+@pytest.fixture
+def ipcluster(tmp_path):
+    """A cluster started by `ipcluster start --profile X` in another process."""
+    ipdir = tmp_path / "ipython"
+    env = dict(os.environ, IPYTHONDIR=str(ipdir))
+    exe = os.path.join(os.path.dirname(sys.executable), "ipcluster")
+    subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "ipython"),
+            "profile",
+            "create",
+            "X",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    proc = subprocess.Popen(
+        [exe, "start", "--profile=X", "-n", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(ipdir)
+    try:
+        yield proc
+    finally:
+        subprocess.run(
+            [exe, "stop", "--profile=X"], env=env, capture_output=True, timeout=60
+        )
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if old is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = old

@@ -185,48 +185,6 @@ def test_connect_to_a_dead_controller_times_out(tmp_path, no_active_cluster):
     assert gc_mod._current is None
 
 
-@pytest.fixture
-def ipcluster(tmp_path):
-    """A cluster started by `ipcluster start --profile X` in another process."""
-    ipdir = tmp_path / "ipython"
-    env = dict(os.environ, IPYTHONDIR=str(ipdir))
-    exe = os.path.join(os.path.dirname(sys.executable), "ipcluster")
-    subprocess.run(
-        [
-            os.path.join(os.path.dirname(sys.executable), "ipython"),
-            "profile",
-            "create",
-            "X",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    proc = subprocess.Popen(
-        [exe, "start", "--profile=X", "-n", "2"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    old = os.environ.get("IPYTHONDIR")
-    os.environ["IPYTHONDIR"] = str(ipdir)
-    try:
-        yield proc
-    finally:
-        subprocess.run(
-            [exe, "stop", "--profile=X"], env=env, capture_output=True, timeout=60
-        )
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        if old is None:
-            os.environ.pop("IPYTHONDIR", None)
-        else:
-            os.environ["IPYTHONDIR"] = old
-
-
 def _flush_is_tuned() -> bool:
     from ipykernel.iostream import OutStream
 
