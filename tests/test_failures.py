@@ -133,3 +133,46 @@ def test_engine_killed_during_a_profiled_run_with_shm_results(
         killer.cancel()
         gpucell.stop()
     assert not wait_gone(children() - before), "engine processes leaked"
+
+
+def test_timeout_interrupts_engines_of_another_host_through_their_nanny(
+    ip, ipcluster, no_active_cluster
+):
+    """Engines on another host cannot be signalled by pid: the interrupt goes
+    through ipyparallel's ``send_signal`` to each engine's nanny.  A second host
+    cannot exist here, so ipcluster's local engines are recorded as remote (the
+    one thing this test makes up); the signal path itself is ipyparallel's."""
+    import dataclasses
+
+    import ipyparallel as ipp
+
+    deadline = time.monotonic() + 60
+    while True:  # ipcluster writes its connection file once the controller is up
+        try:
+            client = ipp.Client(profile="X", timeout=10)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    client.wait_for_engines(2, timeout=60, interactive=False)
+    client.close()
+    c = gpucell.connect(profile="X", timeout=30)
+    for eid, info in list(c.engines.items()):
+        c.engines[eid] = dataclasses.replace(info, host="elsewhere.example")
+    ip.user_ns.update({"time": time, "out": ["untouched"]})
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeout):  # each engine is 1 s into a 6 s iteration
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet --timeout 1",
+            "for i in range(4):\n    time.sleep(6)\n    out.append(i)\n",
+        )
+    # interrupted, not left to finish
+    assert time.monotonic() - t0 < 4.0
+    assert ip.user_ns["out"] == ["untouched"]
+    assert idle(c)
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(3):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == ["untouched", 0, 1, 2]
