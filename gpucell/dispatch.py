@@ -85,6 +85,31 @@ def _pid_running(pid: int) -> bool:
             return False
 
 
+#: seconds a trial chunk runs before it stops starting iterations: long enough
+#: to measure a pace, short enough that a slow engine is not committed to much
+TRIAL_SECONDS = 0.05
+#: trial chunks send an engine its whole part, and what it did not reach is sent
+#: again: only where a loop's chunk objects are this small in all
+_RESEND_BYTES = 1 << 20
+
+
+def _cheap_to_resend(chunk_of: Callable[[int, int], Any], n: int) -> bool:
+    """The whole loop's chunk objects would be small on the wire (a range of any
+    length, or a short list of small items): estimated from what 16 more of its
+    first iterations add to a chunk."""
+    if n <= 0:
+        return False
+    k = min(n, 16)
+    try:
+        one, more = (
+            wire.frames_nbytes(wire.dumps(chunk_of(0, m))) for m in (max(1, k // 2), k)
+        )
+    except Exception:
+        return False
+    per_item = max(0, more - one) / max(1, k - max(1, k // 2))
+    return one + per_item * n <= _RESEND_BYTES
+
+
 def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
     """Interrupt running work: signal local engine pids, ask the nanny otherwise."""
     remote = []
@@ -204,6 +229,7 @@ def run_chunks(
         profile=options.profile,
         heterogeneous=len({(gc.engines[e].kind, gc.engines[e].name) for e in alive})
         > 1,
+        trial=_cheap_to_resend(chunk_of, n),
     )
     record.schedule = sched.mode + (" (profiled)" if sched.profiled else "")
     views = {eid: gc.view(eid) for eid in alive}
@@ -237,6 +263,7 @@ def run_chunks(
                     "raise --retries."
                 )
             frames = wire.dumps(chunk_of(c.start, c.stop))
+            budget = TRIAL_SECONDS if sched.trial and sched.calibrating(eid) else None
             queued_behind = any(ch.engine == eid for ch, _ in inflight.values())
             setup, input_frames = setups.pop(eid, (None, None))
             ar = views[eid].apply_async(
@@ -249,6 +276,7 @@ def run_chunks(
                 setup,
                 input_frames,
                 channel,
+                budget,
             )
             # a chunk queued behind another waits on the engine, and an engine's
             # first chunk also loads the program and inputs (and the imports they
@@ -565,12 +593,13 @@ def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, ends) -> None:
         record.chunks.append(_record(chunk, gc, timing, "failed"))
         _raise_iteration_error(payload, chunk, gc, record)
     results[chunk.start] = payload
+    done = timing.get("done", chunk.size)  # fewer when a trial chunk stopped early
     # a profiled schedule compares each chunk's time with the profile's cost of
     # the same iterations: it needs the whole time, not a median-based estimate
     if sched.profiled:
-        sched.complete(chunk.id, timing["compute"])
+        sched.complete(chunk.id, timing["compute"], done=done)
     else:
-        sched.complete(chunk.id, _robust_seconds(timing, chunk.size))
+        sched.complete(chunk.id, _robust_seconds(timing, done), done=done)
     if t_sub is not None:
         sched.observe_overhead(
             max(0.0, time.perf_counter() - t_sub - timing["compute"])

@@ -15,7 +15,7 @@ import itertools
 import linecache
 import marshal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
 from typing import Any
@@ -299,6 +299,16 @@ def _as_code(program: Any) -> CodeType:
     raise TypeError(f"cannot run a chunk program of type {type(program).__name__}")
 
 
+def _until(items: Iterable[Any], deadline: float) -> Iterator[Any]:
+    """``items`` until ``deadline`` passes, checked after each iteration (so the
+    first always runs): the loop's own ``for`` ends, the program is unchanged."""
+    clock = time.perf_counter
+    for item in items:
+        yield item
+        if clock() >= deadline:
+            return
+
+
 def run_chunk(
     program: Any,
     namespace: Mapping[str, Any],
@@ -309,6 +319,7 @@ def run_chunk(
     device: Any = None,
     stamps: dict[int, float] | None = None,
     to_host: Any = None,
+    deadline: float | None = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -335,6 +346,9 @@ def run_chunk(
     to_host : gpucell.tohost.HostCopier, optional
         On GPU engines: copies recorded CUDA tensors to the host as they are
         recorded, overlapping later iterations; awaited before returning.
+    deadline : float, optional
+        ``time.perf_counter()`` after which no further iteration starts (a trial
+        chunk); the result's ``count`` says how many ran (at least one).
 
     Raises
     ------
@@ -355,9 +369,10 @@ def run_chunk(
         to_host=to_host,
     )
     ns["__gpucell_rec__"] = rec
-    ns["__gpucell_items__"] = zip(
+    items: Iterable[Any] = zip(
         itertools.count(start_index), chunk_items(chunk_obj), strict=False
     )
+    ns["__gpucell_items__"] = items if deadline is None else _until(items, deadline)
     try:
         exec(code, ns)
     except BaseException as exc:

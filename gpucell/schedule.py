@@ -114,6 +114,13 @@ class Schedule:
         models): chunk sizes follow each engine's measured speed.  Between equal
         devices, measured differences are noise or the iterations' own varying
         costs, so work is shared equally.
+    trial
+        Calibration chunks are trials: an unmeasured engine gets its whole fair
+        part, which the dispatcher lets run for a short time budget only; the
+        iterations it did not reach come back through ``complete(..., done=k)``.
+        A cheap loop then takes one round trip per engine instead of a
+        calibration round first.  (For loops whose chunks cost little to send:
+        the unreached part travels twice.)
     profile
         Seconds of each iteration ``0..n-1`` in an earlier run of the same cell:
         guided chunks are then cut by cost and the costliest go out first (see
@@ -134,6 +141,7 @@ class Schedule:
     uniform: bool = False
     heterogeneous: bool = False
     profile: Sequence[float] | None = field(default=None, repr=False)
+    trial: bool = False
     profiled: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
@@ -204,6 +212,10 @@ class Schedule:
         """Iterations ``engine`` finished, and their engine-measured seconds."""
         its, secs = self._done.get(engine, (0, 0.0))
         return int(its), float(secs)
+
+    def calibrating(self, engine: int) -> bool:
+        """``engine``'s pace is not measured yet (its next chunk calibrates)."""
+        return self._pace(engine) is None
 
     def wants_work(self, engine: int) -> bool:
         """True when ``engine`` has fewer chunks outstanding than it should."""
@@ -287,18 +299,30 @@ class Schedule:
                         progress = True
         return out
 
-    def complete(self, chunk_id: int, seconds: float) -> None:
-        """Record a chunk done, with its engine-measured compute time."""
+    def complete(self, chunk_id: int, seconds: float, done: int | None = None) -> None:
+        """Record a chunk done, with its engine-measured compute time.
+
+        ``done``: iterations the engine ran when it stopped a trial chunk early;
+        the chunk shrinks to them and the rest goes back to be handed out first.
+        """
         c = self.chunks[chunk_id]
         if c.state != RUNNING:
             return
+        if done is not None and 0 < done < c.size:
+            rest = (c.start + done, c.stop, c.attempt)
+            c.stop = c.start + done
+            if self.profiled:
+                self._taken[rest[0] : rest[1]] = bytes(rest[1] - rest[0])
+                self._seek, self._back = 0, self.n - 1
+            self._free.append(rest)
+            self._free.sort()
         c.state = DONE
         c.seconds = seconds
         if c.engine is not None:
             self._running[c.engine].pop(c.id, None)
-            done = self._done[c.engine]
-            done[0] += c.size
-            done[1] += seconds
+            tally = self._done[c.engine]
+            tally[0] += c.size
+            tally[1] += seconds
         if c.size and seconds > 0:
             self._max_pace = max(self._max_pace, seconds / c.size)
         if c.engine is not None and c.engine in self._stats:
@@ -413,11 +437,14 @@ class Schedule:
         if self.mode == "dynamic":
             return max(1, min(remaining, floor))
         share = remaining / (self.factor * k) * self._speed_share(engine)
-        if self._pace(engine) is None and len(self._alive) > 1:
-            # calibration: an unmeasured engine gets a small first chunk, so a
-            # slow engine cannot be handed a quarter of the loop before anyone
-            # knows it is slow
-            share /= 4
+        if self.calibrating(engine):
+            if self.trial:
+                return max(1, min(remaining, fair))  # cut short on the engine
+            if len(self._alive) > 1:
+                # calibration: an unmeasured engine gets a small first chunk, so
+                # a slow engine cannot be handed a quarter of the loop before
+                # anyone knows it is slow
+                share /= 4
         return max(1, min(remaining, fair, max(floor, math.ceil(share))))
 
     # -- profiled (cost-cut) guided ----------------------------------------------

@@ -225,6 +225,7 @@ def run(
     setup: tuple[Any, list[str], dict[str, Any]] | None = None,
     input_frames: list[Any] | None = None,
     results_to: shm.Channel | None = None,
+    budget: float | None = None,
 ) -> list[Any]:
     """Run one chunk; return wire frames of ``(status, payload, timing)``.
 
@@ -235,6 +236,8 @@ def run(
     so ipyparallel ships each buffer zero-copy): one message for all of it.
     ``results_to`` is the kernel's shared-memory channel: when this engine can see
     it, the result's big buffers go there instead of through the controller.
+    ``budget``: a trial chunk starts no iteration after this many seconds of
+    running; ``timing["done"]`` says how many ran.
     """
     loaded = None
     if setup is not None:
@@ -268,6 +271,7 @@ def run(
             device=device,
             stamps=stamps,
             to_host=tohost.copier(device),
+            deadline=None if budget is None else c0 + budget,
         )
         status, payload = "ok", result
     except KeyboardInterrupt:
@@ -303,6 +307,7 @@ def run(
         "compute": compute,
         "starts": list(stamps.values()),
         "median": _median_iteration(stamps, end),
+        "done": len(stamps),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "cached": loaded["cached"] if loaded is not None else None,

@@ -448,3 +448,38 @@ def test_a_cuda_device_held_in_a_variable_runs_on_cpu_engines(ip, cluster):
         ip.run_cell_magic("gpu_parallel", "--quiet", cell)
         assert ip.user_ns["sums"] == [3.0 * i for i in range(6)]
         assert not gpucell.last_run.inline
+
+
+def test_a_cheap_loops_first_run_takes_one_chunk_per_engine(ip, cluster):
+    """Trial chunks: an unmeasured engine gets its whole part with a time budget,
+    so a cheap loop needs no separate calibration round trip."""
+    cluster.cost_history.clear()
+    assert_serial_equivalent(
+        ip, "out = []\nfor i in range(2000):\n    out.append(i * i)\n", {"out": []}
+    )
+    done = [c for c in gpucell.last_run.chunks if c.state == "done"]
+    assert len(done) == len(cluster.ids)
+
+
+def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
+    """Iterations of 20 ms overrun the 50 ms trial budget: the engines stop
+    their first chunks early and the rest is scheduled from the measured pace."""
+    from gpucell.dispatch import TRIAL_SECONDS
+
+    cluster.cost_history.clear()
+    cell = (
+        "import time\n"
+        "out, acc = [], 0\n"
+        "for i in range(40):\n"
+        "    time.sleep(0.02)\n"
+        "    out.append(i)\n"
+        "    acc += i\n"
+        "    last = i\n"
+    )
+    assert_serial_equivalent(ip, cell, {})
+    chunks = sorted(gpucell.last_run.chunks, key=lambda c: c.t_start)
+    first = {}
+    for c in chunks:
+        first.setdefault(c.engine, c)
+    assert all(c.stop - c.start <= TRIAL_SECONDS / 0.02 + 2 for c in first.values())
+    assert len(chunks) > len(cluster.ids)

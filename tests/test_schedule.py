@@ -359,3 +359,43 @@ def test_a_cheap_start_does_not_make_later_chunks_huge_on_equal_devices():
     h.complete(d0.id, 0.0001 * d0.size)
     h.complete(d1.id, 0.02 * d1.size)
     assert h.min_chunk(0) > h.min_chunk(1)
+
+
+def test_a_trial_chunk_is_the_whole_part_and_its_unrun_rest_goes_out_first():
+    s = Schedule(100, [0, 1], trial=True)
+    first = s.fill()
+    assert [(c.engine, c.start, c.stop) for c in first] == [(0, 0, 50), (1, 50, 100)]
+    assert s.calibrating(0) and s.calibrating(1)
+    s.complete(first[0].id, 0.05, done=7)  # the engine stopped after 7 iterations
+    assert (first[0].start, first[0].stop) == (0, 7)
+    assert not s.calibrating(0)
+    nxt = s.fill()
+    assert nxt and nxt[0].engine == 0 and nxt[0].start == 7  # the rest, first
+    s.complete(first[1].id, 0.5)  # engine 1 ran its whole part
+    while not s.finished:
+        for c in s.fill():
+            s.complete(c.id, 0.01 * c.size)
+        for e in (0, 1):
+            for c in s.outstanding(e):
+                s.complete(c.id, 0.01 * c.size)
+    assert covers(s.chunks, 100)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    engines=st.integers(1, 4),
+    cuts=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=50),
+)
+def test_trial_chunks_cut_anywhere_still_cover_the_loop_once(n, engines, cuts):
+    s = Schedule(n, list(range(engines)), trial=True)
+    cuts = iter(cuts * 1000)
+    while not s.finished:
+        out = s.fill() or [c for e in s.alive for c in s.outstanding(e)]
+        for c in out:
+            trial = s.calibrating(c.engine)
+            done = max(1, round(c.size * next(cuts))) if trial else None
+            s.complete(c.id, 0.001 * c.size, done=done)
+    assert covers(s.chunks, n)
+    spans = sorted((c.start, c.stop) for c in s.chunks if c.state == "done")
+    assert sum(b - a for a, b in spans) == n
