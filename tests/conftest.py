@@ -145,3 +145,23 @@ def ipcluster(tmp_path):
             os.environ.pop("IPYTHONDIR", None)
         else:
             os.environ["IPYTHONDIR"] = old
+
+
+def wait_for_ipcluster(n: int = 2, profile: str = "X") -> None:
+    """Until the ``ipcluster`` fixture's cluster answers with ``n`` engines (its
+    connection file appears once the controller is up)."""
+    import ipyparallel as ipp
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client = ipp.Client(profile=profile, timeout=10)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    try:
+        client.wait_for_engines(n, timeout=60, interactive=False)
+    finally:
+        client.close()

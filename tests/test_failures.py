@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import children, wait_gone
+from conftest import children, wait_for_ipcluster, wait_gone
 
 import gpucell
 import gpucell.cluster as gc_mod
@@ -144,19 +144,7 @@ def test_timeout_interrupts_engines_of_another_host_through_their_nanny(
     one thing this test makes up); the signal path itself is ipyparallel's."""
     import dataclasses
 
-    import ipyparallel as ipp
-
-    deadline = time.monotonic() + 60
-    while True:  # ipcluster writes its connection file once the controller is up
-        try:
-            client = ipp.Client(profile="X", timeout=10)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    client.wait_for_engines(2, timeout=60, interactive=False)
-    client.close()
+    wait_for_ipcluster()
     c = gpucell.connect(profile="X", timeout=30)
     for eid, info in list(c.engines.items()):
         c.engines[eid] = dataclasses.replace(info, host="elsewhere.example")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_for_ipcluster
 from IPython.core.error import UsageError
 
 import gpucell.cluster as gc_mod
@@ -111,28 +112,10 @@ def known_host(sshd: Sshd) -> Iterator[None]:
                 shutil.rmtree(ssh_dir, ignore_errors=True)
 
 
-def _wait_until_up(n: int = 2) -> None:
-    """Until the ipcluster answers and has ``n`` engines (asked directly, not
-    through ssh: a tunnel loses a request sent before the controller listens)."""
-    import ipyparallel as ipp
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client = ipp.Client(profile="X", timeout=10)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    try:
-        client.wait_for_engines(n, timeout=60, interactive=False)
-    finally:
-        client.close()
-
-
 def _connect(ip, line: str) -> None:
-    _wait_until_up()
+    # asked directly first, not through ssh: a tunnel loses a request sent
+    # before the controller listens
+    wait_for_ipcluster()
     ip.run_line_magic("gpu_cluster", line)
 
 
