@@ -95,19 +95,19 @@ _RESEND_BYTES = 1 << 20
 
 def _cheap_to_resend(chunk_of: Callable[[int, int], Any], n: int) -> bool:
     """The whole loop's chunk objects would be small on the wire (a range of any
-    length, or a short list of small items): estimated from what 16 more of its
-    first iterations add to a chunk."""
+    length, or a short list of small items): estimated from what its 9th to 16th
+    iterations add to a chunk of its first 8."""
     if n <= 0:
         return False
-    k = min(n, 16)
+    small, large = max(1, min(n, 16) // 2), min(n, 16)
     try:
-        one, more = (
-            wire.frames_nbytes(wire.dumps(chunk_of(0, m))) for m in (max(1, k // 2), k)
+        at_small, at_large = (
+            wire.frames_nbytes(wire.dumps(chunk_of(0, m))) for m in (small, large)
         )
     except Exception:
         return False
-    per_item = max(0, more - one) / max(1, k - max(1, k // 2))
-    return one + per_item * n <= _RESEND_BYTES
+    per_item = max(0, at_large - at_small) / max(1, large - small)
+    return at_small + per_item * n <= _RESEND_BYTES
 
 
 def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
@@ -229,8 +229,11 @@ def run_chunks(
         profile=options.profile,
         heterogeneous=len({(gc.engines[e].kind, gc.engines[e].name) for e in alive})
         > 1,
-        trial=_cheap_to_resend(chunk_of, n),
+        trial=True,
     )
+    if sched.trial and not _cheap_to_resend(chunk_of, n):
+        # (probed only for schedules that would send trial chunks at all)
+        sched.trial = False
     record.schedule = sched.mode + (" (profiled)" if sched.profiled else "")
     views = {eid: gc.view(eid) for eid in alive}
     inflight: dict[Any, tuple[Chunk, float | None]] = {}
@@ -263,7 +266,6 @@ def run_chunks(
                     "raise --retries."
                 )
             frames = wire.dumps(chunk_of(c.start, c.stop))
-            budget = TRIAL_SECONDS if sched.trial and sched.calibrating(eid) else None
             queued_behind = any(ch.engine == eid for ch, _ in inflight.values())
             setup, input_frames = setups.pop(eid, (None, None))
             ar = views[eid].apply_async(
@@ -276,7 +278,7 @@ def run_chunks(
                 setup,
                 input_frames,
                 channel,
-                budget,
+                TRIAL_SECONDS if c.trial else None,
             )
             # a chunk queued behind another waits on the engine, and an engine's
             # first chunk also loads the program and inputs (and the imports they

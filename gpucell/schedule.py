@@ -56,6 +56,7 @@ class Chunk:
     state: str = PENDING
     attempt: int = 0  # 0 the first time; +1 per re-run after a lost engine
     seconds: float = 0.0  # engine-measured compute time
+    trial: bool = False  # run for a time budget only (see Schedule.trial)
 
     @property
     def size(self) -> int:
@@ -115,12 +116,14 @@ class Schedule:
         devices, measured differences are noise or the iterations' own varying
         costs, so work is shared equally.
     trial
-        Calibration chunks are trials: an unmeasured engine gets its whole fair
-        part, which the dispatcher lets run for a short time budget only; the
-        iterations it did not reach come back through ``complete(..., done=k)``.
-        A cheap loop then takes one round trip per engine instead of a
-        calibration round first.  (For loops whose chunks cost little to send:
-        the unreached part travels twice.)
+        Guided calibration chunks are trials (:attr:`Chunk.trial`): an unmeasured
+        engine gets its whole fair part, which the dispatcher lets run for a
+        short time budget only; the iterations it did not reach come back
+        through ``complete(..., done=k)``.  A cheap loop then takes one round
+        trip per engine instead of a calibration round first.  (For loops whose
+        chunks cost little to send: the unreached part travels twice.)  Off for
+        static, dynamic, fixed-``chunksize`` and profiled schedules: their chunks
+        are what was asked for.
     profile
         Seconds of each iteration ``0..n-1`` in an earlier run of the same cell:
         guided chunks are then cut by cost and the costliest go out first (see
@@ -183,6 +186,12 @@ class Schedule:
                 self.mode = "static"  # nothing to balance: send it all at once
         if self.profile is not None and self.mode == "guided" and not self.chunksize:
             self._use_profile(self.profile)
+        self.trial = (
+            self.trial
+            and self.mode == "guided"
+            and not self.chunksize
+            and not self.profiled
+        )
         if self.mode == "static":
             k = len(self._alive)
             for i, e in enumerate(self._alive):
@@ -216,6 +225,9 @@ class Schedule:
     def calibrating(self, engine: int) -> bool:
         """``engine``'s pace is not measured yet (its next chunk calibrates)."""
         return self._pace(engine) is None
+
+    def _trial_for(self, engine: int) -> bool:
+        return self.trial and self.calibrating(engine)
 
     def wants_work(self, engine: int) -> bool:
         """True when ``engine`` has fewer chunks outstanding than it should."""
@@ -271,18 +283,19 @@ class Schedule:
         if self.profiled:
             return self._next_by_cost(engine)
         size = self._size_for(engine)
+        trial = self._trial_for(engine)
         if self._free:
             start, stop, attempt = self._free.pop(0)
             if stop - start > size:
                 self._free.insert(0, (start + size, stop, attempt))
                 stop = start + size
-            return self._new(start, stop, engine, attempt)
+            return self._new(start, stop, engine, attempt, trial)
         if self._cursor >= self.n:
             return None
         start = self._cursor
         stop = min(self.n, start + size)
         self._cursor = stop
-        return self._new(start, stop, engine, 0)
+        return self._new(start, stop, engine, 0, trial)
 
     def fill(self) -> list[Chunk]:
         """Assign every engine the chunks it should have outstanding, round-robin
@@ -303,19 +316,16 @@ class Schedule:
         """Record a chunk done, with its engine-measured compute time.
 
         ``done``: iterations the engine ran when it stopped a trial chunk early;
-        the chunk shrinks to them and the rest goes back to be handed out first.
+        the chunk shrinks to them and the rest goes back to be handed out first
+        (ignored for other chunks: they always run whole).
         """
         c = self.chunks[chunk_id]
         if c.state != RUNNING:
             return
-        if done is not None and 0 < done < c.size:
-            rest = (c.start + done, c.stop, c.attempt)
-            c.stop = c.start + done
-            if self.profiled:
-                self._taken[rest[0] : rest[1]] = bytes(rest[1] - rest[0])
-                self._seek, self._back = 0, self.n - 1
-            self._free.append(rest)
+        if c.trial and done is not None and 0 < done < c.size:
+            self._free.append((c.start + done, c.stop, c.attempt))
             self._free.sort()
+            c.stop = c.start + done
         c.state = DONE
         c.seconds = seconds
         if c.engine is not None:
@@ -371,8 +381,10 @@ class Schedule:
 
     # -- internals -------------------------------------------------------------
 
-    def _new(self, start: int, stop: int, engine: int, attempt: int) -> Chunk:
-        c = Chunk(len(self.chunks), start, stop, engine, RUNNING, attempt)
+    def _new(
+        self, start: int, stop: int, engine: int, attempt: int, trial: bool = False
+    ) -> Chunk:
+        c = Chunk(len(self.chunks), start, stop, engine, RUNNING, attempt, trial=trial)
         self.chunks.append(c)
         self._running[engine][c.id] = c
         return c
@@ -438,7 +450,7 @@ class Schedule:
             return max(1, min(remaining, floor))
         share = remaining / (self.factor * k) * self._speed_share(engine)
         if self.calibrating(engine):
-            if self.trial:
+            if self._trial_for(engine):
                 return max(1, min(remaining, fair))  # cut short on the engine
             if len(self._alive) > 1:
                 # calibration: an unmeasured engine gets a small first chunk, so

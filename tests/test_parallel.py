@@ -483,3 +483,20 @@ def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
         first.setdefault(c.engine, c)
     assert all(c.stop - c.start <= TRIAL_SECONDS / 0.02 + 2 for c in first.values())
     assert len(chunks) > len(cluster.ids)
+
+
+@pytest.mark.parametrize(
+    ("line", "sizes"),
+    [("--schedule static", {20}), ("--schedule dynamic --chunksize 5", {5})],
+)
+def test_first_runs_keep_the_chunks_asked_for(ip, cluster, line, sizes):
+    """Trial chunks are guided's calibration only: a static split or a fixed
+    chunk size is never cut short by a trial budget, even on a first run."""
+    cluster.cost_history.clear()
+    cell = (
+        "import time\nout = []\n"
+        "for i in range(40):\n    time.sleep(0.02)\n    out.append(i)\n"
+    )
+    assert_serial_equivalent(ip, cell, {}, line=f"--quiet {line}")
+    done = [c for c in gpucell.last_run.chunks if c.state == "done"]
+    assert {c.stop - c.start for c in done} == sizes
