@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["tune"]
 
 
-def _skip_empty_flushes() -> bool:
+def _skip_empty_flushes() -> None:
     """Make ``OutStream.flush`` return at once when nothing was written since the
     last flush that completed.
 
@@ -33,10 +33,10 @@ def _skip_empty_flushes() -> bool:
     try:
         from ipykernel.iostream import OutStream
     except ImportError:
-        return False
+        return
     flush, write = OutStream.flush, OutStream.write
     if getattr(flush, "_gpucell_original", None) is not None:
-        return True  # already tuned
+        return  # already tuned
 
     def quick_flush(self: Any) -> None:
         if self.__dict__.get("_gpucell_dirty", True) or getattr(self, "echo", None):
@@ -52,7 +52,6 @@ def _skip_empty_flushes() -> bool:
     marking_write.__doc__ = write.__doc__
     OutStream.write = marking_write  # type: ignore[method-assign]
     OutStream.flush = quick_flush  # type: ignore[method-assign]
-    return True
 
 
 def _quiet_loggers() -> None:
@@ -76,8 +75,8 @@ def _quiet_loggers() -> None:
             log.setLevel(level)
 
 
-def tune() -> dict[str, bool]:
-    """Apply both; says what was applied (for the tests)."""
-    flushes = _skip_empty_flushes()
+def tune() -> None:
+    """Apply both (each does nothing where its ipykernel/ipyparallel part is
+    missing or already tuned)."""
+    _skip_empty_flushes()
     _quiet_loggers()
-    return {"skip_empty_flushes": flushes}

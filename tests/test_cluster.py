@@ -192,8 +192,6 @@ def _flush_is_tuned() -> bool:
 
 
 def _engine_log_state() -> dict:
-    import logging
-
     from ipyparallel.engine.app import IPEngine
 
     app = IPEngine.instance()
