@@ -1,4 +1,4 @@
-"""Time ``gpucell.analysis.analyse`` on a realistic 200-line cell.
+"""Time ``gpucell.core.analysis.analyse`` on a realistic 200-line cell.
 
 Prints a small table and writes ``bench/results/analysis.json``. Target: the
 median ``analyse`` under 20 ms (it runs before every ``%%gpu_parallel`` cell).
@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from gpucell.analysis import analyse, format_plan
+from gpucell.core.analysis import analyse, format_plan
 
 TARGET_MS = 20.0
 

@@ -439,7 +439,7 @@ def ms(x: float) -> str:
 
 def bench_a(S: Systems, runs: int, quick: bool) -> dict:
     import gpucell
-    from gpucell.analysis import analyse
+    from gpucell.core.analysis import analyse
 
     ip = S.ip
     expect_last = 1999 * 1999

@@ -35,7 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from gpucell.telemetry import LocalTelemetry, Target, for_cluster  # noqa: E402
+from gpucell.devices.sampling import LocalTelemetry  # noqa: E402
+from gpucell.kernel.telemetry import for_cluster  # noqa: E402
+from gpucell.protocol.telemetry import Target  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "telemetry.json"
 
@@ -103,7 +105,7 @@ def calibrate(gc, eid: int, seconds: float) -> int:
 
 def run_loop(gc, ids, n_work: int, iters: int, mode: str) -> dict[str, float]:
     """One loop of ``iters`` fixed-work iterations; returns wall and telemetry CPU."""
-    from gpucell import telemetry_engine
+    from gpucell.engine import telemetry as telemetry_engine
 
     tele = None
     if mode != "off":
@@ -208,7 +210,7 @@ def _rate(stamps: list[float], span: float) -> dict[str, float]:
 
 
 def rate(gc, seconds: float) -> dict[str, dict]:
-    from gpucell import telemetry_engine
+    from gpucell.engine import telemetry as telemetry_engine
 
     eid = gc.ids[0]
     out = {}

@@ -11,9 +11,9 @@ Variants
   ipp_nested        ipyparallel returns the arrays nested in a dict in an object
                     (SimpleNamespace, a stand-in for ChunkResult): pickled, copied
   ipp_nested_torch  the same with torch tensors
-  wire_numpy        gpucell.wire.dumps of the nested object; loads(writable=True)
+  wire_numpy        protocol.wire.dumps of the nested object; loads(writable=True)
   wire_numpy_ro     the same, loads(writable=False): no copy out of the zmq frames
-  wire_torch        gpucell.wire with torch tensors; loads(writable=True)
+  wire_torch        gpucell.protocol.wire with torch tensors; loads(writable=True)
   wire_torch_ro     the same, loads(writable=False)
   memcpy_fresh      local np.copyto of 128 MiB into a fresh buffer (page faults
                     included, as for any received message): the ceiling
@@ -74,7 +74,7 @@ def ret_nested_torch() -> Any:
 def ret_wire() -> Any:
     from types import SimpleNamespace
 
-    from gpucell import wire
+    from gpucell.protocol import wire
 
     return wire.dumps(SimpleNamespace(values={"a": _ARRS}, n=len(_ARRS)))  # noqa: F821
 
@@ -82,7 +82,7 @@ def ret_wire() -> Any:
 def ret_wire_torch() -> Any:
     from types import SimpleNamespace
 
-    from gpucell import wire
+    from gpucell.protocol import wire
 
     return wire.dumps(SimpleNamespace(values={"a": _TENS}, n=len(_TENS)))  # noqa: F821
 
@@ -104,7 +104,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import gpucell
-    from gpucell import wire
+    from gpucell.protocol import wire
 
     count, nbytes = args.count, args.mib << 20
     total = count * nbytes

@@ -1,4 +1,4 @@
-"""Schedule simulation: :class:`gpucell.schedule.Schedule` driven by simulated engines.
+"""Schedule simulation: :class:`gpucell.core.schedule.Schedule` and simulated engines.
 
 No cluster, no clock: an event loop plays the dispatcher.  A chunk sent at time t
 reaches its engine after half the round trip (``--rtt``, 2 ms), runs after the
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucell.schedule import Schedule, covers
+from gpucell.core.schedule import Schedule, covers
 
 
 @dataclass(frozen=True)

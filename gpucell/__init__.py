@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from gpucell.errors import (
     ClusterError,
     DeviceSelectionError,
     GpucellError,
@@ -32,6 +32,7 @@ __all__ = [
     "connect",
     "current",
     "device",
+    "last_run",
     "load_ipython_extension",
     "start_cluster",
     "status",
@@ -41,19 +42,24 @@ __all__ = [
 
 # name -> module that defines it; resolved on first access (PEP 562).
 _LAZY = {
-    "start_cluster": "gpucell.cluster",
-    "connect": "gpucell.cluster",
-    "stop": "gpucell.cluster",
-    "status": "gpucell.cluster",
-    "current": "gpucell.cluster",
-    "device": "gpucell.runtime",
+    "start_cluster": "gpucell.cluster.lifecycle",
+    "connect": "gpucell.cluster.lifecycle",
+    "stop": "gpucell.cluster.lifecycle",
+    "status": "gpucell.cluster.lifecycle",
+    "current": "gpucell.cluster.lifecycle",
+    "device": "gpucell.engine.runtime",
     "GpuCell": "gpucell.config",
 }
 
 if TYPE_CHECKING:
-    from .cluster import connect, current, start_cluster, status, stop
-    from .config import GpuCell
-    from .runtime import device
+    from gpucell.cluster.lifecycle import connect, current, start_cluster, status, stop
+    from gpucell.config import GpuCell
+    from gpucell.core.provenance import LastRun
+    from gpucell.engine.runtime import device
+
+#: The record of the last ``%%gpu_parallel`` cell (``None`` before the first):
+#: ``gpucell.last_run.timeline()``, ``.table()``, ``.summary()``.
+last_run: LastRun | None = None
 
 
 def __getattr__(name: str) -> Any:
@@ -69,13 +75,13 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpucell``: register the magics (loading twice is harmless)."""
-    from .magics import load
+    from gpucell.kernel.magics import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext gpucell``: stop the cluster gpucell started, drop the magics."""
-    from .magics import unload
+    from gpucell.kernel.magics import unload
 
     unload(ipython)

@@ -3,7 +3,8 @@
 ``cells()`` is a hypothesis strategy of :class:`GenCell` (the cell's text, whether
 it contains a pattern that must be refused, and a namespace factory).
 ``run_serial`` runs a cell with plain ``exec``; ``run_parallel_local`` runs it
-through analysis -> chunked ``gpucell.engine.run_chunk`` -> ``gpucell.merge`` in
+through analysis -> chunked ``gpucell.engine.chunk.run_chunk`` -> ``gpucell.core.merge``
+in
 this process, with a pickle round trip where data would cross to an engine.
 The next issue pushes the same cells through a real cluster.
 """
@@ -20,9 +21,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpucell.analysis import analyse, make_chunker
-from gpucell.engine import ChunkResult, run_chunk
-from gpucell.merge import prepare
+from gpucell.core.analysis import analyse, make_chunker
+from gpucell.core.merge import prepare
+from gpucell.engine.chunk import ChunkResult, run_chunk
 
 __all__ = [
     "GenCell",

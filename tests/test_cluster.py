@@ -18,7 +18,7 @@ from fake_nvml import FakeNvml, a100s
 from IPython.core.error import UsageError
 
 import gpucell
-import gpucell.cluster as gc_mod
+import gpucell.cluster.lifecycle as gc_mod
 from gpucell.errors import ClusterError, DeviceSelectionError
 
 pytestmark = pytest.mark.cluster
@@ -101,7 +101,7 @@ def test_fake_gpus_pin_engines_by_cuda_visible_devices(no_active_cluster):
             c.engines[eid].label: c.client[eid].apply_sync(
                 lambda: (
                     __import__("os").environ["CUDA_VISIBLE_DEVICES"],
-                    __import__("gpucell").runtime.device_string(),
+                    __import__("gpucell.engine.runtime").engine.runtime.device_string(),
                 )
             )
             for eid in c.ids
@@ -210,6 +210,18 @@ def test_started_engines_are_tuned_and_log_quietly(cluster):
         assert all(h >= logging.WARNING for h in state["handlers"])
 
 
+def _has_cached_inputs() -> bool:
+    from gpucell.engine import worker
+
+    return bool(worker._cache)
+
+
+def _sampler_running() -> bool:
+    from gpucell.engine import telemetry
+
+    return bool(telemetry.status()["running"])
+
+
 def test_connect_to_an_ipcluster_profile(ip, ipcluster, no_active_cluster, capsys):
     deadline = time.monotonic() + 60
     while True:  # ipcluster writes its connection file once the controller is up
@@ -244,12 +256,37 @@ def test_connect_to_an_ipcluster_profile(ip, ipcluster, no_active_cluster, capsy
         assert tuned is False
     ip.run_line_magic("gpu_cluster", "status")
     assert "engine" in capsys.readouterr().out
+    # leave state on the engines: cached inputs and (as for engines of another
+    # host) the telemetry sampler thread
+    ip.user_ns["weights"] = list(range(1000))
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "out = []\nfor i in range(8):\n    out.append(weights[i])",
+    )
+    assert ip.user_ns["out"] == list(range(8))
+    from gpucell.engine import telemetry as engine_telemetry
+
+    for eid in c.ids:
+        started = c.client[eid].apply_sync(
+            engine_telemetry.start, eid, publish=lambda *a: None
+        )
+        assert started["running"], started
+    assert any(c.client[:].apply_sync(_has_cached_inputs))
     engine_pids = [e.pid for e in c.engines.values()]
     ip.run_line_magic("gpu_cluster", "stop")
     assert "disconnected" in capsys.readouterr().out
-    # a cluster we only joined keeps running
+    # a cluster we only joined keeps running, with nothing of ours left in it
     assert all(psutil.pid_exists(p) for p in engine_pids)
     assert ipcluster.poll() is None
+    import ipyparallel as ipp
+
+    other = ipp.Client(profile="X", timeout=30)
+    try:
+        assert not any(other[:].apply_sync(_has_cached_inputs))
+        assert not any(other[:].apply_sync(_sampler_running))
+    finally:
+        other.close()
 
 
 def test_engines_die_with_a_sigkilled_kernel(tmp_path):

@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 from fake_nvml import FakeNvml, a100s
 
-from gpucell.devices import Device, GpuInfo, _mask_to_cores, cpu_device, discover
+from gpucell.core.topology import (
+    parse_gpu_selection,
+    plan_engines,
+    visible_devices_order,
+)
+from gpucell.devices.discovery import cpu_device, discover
+from gpucell.devices.nvml import GpuInfo, _mask_to_cores
 from gpucell.errors import DeviceSelectionError
-from gpucell.topology import parse_gpu_selection, plan_engines, visible_devices_order
+from gpucell.protocol.devices import Device
 
 CPU = Device(kind="cpu", index=-1, name="Test CPU", memory_total=2**34)
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import children, wait_for_ipcluster, wait_gone
 
 import gpucell
-import gpucell.cluster as gc_mod
+import gpucell.cluster.lifecycle as gc_mod
 from gpucell.errors import CellTimeout
 
 pytestmark = pytest.mark.cluster

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import gpucell
-from gpucell.devices import discover
+from gpucell.devices.discovery import discover
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cluster]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import gpucell
-from gpucell.execute import CellRequest
-from gpucell.inline import should_inline
+from gpucell.kernel.execute import CellRequest
+from gpucell.kernel.inline import should_inline
 
 CHEAP = (
     "sq = []\ntotal = 0\nfor i in range(500):\n    sq.append(i * i)\n    total += i\n"
@@ -61,7 +61,7 @@ def test_shapes_summarise_what_a_loops_cost_scales_with():
     import numpy as np
     import torch
 
-    from gpucell.inline import shape_of
+    from gpucell.kernel.inline import shape_of
 
     assert shape_of(np.zeros((3, 4))) == ("ndarray", (3, 4), "float64")
     assert shape_of(torch.zeros(2)) == ("Tensor", (2,), "torch.float32")

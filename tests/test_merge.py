@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpucell.analysis import analyse, make_chunker
-from gpucell.engine import ChunkResult, run_chunk
+from gpucell.core.analysis import analyse, make_chunker
+from gpucell.core.merge import merge, prepare
+from gpucell.engine.chunk import ChunkResult, run_chunk
 from gpucell.errors import NotParallelizable
-from gpucell.merge import RESULT_KEY, merge, prepare
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cellgen import run_parallel_local, run_serial  # noqa: E402
@@ -29,12 +29,6 @@ def chunks(src: str, ns: dict[str, Any], bounds: list[tuple[int, int]]) -> tuple
     inputs = {n: ns[n] for n in plan.inputs}
     prog = plan.engine_program()
     return plan, [run_chunk(prog, inputs, ch.chunk(a, b), a) for a, b in bounds]
-
-
-def test_result_key_matches_rewrite() -> None:
-    from gpucell.analysis.rewrite import RESULT
-
-    assert RESULT == RESULT_KEY
 
 
 def test_failing_prepare_leaves_everything_untouched() -> None:

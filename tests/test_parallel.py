@@ -214,7 +214,7 @@ def test_an_unfinished_line_shows_while_its_iteration_runs(ip, cluster, monkeypa
     """Progress written without a newline (dots, a counter) is held for whole
     lines, but not for longer than PARTIAL_LINE_WAIT: it shows while the
     iteration is still running."""
-    from gpucell.dispatch import PARTIAL_LINE_WAIT
+    from gpucell.kernel.dispatch import PARTIAL_LINE_WAIT
 
     arrivals: list[tuple[float, str]] = []
 
@@ -357,7 +357,7 @@ def test_unchanged_big_input_is_sent_once(ip, cluster):
     assert all("big" in c for c in keys.values())
 
     def cached_id():
-        from gpucell import worker
+        from gpucell.engine import worker
 
         return id(worker._cache["big"][1])
 
@@ -464,7 +464,7 @@ def test_a_cheap_loops_first_run_takes_one_chunk_per_engine(ip, cluster):
 def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
     """Iterations of 20 ms overrun the 50 ms trial budget: the engines stop
     their first chunks early and the rest is scheduled from the measured pace."""
-    from gpucell.dispatch import TRIAL_SECONDS
+    from gpucell.kernel.dispatch import TRIAL_SECONDS
 
     cluster.cost_history.clear()
     cell = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import gpucell
-from gpucell.provenance import ChunkRecord, LastRun
+from gpucell.core.provenance import ChunkRecord, LastRun
 
 
 def record(engine, start, stops_at, t_end):

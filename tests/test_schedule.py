@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucell.schedule import DONE, Schedule, covers
+from gpucell.core.schedule import DONE, Schedule, covers
 
 
 def simulate(
@@ -166,7 +166,7 @@ def test_a_loop_measured_uniform_goes_static_next_time():
 
 
 def test_last_run_tells_uniform_from_uneven_paces():
-    from gpucell.provenance import ChunkRecord, LastRun
+    from gpucell.core.provenance import ChunkRecord, LastRun
 
     def rec(paces):
         lr = LastRun(engines=(0, 1))

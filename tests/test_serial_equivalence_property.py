@@ -2,8 +2,8 @@
 
 Cells come from ``tests/cellgen.py``. Either the analysis refuses the cell (and
 then the generator must have put a refused pattern in it), or the chunk program,
-run chunk by chunk with random boundaries through ``gpucell.engine.run_chunk`` and
-merged by ``gpucell.merge``, reproduces ``exec`` of the cell.
+run chunk by chunk with random boundaries through ``gpucell.engine.chunk.run_chunk`` and
+merged by ``gpucell.core.merge``, reproduces ``exec`` of the cell.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucell.analysis import analyse
+from gpucell.core.analysis import analyse
 from gpucell.errors import NotParallelizable
 
 sys.path.insert(0, str(Path(__file__).parent))

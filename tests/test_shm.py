@@ -15,18 +15,19 @@ import pytest
 import torch
 
 import gpucell
-from gpucell import shm, wire
-from gpucell.provenance import LastRun
+from gpucell.cluster import shm_channel
+from gpucell.core.provenance import LastRun
+from gpucell.protocol import shm, wire
 
 MiB = 1 << 20
 
 
 @pytest.fixture
 def channel(tmp_path):
-    ch = shm.open_channel(str(tmp_path))
+    ch = shm_channel.open_channel(str(tmp_path))
     assert ch is not None
     yield ch
-    shm.close_channel(ch)
+    shm_channel.close_channel(ch)
 
 
 def files(ch) -> list[str]:
@@ -97,7 +98,7 @@ def test_a_small_or_crowded_shm_is_left_alone(channel, monkeypatch):
 
 def test_a_vanished_result_is_a_clear_error(channel):
     sent = shm.spill(wire.dumps([np.ones(2 * MiB)]), channel, "v")
-    shm.sweep(channel)
+    shm_channel.sweep(channel)
     with pytest.raises(OSError, match="shared memory .* is gone"):
         shm.unspill(sent)
 
@@ -111,20 +112,20 @@ def test_sweeps_remove_leftovers_and_files_of_dead_kernels(tmp_path):
     ).stdout.strip()
     stale = tmp_path / f"gpucell-{dead}-abc-0-1-ff"
     stale.write_bytes(b"x")
-    old = time.time() - 2 * shm.STALE_AFTER
+    old = time.time() - 2 * shm_channel.STALE_AFTER
     os.utime(stale, (old, old))
     recent = tmp_path / f"gpucell-{dead}-def-probe"  # maybe another pid namespace's
     recent.write_bytes(b"x")
     other = tmp_path / "unrelated-file"
     other.write_bytes(b"x")
-    ch = shm.open_channel(str(tmp_path))  # opening sweeps dead kernels' files
+    ch = shm_channel.open_channel(str(tmp_path))  # opening sweeps dead kernels' files
     assert ch is not None
     assert not stale.exists() and other.exists() and recent.exists()
     recent.unlink()
     shm.spill(wire.dumps([np.ones(2 * MiB)]), ch, "left")
-    assert shm.sweep(ch) == 1
+    assert shm_channel.sweep(ch) == 1
     assert os.path.exists(ch.probe)
-    shm.close_channel(ch)
+    shm_channel.close_channel(ch)
     assert sorted(os.listdir(tmp_path)) == ["unrelated-file"]
 
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import wait_for_ipcluster
 from IPython.core.error import UsageError
 
-import gpucell.cluster as gc_mod
+import gpucell.cluster.lifecycle as gc_mod
 from gpucell.errors import ClusterError
 
 SSHD = "/usr/sbin/sshd"

@@ -12,17 +12,11 @@ import time
 import pytest
 from fake_nvml import FakeNvml, a100s
 
-from gpucell import telemetry_engine
-from gpucell.devices import GpuInfo, GpuUsage, NvmlUnavailable, PynvmlApi
-from gpucell.telemetry import (
-    DATA_KEY,
-    DeviceSample,
-    LocalTelemetry,
-    RemoteTelemetry,
-    Target,
-    TelemetrySource,
-    for_cluster,
-)
+from gpucell.devices.nvml import GpuInfo, GpuUsage, NvmlUnavailable, PynvmlApi
+from gpucell.devices.sampling import LocalTelemetry
+from gpucell.engine import telemetry as telemetry_engine
+from gpucell.kernel.telemetry import RemoteTelemetry, for_cluster
+from gpucell.protocol.telemetry import DATA_KEY, DeviceSample, Target, TelemetrySource
 
 
 def busy_fn(seconds: float) -> int:
@@ -175,7 +169,8 @@ def test_process_dying_between_samples(burner):
 
 def test_cpu_only_targets_never_load_nvml():
     code = (
-        "import os, sys; from gpucell.telemetry import LocalTelemetry, Target;"
+        "import os, sys; from gpucell.devices.sampling import LocalTelemetry;"
+        "from gpucell.protocol.telemetry import Target;"
         "LocalTelemetry([Target(0, os.getpid())]).sample();"
         "print('pynvml' in sys.modules)"
     )

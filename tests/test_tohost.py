@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpucell.analysis import analyse, make_chunker
-from gpucell.engine import run_chunk
-from gpucell.tohost import HostCopier, copier
+from gpucell.core.analysis import analyse, make_chunker
+from gpucell.engine.chunk import run_chunk
+from gpucell.engine.tohost import HostCopier, copier
 
 CELL = """# %%gpu_parallel
 outs = []

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from gpucell.provenance import ChunkRecord, LastRun
-from gpucell.runstate import EngineProgress, RunSnapshot
+from gpucell.core.provenance import ChunkRecord, LastRun
+from gpucell.core.runstate import EngineProgress, RunSnapshot
 from gpucell.ui import model
 
 try:
-    from gpucell.telemetry import DeviceSample
+    from gpucell.protocol.telemetry import DeviceSample
 except ImportError:  # pragma: no cover - before telemetry lands
 
     @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def test_text_line_and_summary():
 
 
 def test_initial_snapshot_from_engine_infos():
-    from gpucell.cluster import EngineInfo
+    from gpucell.cluster.lifecycle import EngineInfo
 
     infos = [
         EngineInfo(
@@ -217,7 +217,7 @@ def test_initial_snapshot_from_engine_infos():
 
 def test_pure_modules_do_not_import_ipywidgets():
     probe = (
-        "import sys, json, gpucell.ui.model, gpucell.ui.timeline, gpucell.ui;"
+        "import sys, json, gpucell.ui.model, gpucell.core.timeline, gpucell.ui;"
         "print(json.dumps('ipywidgets' in sys.modules))"
     )
     out = subprocess.run(
@@ -656,10 +656,10 @@ def test_selector_thread_refreshes_and_stops():
 
 @pytest.mark.cluster
 def test_selector_on_real_cluster_sets_default_targets(cluster):
-    from gpucell.execute import CellRequest, select_targets
+    from gpucell.kernel.execute import CellRequest, select_targets
     from gpucell.ui.select import DeviceSelector
 
-    for_cluster = pytest.importorskip("gpucell.telemetry").for_cluster
+    for_cluster = pytest.importorskip("gpucell.kernel.telemetry").for_cluster
 
     saved = cluster.selected
     sel = DeviceSelector(cluster, for_cluster(cluster), start=False)

@@ -1,4 +1,4 @@
-"""gpucell.wire: round trips, zero-copy, fingerprints, and a real 2-engine cluster."""
+"""protocol.wire: round trips, zero-copy, fingerprints, and a real 2-engine cluster."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpucell import wire
+from gpucell.protocol import wire
+from gpucell.protocol.fingerprint import FP_MAX_ITEMS, fingerprint
 
 MiB = 1 << 20
 
@@ -177,7 +178,7 @@ def test_plain_pickle_loads_when_no_buffers() -> None:
 
 
 def test_rejects_foreign_frames() -> None:
-    with pytest.raises(ValueError, match="not a gpucell.wire"):
+    with pytest.raises(ValueError, match="not a gpucell.protocol.wire"):
         wire.loads([pickle.dumps(("other", 9, None)), pickle.dumps(1)])
 
 
@@ -228,7 +229,8 @@ def test_notebook_functions_and_classes_travel_by_value(tmp_path: Any) -> None:
         (tmp_path / f"{i}.bin").write_bytes(bytes(f))
     probe = textwrap.dedent(f"""
         import json, pathlib
-        from gpucell import wire
+        from gpucell.protocol import wire
+        from gpucell.protocol.fingerprint import fingerprint
         d = pathlib.Path({str(tmp_path)!r})
         frames = [d.joinpath(f"{{i}}.bin").read_bytes() for i in range({len(frames)})]
         o = wire.loads(frames)
@@ -245,9 +247,10 @@ def test_module_imports_without_torch_or_numpy() -> None:
         import sys
         sys.modules["torch"] = None
         sys.modules["numpy"] = None
-        from gpucell import wire
+        from gpucell.protocol import wire
+        from gpucell.protocol.fingerprint import fingerprint
         assert wire.loads(wire.dumps({"a": [1, b"x" * 100_000]}))["a"][0] == 1
-        assert wire.fingerprint((1, "a")) is not None
+        assert fingerprint((1, "a")) is not None
         print("ok")
     """)
     out = subprocess.run(
@@ -259,9 +262,10 @@ def test_module_imports_without_torch_or_numpy() -> None:
 def test_torch_not_imported_when_no_tensor() -> None:
     probe = textwrap.dedent("""
         import sys, numpy as np
-        from gpucell import wire
+        from gpucell.protocol import wire
+        from gpucell.protocol.fingerprint import fingerprint
         wire.loads(wire.dumps({"a": np.ones(100_000), "f": len}))
-        wire.fingerprint([np.ones(3), 1])
+        fingerprint([np.ones(3), 1])
         print("torch" in sys.modules)
     """)
     out = subprocess.run(
@@ -330,15 +334,15 @@ def test_loads_writable_frames_are_used_in_place() -> None:
 
 
 def _changes(obj: Any, mutate: Any) -> bool:
-    before = wire.fingerprint(obj)
+    before = fingerprint(obj)
     assert before is not None
-    assert wire.fingerprint(obj) == before  # stable while unchanged
+    assert fingerprint(obj) == before  # stable while unchanged
     mutate(obj)
-    return wire.fingerprint(obj) != before
+    return fingerprint(obj) != before
 
 
 def test_fingerprint_scalars_and_tuples() -> None:
-    fp = wire.fingerprint
+    fp = fingerprint
     assert fp((1, "a", None, 2.0, b"x")) == fp((1, "a", None, 2.0, b"x"))
     assert fp(0.0) != fp(-0.0)
     assert fp(1) != fp(True) != fp(1.0)
@@ -352,15 +356,15 @@ def test_fingerprint_scalars_and_tuples() -> None:
 def test_fingerprint_none_for_unknowable_objects() -> None:
     ns: dict[str, Any] = {"__name__": "__main__"}
     exec("def f(x):\n    return x\nclass C: pass\n", ns)
-    assert wire.fingerprint(ns["f"]) is None  # reads globals that may change
-    assert wire.fingerprint(ns["C"]()) is None
-    assert wire.fingerprint(object()) is None
-    assert wire.fingerprint([1, object()]) is None
-    assert wire.fingerprint(list(range(wire.FP_MAX_ITEMS + 1))) is None
-    assert wire.fingerprint(np.ma.masked_array([1, 2], mask=[0, 1])) is None
+    assert fingerprint(ns["f"]) is None  # reads globals that may change
+    assert fingerprint(ns["C"]()) is None
+    assert fingerprint(object()) is None
+    assert fingerprint([1, object()]) is None
+    assert fingerprint(list(range(FP_MAX_ITEMS + 1))) is None
+    assert fingerprint(np.ma.masked_array([1, 2], mask=[0, 1])) is None
     loop: list[Any] = []
     loop.append(loop)
-    assert wire.fingerprint(loop) is None
+    assert fingerprint(loop) is None
 
 
 def test_fingerprint_numpy_in_place_writes() -> None:
@@ -376,7 +380,7 @@ def test_fingerprint_numpy_in_place_writes() -> None:
 
 def test_fingerprint_distinguishes_equal_arrays() -> None:
     a, b = np.ones(10), np.ones(10)
-    assert wire.fingerprint(a) != wire.fingerprint(b)  # distinct objects stay distinct
+    assert fingerprint(a) != fingerprint(b)  # distinct objects stay distinct
 
 
 def test_fingerprint_tensor_in_place_ops() -> None:
@@ -439,7 +443,7 @@ def test_fingerprint_containers() -> None:
 
 def engine_round_trip(frames: list[Any]) -> list[Any]:
     """Runs on an engine: rebuild the inputs, return a nested result as frames."""
-    from gpucell import wire as w
+    from gpucell.protocol import wire as w
 
     inputs = w.loads(frames)
     arr, t = inputs["arr"], inputs["t"]

@@ -6,7 +6,7 @@ import io
 
 import torch
 
-from gpucell.worker import _oom_note, _Tagged, describe_oom
+from gpucell.engine.worker import _oom_note, _Tagged, describe_oom
 
 
 def test_oom_note_names_device_memory_request_and_fix():

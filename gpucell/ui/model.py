@@ -3,8 +3,9 @@
 Every display (the in-cell widget, the terminal line, the device monitor and the
 selector) renders the same rows, so all formatting lives here, where it can be
 unit-tested without a kernel or a front end.  Inputs are a
-:class:`~gpucell.runstate.RunSnapshot` and, optionally, telemetry samples (any
-objects shaped like ``gpucell.telemetry.DeviceSample``; read by attribute name so
+:class:`~gpucell.core.runstate.RunSnapshot` and, optionally, telemetry samples (any
+objects shaped like ``gpucell.protocol.telemetry.DeviceSample``; read by attribute name
+so
 this module does not import the telemetry backends).
 """
 
@@ -15,7 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..runstate import BUSY, DEAD, IDLE, RETRYING, EngineProgress, RunSnapshot
+from gpucell.core.runstate import (
+    BUSY,
+    DEAD,
+    IDLE,
+    RETRYING,
+    EngineProgress,
+    RunSnapshot,
+)
 
 __all__ = [
     "DeviceRow",

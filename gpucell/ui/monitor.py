@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import model
+from gpucell.ui import model
 
 if TYPE_CHECKING:
-    from ..telemetry import TelemetrySource
+    from gpucell.protocol.telemetry import TelemetrySource
 
 __all__ = ["DeviceMonitor", "Refresher", "cluster_alive"]
 
@@ -27,12 +27,13 @@ __all__ = ["DeviceMonitor", "Refresher", "cluster_alive"]
 def cluster_alive(gc: Any) -> Callable[[], bool]:
     """A check that ``gc`` is still the active cluster (not stopped, not replaced).
 
-    Read from ``sys.modules`` so a display never imports the cluster machinery.
+    Looked up in ``sys.modules`` so a display never imports the cluster machinery
+    (a display of a cluster exists only once that module is loaded).
     """
 
     def alive() -> bool:
-        mod = sys.modules.get("gpucell.cluster")
-        return mod is not None and getattr(mod, "_current", None) is gc
+        mod = sys.modules.get("gpucell.cluster.lifecycle")
+        return mod is not None and mod.current_or_none() is gc
 
     return alive
 
@@ -120,7 +121,7 @@ class DeviceMonitor:
     ) -> None:
         import ipywidgets as w
 
-        from .progress import DeviceTable, _apply
+        from gpucell.ui.progress import DeviceTable, _apply
 
         self.gc = gc
         self.telemetry = telemetry

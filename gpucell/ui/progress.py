@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from ..runstate import RunSnapshot
-from . import model
+from gpucell.core.runstate import RunSnapshot
+from gpucell.ui import model
 
 if TYPE_CHECKING:
-    from ..telemetry import DeviceSample, TelemetrySource
+    from gpucell.protocol.telemetry import DeviceSample, TelemetrySource
 
 __all__ = [
     "DeviceTable",

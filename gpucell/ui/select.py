@@ -2,7 +2,7 @@
 
 One checkbox per engine with its live load, so a user can leave out a GPU that
 another job is using.  Toggling writes ``gc.selected`` (a tuple of engine ids;
-``None`` means every live engine), which :func:`gpucell.execute.select_targets`
+``None`` means every live engine), which :func:`gpucell.kernel.execute.select_targets`
 uses for cells without ``--devices``/``--targets``.  The load bars refresh from
 a background thread that ends with the widget or the cluster.
 """
@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import model
-from .monitor import Refresher, cluster_alive
+from gpucell.ui import model
+from gpucell.ui.monitor import Refresher, cluster_alive
 
 if TYPE_CHECKING:
-    from ..telemetry import TelemetrySource
+    from gpucell.protocol.telemetry import TelemetrySource
 
 __all__ = ["DeviceSelector", "selection_from"]
 
@@ -70,7 +70,7 @@ class DeviceSelector:
     ) -> None:
         import ipywidgets as w
 
-        from .progress import (
+        from gpucell.ui.progress import (
             GAP,
             W_LABEL,
             W_MEM_FIG,

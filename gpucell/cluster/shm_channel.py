@@ -1,0 +1,107 @@
+"""The kernel's shared-memory channel: opened with the cluster, closed when it stops.
+
+Leftovers (a result abandoned by an interrupted or failed cell, or written by an
+engine that died) are removed after such a cell and when the cluster stops; files
+of kernels that died are removed when the next channel opens.  The file format and
+the buffer functions are :mod:`gpucell.protocol.shm`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+from gpucell.protocol.shm import DEFAULT_DIR, PREFIX, Channel
+
+__all__ = ["STALE_AFTER", "close_channel", "open_channel", "sweep", "sweep_stale"]
+
+
+def open_channel(directory: str = DEFAULT_DIR) -> Channel | None:
+    """Create a channel (its probe file), or ``None`` where there is no usable
+    shared-memory directory."""
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        return None
+    sweep_stale(directory)
+    ch = Channel(f"{os.getpid()}-{uuid.uuid4().hex[:12]}", directory)
+    try:
+        fd = os.open(ch.probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, ch.token.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return ch
+
+
+def close_channel(ch: Channel | None) -> None:
+    """Remove the probe and every file of the channel left behind."""
+    if ch is None:
+        return
+    sweep(ch)
+    try:
+        os.unlink(ch.probe)
+    except OSError:
+        pass
+
+
+def sweep(ch: Channel | None) -> int:
+    """Remove the channel's result files no one will read (not the probe)."""
+    if ch is None:
+        return 0
+    head = f"{PREFIX}{ch.token}-"
+    probe = os.path.basename(ch.probe)
+    removed = 0
+    try:
+        names = os.listdir(ch.directory)
+    except OSError:
+        return 0
+    for name in names:
+        if name.startswith(head) and name != probe:
+            try:
+                os.unlink(os.path.join(ch.directory, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+#: Files of a dead kernel younger than this are left alone: a kernel in another
+#: pid namespace sharing this /dev/shm (containers with ``--ipc=host``) may own them.
+STALE_AFTER = 600.0
+
+
+def sweep_stale(directory: str = DEFAULT_DIR) -> int:
+    """Remove files of channels whose kernel process is gone (it was killed)."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    now = time.time()
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if now - os.stat(path).st_mtime < STALE_AFTER:
+                continue
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

@@ -1,0 +1,1048 @@
+"""Classify every name of the loop body, and refuse what cannot stay serial.
+
+Two passes over the body's AST, never evaluating anything:
+
+1. *Sink patterns*: statements that only contribute to an outer object in a way
+   the merge can replay (``L.append(e)``, ``D[k] = e``, ``acc += e``, ``D[k] += e``,
+   ``S.add(e)``). A name is a sink when every occurrence of it is such a pattern.
+2. *Flow*: a definite-assignment walk in evaluation order. A name assigned in the
+   body but read where it is not definitely assigned would see the previous
+   iteration's value: a loop-carried dependency, refused. The walk also finds the
+   inputs, refuses control flow that escapes the iteration, and refuses in-place
+   changes to objects that exist before the loop (whose effect could not come
+   back from an engine).
+
+Every problem becomes a :class:`Diagnostic`; the caller raises them all at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from gpucell.core.analysis.diagnostics import DiagnosticSink
+from gpucell.core.analysis.scope import (
+    COMPREHENSIONS,
+    ENGINE_PROVIDED,
+    NESTED_SCOPES,
+    WELL_KNOWN_MODULES,
+    bindings_of,
+    is_inplace_method,
+    is_mutating_method,
+    nested_free_loads,
+    nested_statements,
+    root_name,
+    scope_nodes,
+    target_names,
+    target_parts,
+)
+
+__all__ = [
+    "INPUT",
+    "LOCAL",
+    "GATHER",
+    "WRITE",
+    "REDUCTION",
+    "KEYED",
+    "UNION",
+    "Classification",
+    "classify_body",
+    "BIN_OPS",
+]
+
+INPUT = "input"
+LOCAL = "local"
+GATHER = "ordered gather"
+WRITE = "indexed write"
+REDUCTION = "reduction"
+KEYED = "keyed reduction"
+UNION = "set union"
+
+#: operators accepted in reductions, by AST class
+BIN_OPS: dict[type[ast.operator], str] = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.BitOr: "|",
+    ast.BitAnd: "&",
+    ast.BitXor: "^",
+    ast.MatMult: "@",
+}
+
+State = frozenset[str] | None  # names definitely assigned; None: unreachable
+
+
+def _join(*states: State) -> State:
+    """Intersection of reachable states (a path that cannot fall through is ignored)."""
+    live = [s for s in states if s is not None]
+    if not live:
+        return None
+    out = live[0]
+    for s in live[1:]:
+        out = out & s
+    return out
+
+
+def _add(state: State, names: Iterable[str]) -> State:
+    return None if state is None else state | frozenset(names)
+
+
+@dataclass
+class Candidate:
+    """A statement that may be a sink pattern for ``name``."""
+
+    cls: str
+    name: str
+    stmt: ast.stmt
+    own: list[ast.Name]
+    op: str | None = None
+    augmented: bool = True
+
+
+@dataclass
+class Classification:
+    """Result of classifying a loop body. Line numbers are the cell's."""
+
+    inputs: dict[str, int] = field(default_factory=dict)
+    locals: dict[str, int] = field(default_factory=dict)
+    gathers: dict[str, int] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)
+    reductions: dict[str, tuple[str, bool, int]] = field(default_factory=dict)
+    keyed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    unions: dict[str, int] = field(default_factory=dict)
+    deleted_locals: set[str] = field(default_factory=set)
+    prints: list[int] = field(default_factory=list)
+
+
+def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
+    """The except clauses of a ``try`` / ``try*`` statement; none for others."""
+    if isinstance(s, ast.Try):
+        return s.handlers
+    if sys.version_info >= (3, 11) and isinstance(s, ast.TryStar):
+        return s.handlers
+    return []
+
+
+def block_statements(stmts: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of the body's scope, through compound statements."""
+    for s in stmts:
+        yield s
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            yield from block_statements(getattr(s, name, []))
+        for h in _handlers(s):
+            yield from block_statements(h.body)
+        if isinstance(s, ast.Match):
+            for c in s.cases:
+                yield from block_statements(c.body)
+
+
+def match_candidates(
+    stmt: ast.stmt, is_builtin: Callable[[str], bool]
+) -> list[Candidate]:
+    """Sink patterns in one statement (structure only; names decided later)."""
+    out: list[Candidate] = []
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        f = call.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            nargs = len(call.args)
+            star = any(isinstance(a, ast.Starred) for a in call.args)
+            if not call.keywords and not star:
+                if f.attr in ("append", "extend") and nargs == 1:
+                    out.append(Candidate(GATHER, f.value.id, stmt, [f.value]))
+                elif f.attr == "add" and nargs == 1 or f.attr == "update" and nargs:
+                    out.append(Candidate(UNION, f.value.id, stmt, [f.value]))
+    elif isinstance(stmt, ast.AugAssign):
+        op = BIN_OPS.get(type(stmt.op))
+        t = stmt.target
+        if isinstance(t, ast.Name) and op is not None:
+            if op == "+" and isinstance(stmt.value, (ast.List, ast.ListComp)):
+                out.append(Candidate(GATHER, t.id, stmt, [t]))
+            else:
+                out.append(Candidate(REDUCTION, t.id, stmt, [t], op, True))
+        elif (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and op is not None
+        ):
+            out.append(Candidate(KEYED, t.value.id, stmt, [t.value], op, True))
+    elif isinstance(stmt, ast.Assign):
+        v = stmt.value
+        if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            t = stmt.targets[0]
+            if (
+                isinstance(v, ast.BinOp)
+                and isinstance(v.left, ast.Name)
+                and v.left.id == t.id
+                and type(v.op) in BIN_OPS
+            ):
+                op = BIN_OPS[type(v.op)]
+                out.append(Candidate(REDUCTION, t.id, stmt, [t, v.left], op, False))
+            elif (
+                isinstance(v, ast.Call)
+                and isinstance(v.func, ast.Name)
+                and v.func.id in ("max", "min")
+                and is_builtin(v.func.id)
+                and len(v.args) == 2
+                and not v.keywords
+                and isinstance(v.args[0], ast.Name)
+                and v.args[0].id == t.id
+            ):
+                out.append(
+                    Candidate(REDUCTION, t.id, stmt, [t, v.args[0]], v.func.id, False)
+                )
+        for target in stmt.targets:
+            for part in target_parts(target):
+                if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
+                    out.append(Candidate(WRITE, part.value.id, stmt, [part.value]))
+    return out
+
+
+class _Ctx:
+    """Everything the flow walk needs to know, and what it finds."""
+
+    def __init__(
+        self,
+        *,
+        sink: DiagnosticSink,
+        body_bound: set[str],
+        sinks: dict[str, Candidate],
+        own: set[int],
+        tainted: set[str],
+        module_names: set[str],
+        is_builtin: Callable[[str], bool],
+    ) -> None:
+        self.diag = sink
+        self.body_bound = body_bound
+        self.sinks = sinks
+        self.own = own
+        self.tainted = tainted
+        self.module_names = module_names
+        self.is_builtin = is_builtin
+        self.inputs: dict[str, int] = {}
+        self.prints: list[int] = []
+        self.deleted: set[str] = set()
+        self.seen_stored: set[str] = set()
+
+
+class _Flow:
+    """Definite-assignment walk of the loop body in evaluation order."""
+
+    def __init__(self, ctx: _Ctx) -> None:
+        self.c = ctx
+        self.loop_depth = 0
+        self.shadow: list[frozenset[str]] = []
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _shadowed(self, name: str) -> bool:
+        return any(name in s for s in self.shadow)
+
+    def load(self, node: ast.Name, state: State) -> None:
+        c = self.c
+        n = node.id
+        if id(node) in c.own or self._shadowed(n):
+            return
+        if n in c.sinks:
+            cand = c.sinks[n]
+            c.diag.add(
+                node.lineno,
+                node.col_offset,
+                n,
+                "sink-read",
+                f"`{n}` is combined across iterations ({cand.cls} on line "
+                f"{cand.stmt.lineno}) and is also used here; while the loop runs in "
+                f"parallel an iteration sees only its own contributions, not those "
+                f"of earlier iterations. Use `{n}` only after the loop (or give the "
+                f"running value another name inside the loop).",
+            )
+        elif n in c.body_bound:
+            if state is not None and n not in state:
+                if n in c.seen_stored:
+                    why = (
+                        f"`{n}` is assigned earlier in the loop only on some paths "
+                        f"(e.g. under an `if` or inside a nested loop), so on the "
+                        f"other paths this read would see the value left by the "
+                        f"previous iteration."
+                    )
+                else:
+                    why = (
+                        f"`{n}` is read here before the iteration assigns it, so it "
+                        f"would see the value left by the previous iteration (a "
+                        f"loop-carried dependency)."
+                    )
+                c.diag.add(
+                    node.lineno,
+                    node.col_offset,
+                    n,
+                    "loop-carried",
+                    why + " Iterations run independently in parallel. Assign "
+                    f"`{n}` before reading it on every path of the iteration, or, if "
+                    f"it accumulates, write it as a reduction (`{n} += ...`) and "
+                    f"read it only after the loop.",
+                )
+        elif n not in c.inputs:
+            c.inputs[n] = node.lineno
+
+    def outerish(self, name: ast.Name | None, state: State) -> bool:
+        """Would changing ``name``'s object in place change an object from outside?"""
+        if name is None or id(name) in self.c.own:
+            return False
+        n = name.id
+        if n in self.c.sinks:
+            return False  # reported as sink-read
+        if self._shadowed(n):
+            return True  # comprehension variables iterate over outer data
+        if n in self.c.tainted:
+            return True
+        return n not in self.c.body_bound and not self.c.is_builtin(n)
+
+    def _refuse_mutation(self, node: ast.AST, root: ast.Name, what: str) -> None:
+        n = root.id
+        if n in self.c.tainted or self._shadowed(n):
+            owner = (
+                f"`{n}` refers to an element of the loop's data or to an object that "
+                f"exists before the loop"
+            )
+            fix = (
+                f"Make a new object instead (`{n} = {n} + ...`, `{n}.copy()`), "
+                f"or collect the results (`results.append(...)`)."
+            )
+        else:
+            owner = f"`{n}` exists before the loop"
+            fix = (
+                "Collect what you need (`results.append(...)`, `d[k] = ...`) and "
+                "apply the change after the loop, or run the cell serially."
+            )
+        self.c.diag.add(
+            getattr(node, "lineno", root.lineno),
+            getattr(node, "col_offset", root.col_offset),
+            n,
+            "outer-mutation",
+            f"{what} changes an object in place; {owner}, and each engine would "
+            f"change only its own copy, so the change would be lost in your "
+            f"namespace (and later iterations would not see it). {fix}",
+        )
+
+    def check_call(self, call: ast.Call, state: State) -> None:
+        f = call.func
+        if isinstance(f, ast.Name) and f.id == "print":
+            self.c.prints.append(call.lineno)
+        if not isinstance(f, ast.Attribute):
+            return
+        root = root_name(f.value)
+        if root is None or id(root) in self.c.own:
+            return
+        is_module = root.id in self.c.module_names and root.id not in self.c.tainted
+        if is_module:
+            if is_inplace_method(f.attr) and call.args:
+                arg_root = root_name(call.args[0])
+                if self.outerish(arg_root, state):
+                    assert arg_root is not None
+                    self._refuse_mutation(
+                        call, arg_root, f"`{ast.unparse(f)}({arg_root.id}, ...)`"
+                    )
+            return
+        if is_mutating_method(f.attr) and self.outerish(root, state):
+            self._refuse_mutation(call, root, f"`{ast.unparse(f)}(...)`")
+
+    def check_target_mutation(self, part: ast.expr, state: State, aug: bool) -> None:
+        root = root_name(part)
+        if not self.outerish(root, state):
+            return
+        assert root is not None
+        text = ast.unparse(part)
+        if isinstance(part, ast.Attribute):
+            what = f"`{text} {'+' if aug else ''}= ...` (attribute assignment)"
+        else:
+            what = f"`{text} {'+' if aug else ''}= ...`"
+        self._refuse_mutation(part, root, what)
+
+    def forbid(self, node: ast.AST, name: str, kind: str, text: str) -> None:
+        self.c.diag.add(
+            getattr(node, "lineno", 0), getattr(node, "col_offset", 0), name, kind, text
+        )
+
+    # -- statements --------------------------------------------------------------
+
+    def block(self, stmts: Iterable[ast.stmt], state: State) -> State:
+        for s in stmts:
+            state = self.stmt(s, state)
+        return state
+
+    def store(self, target: ast.expr, state: State, aug: bool = False) -> State:
+        for part in target_parts(target):
+            if isinstance(part, ast.Name):
+                if id(part) in self.c.own:
+                    continue
+                self.c.seen_stored.add(part.id)
+                state = _add(state, [part.id])
+            elif isinstance(part, ast.Subscript):
+                if isinstance(part.value, ast.Name) and id(part.value) in self.c.own:
+                    state = self.expr(part.slice, state)
+                    continue
+                state = self.expr(part.value, state)
+                state = self.expr(part.slice, state)
+                self.check_target_mutation(part, state, aug)
+            elif isinstance(part, ast.Attribute):
+                state = self.expr(part.value, state)
+                self.check_target_mutation(part, state, aug)
+            else:
+                state = self.expr(part, state)
+        return state
+
+    def stmt(self, s: ast.stmt, state: State) -> State:  # noqa: C901
+        m = getattr(self, "stmt_" + type(s).__name__, None)
+        if m is not None:
+            return m(s, state)  # type: ignore[no-any-return]
+        # simple statements: evaluate every expression child in order
+        for child in ast.iter_child_nodes(s):
+            if isinstance(child, ast.expr):
+                state = self.expr(child, state)
+        return state
+
+    def stmt_Assign(self, s: ast.Assign, state: State) -> State:
+        state = self.expr(s.value, state)
+        for t in s.targets:
+            state = self.store(t, state)
+        return state
+
+    def stmt_AnnAssign(self, s: ast.AnnAssign, state: State) -> State:
+        if s.value is None:
+            return state
+        state = self.expr(s.value, state)
+        state = self.expr(s.annotation, state)
+        return self.store(s.target, state)
+
+    def stmt_AugAssign(self, s: ast.AugAssign, state: State) -> State:
+        t = s.target
+        if isinstance(t, ast.Name):
+            if id(t) in self.c.own:
+                return self.expr(s.value, state)
+            self.load(
+                ast.Name(t.id, ast.Load(), lineno=t.lineno, col_offset=t.col_offset),
+                state,
+            )
+            state = self.expr(s.value, state)
+            if t.id in self.c.tainted:
+                self._refuse_mutation(
+                    s, t, f"`{t.id} {_op_text(s.op)}= ...` on an alias"
+                )
+            self.c.seen_stored.add(t.id)
+            return _add(state, [t.id])
+        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+            if id(t.value) in self.c.own:
+                state = self.expr(t.slice, state)
+                return self.expr(s.value, state)
+        state = self.store(t, state, aug=True)
+        return self.expr(s.value, state)
+
+    def _loop(
+        self,
+        s: ast.For | ast.While,
+        state: State,
+        head: Callable[[State], State],
+    ) -> State:
+        entry = state
+        s_in = entry
+        self.loop_depth += 1
+        for _ in range(4):  # definite assignment converges in a pass or two
+            body_end = self.block(s.body, head(s_in))
+            new_in = _join(entry, body_end) if body_end is not None else entry
+            if new_in == s_in:
+                break
+            s_in = new_in
+        self.loop_depth -= 1
+        head_state = head(s_in) if isinstance(s, ast.While) else s_in
+        after = self.block(s.orelse, head_state if isinstance(s, ast.While) else s_in)
+        if _has_break(s.body):
+            after = _join(after, s_in)
+        return after
+
+    def stmt_For(self, s: ast.For, state: State) -> State:
+        state = self.expr(s.iter, state)
+        return self._loop(s, state, lambda st: self.store(s.target, st))
+
+    def stmt_AsyncFor(self, s: ast.AsyncFor, state: State) -> State:
+        self.forbid(s, "async for", "await", _AWAIT_TEXT)
+        return self.stmt_For(s, state)  # type: ignore[arg-type]
+
+    def stmt_While(self, s: ast.While, state: State) -> State:
+        return self._loop(s, state, lambda st: self.expr(s.test, st))
+
+    def stmt_If(self, s: ast.If, state: State) -> State:
+        state = self.expr(s.test, state)
+        return _join(self.block(s.body, state), self.block(s.orelse, state))
+
+    def stmt_With(self, s: ast.With, state: State) -> State:
+        for item in s.items:
+            state = self.expr(item.context_expr, state)
+            if item.optional_vars is not None:
+                state = self.store(item.optional_vars, state)
+        return self.block(s.body, state)
+
+    def stmt_AsyncWith(self, s: ast.AsyncWith, state: State) -> State:
+        self.forbid(s, "async with", "await", _AWAIT_TEXT)
+        return self.stmt_With(s, state)  # type: ignore[arg-type]
+
+    def stmt_Try(self, s: ast.Try, state: State) -> State:
+        entry = state
+        body_end = self.block(s.body, entry)
+        else_end = self.block(s.orelse, body_end)
+        ends = [else_end]
+        for h in s.handlers:
+            hs = entry
+            if h.type is not None:
+                hs = self.expr(h.type, hs)
+            if h.name:
+                self.c.seen_stored.add(h.name)
+                hs = _add(hs, [h.name])
+            end = self.block(h.body, hs)
+            if h.name and end is not None:
+                end = end - {h.name}  # Python deletes the name when the handler ends
+                self.c.deleted.add(h.name)
+            ends.append(end)
+        normal = _join(*ends)
+        if s.finalbody:
+            self.block(
+                s.finalbody, _join(entry, normal) if normal is not None else entry
+            )
+            return self.block(s.finalbody, normal)
+        return normal
+
+    stmt_TryStar = stmt_Try
+
+    def stmt_Match(self, s: ast.Match, state: State) -> State:
+        state = self.expr(s.subject, state)
+        ends: list[State] = [state]
+        for case in s.cases:
+            cs = state
+            for node in ast.walk(case.pattern):
+                if isinstance(node, (ast.MatchValue,)):
+                    cs = self.expr(node.value, cs)
+                elif isinstance(node, ast.MatchClass):
+                    cs = self.expr(node.cls, cs)
+                name = getattr(node, "name", None) or getattr(node, "rest", None)
+                if isinstance(name, str):
+                    self.c.seen_stored.add(name)
+                    cs = _add(cs, [name])
+            if case.guard is not None:
+                cs = self.expr(case.guard, cs)
+            ends.append(self.block(case.body, cs))
+        return _join(*ends)
+
+    def stmt_Raise(self, s: ast.Raise, state: State) -> State:
+        for e in (s.exc, s.cause):
+            if e is not None:
+                state = self.expr(e, state)
+        return None
+
+    def stmt_Return(self, s: ast.Return, state: State) -> State:
+        self.forbid(
+            s,
+            "return",
+            "return",
+            "`return` is not allowed in the loop: the cell is not a function, and "
+            "leaving the loop early makes the result depend on iteration order. "
+            "Use `continue` to skip the rest of an iteration.",
+        )
+        if s.value is not None:
+            self.expr(s.value, state)
+        return None
+
+    def stmt_Continue(self, s: ast.Continue, state: State) -> State:
+        return None
+
+    def stmt_Break(self, s: ast.Break, state: State) -> State:
+        if self.loop_depth == 0:
+            self.forbid(
+                s,
+                "break",
+                "break",
+                "`break` stops the loop at an iteration that depends on the "
+                "iterations before it, but engines run iterations independently "
+                "and all at once. Record a flag per iteration (e.g. "
+                "`hits.append(i)`) and pick the first one after the loop, or run "
+                "the cell serially.",
+            )
+        return None
+
+    def stmt_Global(self, s: ast.Global | ast.Nonlocal, state: State) -> State:
+        kw = "global" if isinstance(s, ast.Global) else "nonlocal"
+        for n in s.names:
+            self.forbid(
+                s,
+                n,
+                kw,
+                f"`{kw} {n}` would rebind `{n}` in an engine's namespace, not in "
+                f"yours. Assign `{n}` in the loop body (it comes back as the value "
+                f"of the last iteration) or collect values and combine them after "
+                f"the loop.",
+            )
+        return state
+
+    stmt_Nonlocal = stmt_Global
+
+    def stmt_Delete(self, s: ast.Delete, state: State) -> State:
+        for t in s.targets:
+            for part in target_parts(t):
+                if isinstance(part, ast.Name):
+                    n = part.id
+                    if n in self.c.sinks or n not in self.c.body_bound:
+                        self.forbid(
+                            part,
+                            n,
+                            "del-outer",
+                            f"`del {n}` deletes a name that exists before the loop; "
+                            f"an engine can delete only its own copy. Delete `{n}` "
+                            f"after the loop.",
+                        )
+                        continue
+                    self.load(
+                        ast.Name(
+                            n,
+                            ast.Load(),
+                            lineno=part.lineno,
+                            col_offset=part.col_offset,
+                        ),
+                        state,
+                    )
+                    self.c.deleted.add(n)
+                    if state is not None:
+                        state = state - {n}
+                else:
+                    if isinstance(part, (ast.Subscript, ast.Attribute)):
+                        state = self.expr(part.value, state)
+                        if isinstance(part, ast.Subscript):
+                            state = self.expr(part.slice, state)
+                        root = root_name(part)
+                        if self.outerish(root, state):
+                            assert root is not None
+                            self._refuse_mutation(
+                                part, root, f"`del {ast.unparse(part)}`"
+                            )
+        return state
+
+    def stmt_Import(self, s: ast.Import | ast.ImportFrom, state: State) -> State:
+        names = []
+        for alias in s.names:
+            if alias.name == "*":
+                self.forbid(
+                    s,
+                    "*",
+                    "star-import",
+                    "`from ... import *` in the loop binds names the analysis cannot "
+                    "see. Import the names you use explicitly.",
+                )
+                continue
+            names.append(alias.asname or alias.name.split(".")[0])
+        self.c.seen_stored.update(names)
+        return _add(state, names)
+
+    stmt_ImportFrom = stmt_Import
+
+    def _nested(self, node: ast.AST, state: State) -> State:
+        """A def/lambda/class: outer parts now, free names read at definition."""
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for d in [*node.args.defaults, *node.args.kw_defaults]:
+                if d is not None:
+                    state = self.expr(d, state)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for d in node.decorator_list:
+                state = self.expr(d, state)
+        if isinstance(node, ast.ClassDef):
+            for b in [*node.bases, *(k.value for k in node.keywords)]:
+                state = self.expr(b, state)
+        free = nested_free_loads(node)
+        free_names = {f.id for f in free}
+        for name in free:
+            self.load(name, state)
+        for inner in nested_statements(node):
+            if isinstance(inner, (ast.Global, ast.Nonlocal)):
+                self.stmt_Global(inner, state)
+            elif isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute):
+                root = root_name(inner.func.value)
+                if root is not None and root.id in free_names:
+                    self.check_call(inner, state)
+            elif isinstance(inner, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = (
+                    inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                )
+                for t in targets:
+                    for part in target_parts(t):
+                        if isinstance(part, (ast.Attribute, ast.Subscript)):
+                            root = root_name(part)
+                            if root is not None and root.id in free_names:
+                                self.check_target_mutation(part, state, False)
+        return state
+
+    def stmt_FunctionDef(self, s: ast.FunctionDef, state: State) -> State:
+        state = self._nested(s, state)
+        self.c.seen_stored.add(s.name)
+        return _add(state, [s.name])
+
+    stmt_AsyncFunctionDef = stmt_FunctionDef
+    stmt_ClassDef = stmt_FunctionDef
+
+    # -- expressions ---------------------------------------------------------------
+
+    def expr(self, e: ast.AST, state: State) -> State:  # noqa: C901
+        if isinstance(e, ast.Name):
+            if isinstance(e.ctx, ast.Load):
+                self.load(e, state)
+            return state
+        if isinstance(e, ast.NamedExpr):
+            state = self.expr(e.value, state)
+            self.c.seen_stored.add(e.target.id)
+            return _add(state, [e.target.id])
+        if isinstance(e, ast.BoolOp):
+            first = self.expr(e.values[0], state)
+            st = first
+            for v in e.values[1:]:
+                st = self.expr(v, st)
+            return first
+        if isinstance(e, ast.IfExp):
+            state = self.expr(e.test, state)
+            return _join(self.expr(e.body, state), self.expr(e.orelse, state))
+        if isinstance(e, ast.Lambda):
+            return self._nested(e, state)
+        if isinstance(e, COMPREHENSIONS):
+            return self._comprehension(e, state)
+        if isinstance(e, (ast.Await, ast.Yield, ast.YieldFrom)):
+            kw = {ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield"}[
+                type(e)
+            ]
+            self.forbid(
+                e,
+                kw,
+                kw,
+                _AWAIT_TEXT
+                if kw == "await"
+                else "`yield` is not allowed in the loop: the cell is not a "
+                "generator. Collect the values in a list instead.",
+            )
+        if isinstance(e, ast.Call):
+            self.check_call(e, state)
+        for child in ast.iter_child_nodes(e):
+            if isinstance(child, ast.keyword):
+                state = self.expr(child.value, state)
+            elif isinstance(child, ast.expr):
+                state = self.expr(child, state)
+        return state
+
+    def _comprehension(self, e: ast.AST, state: State) -> State:
+        gens: list[ast.comprehension] = e.generators  # type: ignore[attr-defined]
+        before = self.expr(gens[0].iter, state)
+        st = before
+        names = frozenset(n.id for g in gens for n in target_names(g.target))
+        self.shadow.append(names)
+        try:
+            for i, g in enumerate(gens):
+                if g.is_async:
+                    self.forbid(g.iter, "async for", "await", _AWAIT_TEXT)
+                if i:
+                    st = self.expr(g.iter, st)
+                for cond in g.ifs:
+                    st = self.expr(cond, st)
+            if isinstance(e, ast.DictComp):
+                st = self.expr(e.key, st)
+                st = self.expr(e.value, st)
+            else:
+                st = self.expr(e.elt, st)  # type: ignore[attr-defined]
+        finally:
+            self.shadow.pop()
+        return before
+
+
+_AWAIT_TEXT = (
+    "`await`/`async` is not allowed in the parallel loop: engines run the body as "
+    "plain synchronous code. Call a synchronous function, or run the cell serially."
+)
+
+
+def _op_text(op: ast.operator) -> str:
+    return BIN_OPS.get(type(op), "?")
+
+
+def _has_break(stmts: list[ast.stmt]) -> bool:
+    """A ``break`` belonging to this loop (not to a loop nested inside it)."""
+    for s in stmts:
+        if isinstance(s, ast.Break):
+            return True
+        if isinstance(s, (ast.For, ast.AsyncFor, ast.While, *NESTED_SCOPES)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            if _has_break(getattr(s, name, [])):
+                return True
+        for h in getattr(s, "handlers", []):
+            if _has_break(h.body):
+                return True
+        for c in getattr(s, "cases", []):
+            if _has_break(c.body):
+                return True
+    return False
+
+
+def _alias_expr(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
+    """Could evaluating ``e`` return an object from outside (not a new one)?"""
+    if isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Starred)):
+        root = root_name(e)
+        return root is not None and is_outer(root.id)
+    if isinstance(e, ast.IfExp):
+        return _alias_expr(e.body, is_outer) or _alias_expr(e.orelse, is_outer)
+    if isinstance(e, ast.BoolOp):
+        return any(_alias_expr(v, is_outer) for v in e.values)
+    if isinstance(e, (ast.Tuple, ast.List)):
+        return any(_alias_expr(v, is_outer) for v in e.elts)
+    if isinstance(e, ast.NamedExpr):
+        return _alias_expr(e.value, is_outer)
+    return False
+
+
+def _mentions(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
+    return any(
+        isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and is_outer(n.id)
+        for n in ast.walk(e)
+    )
+
+
+def _is_range(e: ast.AST, is_builtin: Callable[[str], bool]) -> bool:
+    return (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id == "range"
+        and is_builtin("range")
+    )
+
+
+def _target_taint(
+    target: ast.expr, it: ast.expr, is_builtin: Callable[[str], bool]
+) -> tuple[set[str], bool]:
+    """Names of a loop target that may hold objects from the iterable.
+
+    Returns (names, decided). Items of ``range`` are ints; ``enumerate``'s index is
+    an int; everything else may be an element of outer data.
+    """
+    if _is_range(it, is_builtin):
+        return set(), True
+    if (
+        isinstance(it, ast.Call)
+        and isinstance(it.func, ast.Name)
+        and it.func.id == "enumerate"
+        and is_builtin("enumerate")
+        and it.args
+        and isinstance(target, (ast.Tuple, ast.List))
+        and len(target.elts) == 2
+    ):
+        return _target_taint(target.elts[1], it.args[0], is_builtin)
+    if (
+        isinstance(it, ast.Call)
+        and isinstance(it.func, ast.Name)
+        and it.func.id == "zip"
+        and is_builtin("zip")
+        and isinstance(target, (ast.Tuple, ast.List))
+        and len(target.elts) == len(it.args)
+        and not it.keywords
+    ):
+        out: set[str] = set()
+        for t, a in zip(target.elts, it.args, strict=True):
+            out |= _target_taint(t, a, is_builtin)[0]
+        return out, True
+    return {n.id for n in target_names(target)}, False
+
+
+def classify_body(
+    body: list[ast.stmt],
+    *,
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    diag: DiagnosticSink,
+    is_builtin: Callable[[str], bool],
+    module_names: Iterable[str] = (),
+    fixed_sinks: dict[str, str] | None = None,
+) -> Classification:
+    """Classify the names of a loop body.
+
+    Parameters
+    ----------
+    body : list of ast.stmt
+        The loop body (a synthesized one for the list-comprehension form).
+    loop_target : ast.expr
+        The parallel loop's target; its names are definitely assigned on entry.
+    loop_iter : ast.expr or None
+        The iterable (to refuse iterating over something the body changes, and to
+        tell which loop targets hold outer objects).
+    diag : DiagnosticSink
+        Receives every refusal.
+    is_builtin : callable
+        ``is_builtin(name)`` when ``name`` resolves to the builtin on engines.
+    module_names : iterable of str
+        Names bound by ``import`` in the prelude (receivers whose in-place functions
+        modify their argument rather than themselves).
+    """
+    stmts = list(block_statements(body))
+    nodes = [n for s in body for n in scope_nodes(s)]
+    cands: list[Candidate] = []
+    for s in stmts:
+        cands.extend(match_candidates(s, is_builtin))
+    own_store_ids = {
+        id(n) for c in cands for n in c.own if isinstance(n.ctx, ast.Store)
+    }
+    # names bound in the body other than by a candidate's own store: a name that
+    # is also assigned by ordinary code is a plain local, not a sink
+    other_bound = {n.id for n in target_names(loop_target)} | bindings_of(
+        nodes, exclude=own_store_ids
+    )
+
+    sinks: dict[str, Candidate] = {}
+    by_name: dict[str, list[Candidate]] = {}
+    for c in cands:
+        if c.name in other_bound:
+            continue
+        by_name.setdefault(c.name, []).append(c)
+    result = Classification()
+    for name, cs in by_name.items():
+        classes = {c.cls for c in cs}
+        first = cs[0]
+        if len(classes) > 1:
+            kinds = " and ".join(sorted(classes))
+            diag.add(
+                cs[1].stmt.lineno,
+                cs[1].stmt.col_offset,
+                name,
+                "mixed-use",
+                f"`{name}` is used both as {kinds} in the loop; gpucell can merge "
+                f"one kind of contribution per name. Use a separate name for each.",
+            )
+            sinks[name] = first
+            continue
+        cls = first.cls
+        if cls in (REDUCTION, KEYED):
+            ops = {c.op for c in cs}
+            augs = {c.augmented for c in cs}
+            if len(ops) > 1 or len(augs) > 1:
+                diag.add(
+                    cs[1].stmt.lineno,
+                    cs[1].stmt.col_offset,
+                    name,
+                    "mixed-reduction",
+                    f"`{name}` is combined with different operators or forms "
+                    f"({', '.join(sorted(ast.unparse(c.stmt) for c in cs))}); a "
+                    f"parallel reduction needs one associative operator per name. "
+                    f"Use one form (e.g. only `{name} += ...`).",
+                )
+        sinks[name] = first
+        line = first.stmt.lineno
+        if cls == GATHER:
+            result.gathers[name] = line
+        elif cls == WRITE:
+            result.writes[name] = line
+        elif cls == UNION:
+            result.unions[name] = line
+        elif cls == REDUCTION:
+            result.reductions[name] = (first.op or "+", first.augmented, line)
+        elif cls == KEYED:
+            result.keyed[name] = (first.op or "+", line)
+    own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
+    body_bound = other_bound - set(sinks)
+
+    # alias taint: locals that may hold objects from outside the iteration
+    def is_outer(n: str) -> bool:
+        return (n not in body_bound and not is_builtin(n)) or n in tainted
+
+    tainted: set[str] = set()
+    if loop_iter is not None:
+        names, _ = _target_taint(loop_target, loop_iter, is_builtin)
+        tainted |= names
+    # (kind, expression, names it binds) for every binding that may alias
+    aliasing: list[tuple[str, ast.expr, set[str]]] = []
+    for s in stmts:
+        if isinstance(s, ast.Assign):
+            names = {n.id for t in s.targets for n in target_names(t)}
+            aliasing.append(("alias", s.value, names))
+        elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
+            s.iter, is_builtin
+        ):
+            aliasing.append(
+                ("mentions", s.iter, {n.id for n in target_names(s.target)})
+            )
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                if item.optional_vars is not None:
+                    names = {n.id for n in target_names(item.optional_vars)}
+                    aliasing.append(("alias", item.context_expr, names))
+    for node in nodes:
+        if isinstance(node, ast.NamedExpr):
+            aliasing.append(("alias", node.value, {node.target.id}))
+    for _ in range(len(aliasing) + 1):
+        before = len(tainted)
+        for kind, e, names in aliasing:
+            if names <= tainted:
+                continue
+            hit = (
+                _alias_expr(e, is_outer) if kind == "alias" else _mentions(e, is_outer)
+            )
+            if hit:
+                tainted |= names
+        if len(tainted) == before:
+            break
+    tainted &= body_bound
+
+    ctx = _Ctx(
+        sink=diag,
+        body_bound=body_bound,
+        sinks=sinks,
+        own=own,
+        tainted=tainted,
+        module_names=set(module_names) | set(WELL_KNOWN_MODULES),
+        is_builtin=is_builtin,
+    )
+    flow = _Flow(ctx)
+    entry: State = frozenset(n.id for n in target_names(loop_target))
+    for part in target_parts(loop_target):
+        if not isinstance(part, ast.Name):
+            diag.add(
+                part.lineno,
+                part.col_offset,
+                ast.unparse(part),
+                "loop-target",
+                f"the loop assigns each item to `{ast.unparse(part)}`, which changes "
+                f"an object outside the iteration. Use plain names as loop targets "
+                f"(`for i, x in ...`) and store the values in the body.",
+            )
+    flow.block(body, entry)
+
+    if loop_iter is not None:
+        for node in ast.walk(loop_iter):
+            if isinstance(node, ast.Name) and node.id in sinks:
+                diag.add(
+                    node.lineno,
+                    node.col_offset,
+                    node.id,
+                    "iterable-mutated",
+                    f"the loop iterates over `{node.id}`, which the body also changes "
+                    f"(line {sinks[node.id].stmt.lineno}); serially the loop would "
+                    f"see its own changes. Iterate over a copy "
+                    f"(`for x in list({node.id}):`) or collect into another name.",
+                )
+
+    result.inputs = {
+        n: line
+        for n, line in ctx.inputs.items()
+        if n not in ENGINE_PROVIDED and not is_builtin(n)
+    }
+    first_lines: dict[str, int] = {}
+    for n in target_names(loop_target):
+        first_lines.setdefault(n.id, n.lineno)
+    for node in nodes:
+        if isinstance(node, ast.Name) and node.id in body_bound:
+            first_lines.setdefault(node.id, node.lineno)
+    result.locals = {n: first_lines.get(n, 0) for n in sorted(body_bound)}
+    result.locals = dict(sorted(result.locals.items(), key=lambda kv: (kv[1], kv[0])))
+    result.deleted_locals = ctx.deleted & body_bound
+    result.prints = sorted(set(ctx.prints))
+    return result

@@ -1,0 +1,314 @@
+"""``analyse``: cell text in, :class:`LoopPlan` (or one NotParallelizable) out."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Collection
+
+from gpucell.core.analysis.classify import (
+    GATHER,
+    INPUT,
+    KEYED,
+    LOCAL,
+    REDUCTION,
+    UNION,
+    WRITE,
+    Classification,
+    classify_body,
+)
+from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
+from gpucell.core.analysis.iterspace import describe_iterable
+from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
+from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
+from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
+from gpucell.core.analysis.split import line_span, parse_cell, source_of, split_cell
+from gpucell.protocol.program import RESULT
+
+__all__ = ["analyse"]
+
+
+def _listcomp_body(node: ast.Assign) -> tuple[ast.expr, ast.expr, list[ast.stmt]]:
+    """``name = [elt for t in it if c for u in it2]`` as a loop body.
+
+    Returns (target, iterable, body) where the body appends ``elt`` to a fresh
+    result list: ``for u in it2: if c2: __gpucell_result__.append(elt)`` nested
+    under the first generator's conditions.
+    """
+    comp = node.value
+    assert isinstance(comp, ast.ListComp)
+    gens = comp.generators
+    elt = comp.elt
+    recv = ast.copy_location(ast.Name(RESULT, ast.Load()), elt)
+    call = ast.copy_location(
+        ast.Call(
+            ast.copy_location(ast.Attribute(recv, "append", ast.Load()), elt), [elt], []
+        ),
+        elt,
+    )
+    stmts: list[ast.stmt] = [ast.copy_location(ast.Expr(call), elt)]
+    for g in reversed(gens[1:]):
+        for cond in reversed(g.ifs):
+            stmts = [ast.copy_location(ast.If(cond, stmts, []), cond)]
+        stmts = [ast.copy_location(ast.For(g.target, g.iter, stmts, []), g.iter)]
+    for cond in reversed(gens[0].ifs):
+        stmts = [ast.copy_location(ast.If(cond, stmts, []), cond)]
+    return gens[0].target, gens[0].iter, stmts
+
+
+def _names(cl: Classification, hidden: set[str], result: str | None) -> list[NameInfo]:
+    infos: list[NameInfo] = []
+    for n, line in cl.inputs.items():
+        infos.append(NameInfo(n, INPUT, line, "shipped to every engine"))
+    for n, line in cl.locals.items():
+        if n not in hidden:
+            infos.append(NameInfo(n, LOCAL, line, "value from the last iteration"))
+    for n, line in cl.gathers.items():
+        if n == RESULT and result:
+            infos.append(NameInfo(result, GATHER, line, "new list, in iteration order"))
+        else:
+            infos.append(NameInfo(n, GATHER, line, "extended in iteration order"))
+    for n, line in cl.writes.items():
+        infos.append(NameInfo(n, WRITE, line, "item writes in iteration order"))
+    for n, (op, aug, line) in cl.reductions.items():
+        form = (
+            f"{n} {op}= ..."
+            if aug and op not in ("max", "min")
+            else (
+                f"{n} = {op}({n}, ...)"
+                if op in ("max", "min")
+                else f"{n} = {n} {op} ..."
+            )
+        )
+        infos.append(NameInfo(n, REDUCTION, line, form))
+    for n, (op, line) in cl.keyed.items():
+        infos.append(NameInfo(n, KEYED, line, f"{n}[k] {op}= ..."))
+    for n, line in cl.unions.items():
+        infos.append(NameInfo(n, UNION, line, "union of all additions"))
+    infos.sort(key=lambda i: (i.line, i.name))
+    return infos
+
+
+def analyse(
+    source: str,
+    *,
+    filename: str = "<gpucell-cell>",
+    known_names: Collection[str] = (),
+    for_cpu: bool = False,
+    raise_errors: bool = True,
+) -> LoopPlan:
+    """Analyse a cell for ``%%gpu_parallel``.
+
+    Parameters
+    ----------
+    source : str
+        The cell after ``shell.transform_cell`` (plain Python).
+    filename : str
+        Used to compile every part so tracebacks and syntax errors name the cell.
+    known_names : collection of str
+        Names in the user's namespace before the cell. Only names are used, never
+        values: they tell a shadowed builtin from the real one and let the plan
+        warn about inputs that do not exist.
+    for_cpu : bool
+        Rewrite ``.cuda()``/``device="cuda"`` selections to the engine's device.
+    raise_errors : bool
+        When false, refusals are returned in ``plan.diagnostics`` (for
+        ``--dry-run``) instead of raised.
+
+    Returns
+    -------
+    LoopPlan
+
+    Raises
+    ------
+    SyntaxError
+        As Python reports it, with the cell's own line numbers.
+    NotParallelizable
+        With every refusal (``err.diagnostics``) when ``raise_errors`` is true.
+    """
+    module = parse_cell(source, filename)
+    split = split_cell(module)
+    diag = DiagnosticSink()
+    known = frozenset(known_names)
+    prelude_bound = scope_bindings(list(split.prelude))
+    prelude_modules = {
+        a.asname or a.name.split(".")[0]
+        for s in split.prelude
+        if isinstance(s, (ast.Import, ast.ImportFrom))
+        for a in s.names
+    }
+
+    def shadowed(name: str) -> bool:
+        return name in known or name in prelude_bound
+
+    def is_builtin(name: str) -> bool:
+        return name in BUILTIN_NAMES and not shadowed(name)
+
+    loop = split.loop
+    common = dict(
+        source=source,
+        filename=filename,
+        prelude_source=source_of(source, split.prelude),
+        prelude_lines=line_span(split.prelude),
+        prelude=split.prelude,
+    )
+    if loop is None:
+        diag.add(
+            1,
+            0,
+            "",
+            "no-loop",
+            "the cell has no top-level `for` loop and no top-level "
+            "`name = [... for ...]` list comprehension to run in parallel. Put the "
+            "loop at the top level of the cell (not inside `if`, `with` or a "
+            "function), or run the cell without %%gpu_parallel.",
+        )
+        if raise_errors:
+            raise_if_any(diag.sorted())
+        return LoopPlan(
+            **common,  # type: ignore[arg-type]
+            kind=None,
+            loop_lines=None,
+            loop_header="",
+            iter_space=None,
+            inputs=(),
+            locals=(),
+            gathers=(),
+            writes=(),
+            reductions=(),
+            keyed=(),
+            unions=(),
+            result_name=None,
+            hidden=(),
+            names=(),
+            prints=(),
+            chunk_ast=None,
+            epilogue_source="",
+            epilogue_lines=None,
+            diagnostics=diag.sorted(),
+        )
+
+    loop_lines = (loop.lineno, loop.end_lineno or loop.lineno)
+    result_name: str | None = None
+    hidden: set[str] = set()
+    if isinstance(loop, ast.Assign):
+        target, iterable, body = _listcomp_body(loop)
+        result_name = loop.targets[0].id  # type: ignore[attr-defined]
+        kind = "listcomp"
+        comp = loop.value
+        hidden = {
+            n.id
+            for g in comp.generators  # type: ignore[attr-defined]
+            for n in target_names(g.target)
+        }
+        if any(g.is_async for g in comp.generators):  # type: ignore[attr-defined]
+            diag.add(
+                loop.lineno,
+                loop.col_offset,
+                result_name,
+                "await",
+                "an `async for` comprehension cannot run in parallel.",
+            )
+        header = f"{result_name} = [{ast.unparse(comp.elt)} for ...]"  # type: ignore[attr-defined]
+    else:
+        assert isinstance(loop, (ast.For, ast.AsyncFor))
+        target, iterable, body = loop.target, loop.iter, list(loop.body)
+        kind = "for"
+        header = f"for {ast.unparse(target)} in {ast.unparse(iterable)}"
+        if isinstance(loop, ast.AsyncFor):
+            diag.add(
+                loop.lineno,
+                loop.col_offset,
+                "async for",
+                "await",
+                "`async for` cannot run in parallel; use a plain `for` loop.",
+            )
+
+    cl = classify_body(
+        body,
+        loop_target=target,
+        loop_iter=iterable,
+        diag=diag,
+        is_builtin=is_builtin,
+        module_names=prelude_modules,
+    )
+    space = describe_iterable(iterable, shadowed)
+    # names the iterable reads are inputs of the kernel, not of the engines
+    warnings = DiagnosticSink()
+    if known:
+        for n, line in cl.inputs.items():
+            if n not in known and n not in prelude_bound:
+                warnings.add(
+                    line,
+                    0,
+                    n,
+                    "undefined-input",
+                    f"`{n}` is read in the loop but is not defined before it; the "
+                    f"loop will raise NameError unless the prelude defines it.",
+                )
+
+    locals_ = tuple(n for n in cl.locals if n not in hidden)
+    reductions = tuple(
+        Reduction(n, op, aug, line) for n, (op, aug, line) in cl.reductions.items()
+    )
+    keyed = tuple((n, op) for n, (op, _line) in cl.keyed.items())
+    diagnostics = diag.sorted()
+    epi_src = source_of(source, split.epilogue, avoid=loop_lines)
+    chunk_ast = None
+    cuda_lines: tuple[int, ...] = ()
+    if not diagnostics:
+        if for_cpu:
+            # CUDA selections become the engine's device before the sinks are
+            # rewritten, so the recorder's spec says at once whether it binds one
+            cuda_mod, cuda_lines, wrapped = rewrite_cuda(
+                ast.Module(body=body, type_ignores=[])
+            )
+            body = cuda_mod.body
+            needs_device = bool(cuda_lines or wrapped)
+        else:
+            needs_device = False
+        # the loop's nodes are rewritten in place: the plan keeps only the
+        # prelude and epilogue trees, and classification is done
+        chunk_ast = build_program(
+            loop_node=loop,
+            target=target,
+            body=body,
+            locals_=locals_,
+            reduction_ops={r.name: r.op for r in reductions},
+            keyed_ops=dict(keyed),
+            device=needs_device,
+            gathers=cl.gathers,
+            writes=cl.writes,
+            reductions=cl.reductions,
+            keyed=cl.keyed,
+            unions=cl.unions,
+            deleted=cl.deleted_locals,
+        )
+    elif raise_errors:
+        raise_if_any(diagnostics)
+
+    return LoopPlan(
+        **common,  # type: ignore[arg-type]
+        kind=kind,
+        loop_lines=loop_lines,
+        loop_header=header,
+        iter_space=space,
+        inputs=tuple(cl.inputs),
+        locals=locals_,
+        gathers=tuple(n for n in cl.gathers if n != RESULT),
+        writes=tuple(cl.writes),
+        reductions=reductions,
+        keyed=keyed,
+        unions=tuple(cl.unions),
+        result_name=result_name,
+        hidden=tuple(sorted(hidden)),
+        names=tuple(_names(cl, hidden, result_name)),
+        prints=tuple(cl.prints),
+        chunk_ast=chunk_ast,
+        epilogue_source=epi_src,
+        epilogue_lines=line_span(split.epilogue),
+        cuda_rewritten=bool(cuda_lines),
+        cuda_lines=cuda_lines,
+        diagnostics=diagnostics,
+        warnings=warnings.sorted(),
+        epilogue=split.epilogue,
+    )

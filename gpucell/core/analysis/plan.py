@@ -1,0 +1,188 @@
+"""The analysis result: a frozen, inspectable :class:`LoopPlan`."""
+
+from __future__ import annotations
+
+import ast
+import marshal
+from dataclasses import dataclass, field
+from types import CodeType
+
+from gpucell.core.analysis.classify import (
+    GATHER,
+    INPUT,
+    KEYED,
+    LOCAL,
+    REDUCTION,
+    UNION,
+    WRITE,
+)
+from gpucell.core.analysis.diagnostics import Diagnostic
+from gpucell.core.analysis.iterspace import IterSpace
+
+__all__ = ["LoopPlan", "NameInfo", "Reduction", "EngineProgram"]
+
+#: what ``LoopPlan.engine_program`` returns: (filename, cell source, marshalled code)
+EngineProgram = tuple[str, str, bytes]
+
+
+@dataclass(frozen=True)
+class NameInfo:
+    """One name of the loop body, its class and where it first appears."""
+
+    name: str
+    cls: str
+    line: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction: ``name op= e`` (augmented) or ``name = name op e`` / max / min.
+
+    ``op`` is one of ``+ - * | & ^ @ max min``.
+    """
+
+    name: str
+    op: str
+    augmented: bool
+    line: int
+
+
+@dataclass(frozen=True, eq=False)
+class LoopPlan:
+    """What ``%%gpu_parallel`` will do with a cell; pure data, no values.
+
+    Attributes
+    ----------
+    source, filename : str
+        The analysed (IPython-transformed) cell and the filename used to compile
+        every part, so tracebacks name the cell's lines.
+    kind : str or None
+        ``"for"``, ``"listcomp"`` (``name = [... for ...]``), or ``None`` (no loop).
+    prelude_source, prelude_lines, prelude
+        What runs in the kernel before the loop (source, 1-based inclusive line
+        span, statements).
+    loop_lines : tuple of int or None
+        Line span of the parallel loop.
+    loop_header : str
+        ``for <target> in <iterable>`` as written.
+    iter_space : IterSpace or None
+        The iterable's description; the kernel evaluates ``iter_space.leaves``.
+    inputs, locals, gathers, writes, unions : tuple of str
+        Names by class (see ARCHITECTURE §1).
+    reductions : tuple of Reduction
+    keyed : tuple of (name, op)
+    result_name : str or None
+        The assigned name of the list-comprehension form (gets a new list).
+    hidden : tuple of str
+        Comprehension variables: never returned.
+    names : tuple of NameInfo
+        Every classified name, in cell order.
+    prints : tuple of int
+        Lines with ``print(...)`` calls (their output is forwarded).
+    chunk_ast : ast.Module or None
+        The engine-side program; ``None`` when the loop is refused.
+    epilogue_source, epilogue_lines, epilogue
+        What runs in the kernel after the merge (includes a ``for``'s ``else``).
+    cuda_rewritten : bool
+        True when ``for_cpu=True`` rewrote a CUDA device selection.
+    cuda_lines : tuple of int
+    diagnostics : tuple of Diagnostic
+        Refusals (empty when the plan can run).
+    warnings : tuple of Diagnostic
+        Problems that do not prevent running (e.g. an input not defined yet).
+    """
+
+    source: str
+    filename: str
+    kind: str | None
+    prelude_source: str
+    prelude_lines: tuple[int, int] | None
+    loop_lines: tuple[int, int] | None
+    loop_header: str
+    iter_space: IterSpace | None
+    inputs: tuple[str, ...]
+    locals: tuple[str, ...]
+    gathers: tuple[str, ...]
+    writes: tuple[str, ...]
+    reductions: tuple[Reduction, ...]
+    keyed: tuple[tuple[str, str], ...]
+    unions: tuple[str, ...]
+    result_name: str | None
+    hidden: tuple[str, ...]
+    names: tuple[NameInfo, ...]
+    prints: tuple[int, ...]
+    chunk_ast: ast.Module | None
+    epilogue_source: str
+    epilogue_lines: tuple[int, int] | None
+    cuda_rewritten: bool = False
+    cuda_lines: tuple[int, ...] = ()
+    diagnostics: tuple[Diagnostic, ...] = ()
+    warnings: tuple[Diagnostic, ...] = ()
+    prelude: tuple[ast.stmt, ...] = field(default=(), repr=False)
+    epilogue: tuple[ast.stmt, ...] = field(default=(), repr=False)
+
+    # -- convenience views ----------------------------------------------------
+
+    @property
+    def ok(self) -> bool:
+        """True when the loop can run in parallel (no refusals)."""
+        return not self.diagnostics and self.chunk_ast is not None
+
+    def names_by_class(self) -> dict[str, tuple[str, ...]]:
+        """``{class: names}`` for every class that has at least one name."""
+        out: dict[str, list[str]] = {}
+        for info in self.names:
+            out.setdefault(info.cls, []).append(info.name)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @property
+    def affected_names(self) -> tuple[str, ...]:
+        """Names whose *current* values the merge needs (a read-only view)."""
+        names = [
+            *self.gathers,
+            *self.writes,
+            *(r.name for r in self.reductions),
+            *(k for k, _ in self.keyed),
+            *self.unions,
+        ]
+        return tuple(n for n in names if not n.startswith("__gpucell_"))
+
+    @property
+    def chunk_source(self) -> str:
+        """The chunk program as text (for reading; line numbers live in the AST)."""
+        return ast.unparse(self.chunk_ast) if self.chunk_ast is not None else ""
+
+    # -- compilation ---------------------------------------------------------------
+
+    def compile_chunk(self) -> CodeType:
+        """Compile the chunk program with the cell's filename and line numbers."""
+        if self.chunk_ast is None:
+            raise ValueError("this plan has no chunk program (the loop was refused)")
+        return compile(self.chunk_ast, self.filename, "exec", dont_inherit=True)
+
+    def engine_program(self) -> EngineProgram:
+        """What to send to engines: ``(filename, cell source, marshalled code)``.
+
+        Code objects do not pickle; ``marshal`` bytes do, between engines running
+        the same Python version as the kernel (which ipyparallel requires anyway).
+        The cell source lets the engine show the cell's lines in tracebacks.
+        """
+        return (self.filename, self.source, marshal.dumps(self.compile_chunk()))
+
+    def compile_prelude(self) -> CodeType | None:
+        """The prelude as code with the cell's line numbers (``None`` if empty)."""
+        return self._compile(self.prelude)
+
+    def compile_epilogue(self) -> CodeType | None:
+        """The epilogue as code with the cell's line numbers (``None`` if empty)."""
+        return self._compile(self.epilogue)
+
+    def _compile(self, stmts: tuple[ast.stmt, ...]) -> CodeType | None:
+        if not stmts:
+            return None
+        module = ast.Module(body=list(stmts), type_ignores=[])
+        return compile(module, self.filename, "exec", dont_inherit=True)
+
+
+CLASS_ORDER = (INPUT, LOCAL, GATHER, WRITE, REDUCTION, KEYED, UNION)

@@ -1,0 +1,77 @@
+"""``format_plan``: the ``%%gpu_parallel --dry-run`` text, readable in ten seconds."""
+
+from __future__ import annotations
+
+from gpucell.core.analysis.plan import CLASS_ORDER, LoopPlan
+
+__all__ = ["format_plan"]
+
+_CLASS_NOTE = {
+    "input": "shipped to every engine",
+    "local": "value from the last iteration that assigned it",
+    "ordered gather": "items appended in iteration order",
+    "indexed write": "item writes applied in iteration order",
+    "reduction": "partials per chunk, combined in chunk order",
+    "keyed reduction": "per-key partials, combined in chunk order",
+    "set union": "union of all additions",
+}
+
+
+def _span(span: tuple[int, int] | None) -> str:
+    if span is None:
+        return "none"
+    a, b = span
+    return f"line {a}" if a == b else f"lines {a}-{b}"
+
+
+def format_plan(plan: LoopPlan) -> str:
+    """Render a plan (or its refusals) as plain text for ``--dry-run``."""
+    out: list[str] = []
+    if plan.kind is None:
+        out.append("gpucell plan: no parallel loop in this cell")
+    else:
+        form = "list comprehension" if plan.kind == "listcomp" else "for loop"
+        out.append(f"gpucell plan: parallel {form} on {_span(plan.loop_lines)}")
+        out.append(f"  {plan.loop_header}")
+    out.append(f"prelude  (kernel, before): {_span(plan.prelude_lines)}")
+    out.append(f"epilogue (kernel, after):  {_span(plan.epilogue_lines)}")
+    if plan.iter_space is not None:
+        out.append(f"iteration space: {plan.iter_space.describe()}")
+    by_class = plan.names_by_class()
+    if by_class:
+        out.append("names:")
+        width = max(len(c) for c in by_class)
+        for cls in CLASS_ORDER:
+            names = by_class.get(cls)
+            if names:
+                out.append(
+                    f"  {cls:<{width}}  {', '.join(names)}   ({_CLASS_NOTE[cls]})"
+                )
+    if plan.kind is not None:
+        ships = ", ".join(plan.inputs) or "nothing but the items"
+        out.append(f"ships to engines: {ships} (+ each chunk's items)")
+        back = []
+        if plan.result_name:
+            back.append(f"{plan.result_name} (new list)")
+        back += [f"{n} (gather)" for n in plan.gathers]
+        back += [f"{n} (writes)" for n in plan.writes]
+        back += [f"{r.name} ({r.op} reduction)" for r in plan.reductions]
+        back += [f"{n} (keyed {op})" for n, op in plan.keyed]
+        back += [f"{n} (union)" for n in plan.unions]
+        back += [f"{n} (last value)" for n in plan.locals]
+        out.append(f"comes back: {', '.join(back) or 'nothing'}")
+    if plan.prints:
+        lines = ", ".join(str(n) for n in plan.prints)
+        out.append(f"output: print on line(s) {lines}, forwarded per engine")
+    if plan.cuda_rewritten:
+        lines = ", ".join(str(n) for n in plan.cuda_lines)
+        out.append(f"cuda: device selections on line(s) {lines} use the engine device")
+    for w in plan.warnings:
+        out.append(f"warning: line {w.line}: {w.text}")
+    if plan.diagnostics:
+        out.append(f"REFUSED ({len(plan.diagnostics)}):")
+        for d in plan.diagnostics:
+            out.append(f"  line {d.line}: {d.text}")
+    else:
+        out.append("refusals: none")
+    return "\n".join(out)

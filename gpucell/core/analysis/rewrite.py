@@ -1,0 +1,425 @@
+"""Build the engine-side chunk program by rewriting the loop body's AST.
+
+The program runs on an engine in a fresh namespace holding the inputs, the
+recorder ``__gpucell_rec__`` and the chunk's items ``__gpucell_items__``::
+
+    __gpucell_rec__.setup({...})                      # names and operators
+    for __gpucell_i__, <target> in __gpucell_items__:
+        __gpucell_begin__(__gpucell_i__, __gpucell_now__())
+        <body, with sink patterns replaced by recorder calls>
+
+The names the loop calls per iteration are bound by the recorder's ``setup`` to
+C-level callables where it can (``dict.__setitem__``, ``list.append``,
+``time.time``): the per-iteration cost of a trivial body is then a few tens of
+nanoseconds, not a few Python calls.  Only a body that ``del``-etes a local keeps
+a ``try/finally: __gpucell_rec__.end(__gpucell_i__)`` after each iteration, to
+see the deletion.
+
+Sink patterns (``L.append(e)``, ``D[k] = e``, ``acc += e``...) become recorder calls
+so the engine never changes a shipped object in place. Every original node keeps
+its line numbers, so a remote traceback points at the user's cell lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from gpucell.core.analysis.scope import target_parts
+from gpucell.protocol.program import (
+    AS_DEVICE,
+    BEGIN,
+    DEVICE,
+    INDEX,
+    ITEMS,
+    NOW,
+    REC,
+    Method,
+    Spec,
+    gather_name,
+    is_cuda_device,
+)
+
+__all__ = ["build_program", "rewrite_cuda"]
+
+
+def _rec_call(method: str, args: list[ast.expr], loc: ast.AST) -> ast.Expr:
+    call = ast.Call(
+        func=ast.Attribute(ast.Name(REC, ast.Load()), method, ast.Load()),
+        args=args,
+        keywords=[],
+    )
+    stmt = ast.Expr(call)
+    ast.copy_location(call, loc)
+    ast.copy_location(call.func, loc)
+    ast.copy_location(call.func.value, loc)  # type: ignore[attr-defined]
+    return ast.copy_location(stmt, loc)
+
+
+def _plain(call: ast.Call) -> bool:
+    """One positional argument, nothing starred: the shape ``list.append`` takes."""
+    return (
+        len(call.args) == 1
+        and not call.keywords
+        and not isinstance(call.args[0], ast.Starred)
+    )
+
+
+def _const(value: Any, loc: ast.AST) -> ast.expr:
+    return ast.copy_location(ast.Constant(value), loc)
+
+
+class _SinkRewriter:
+    """Replace sink patterns with recorder calls; leave everything else alone.
+
+    Sink patterns are statements, so only statement lists are walked (not every
+    expression, which is what makes ``ast.NodeTransformer`` slow on long cells).
+    """
+
+    def __init__(
+        self,
+        *,
+        gathers: Iterable[str],
+        writes: Iterable[str],
+        reductions: Iterable[str],
+        keyed: Iterable[str],
+        unions: Iterable[str],
+        deleted: Iterable[str],
+    ) -> None:
+        self.gathers = set(gathers)
+        self.writes = set(writes)
+        self.reductions = set(reductions)
+        self.keyed = set(keyed)
+        self.unions = set(unions)
+        self.deleted = set(deleted)
+        self._tmp = 0
+
+    def block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for s in stmts:
+            r = self.stmt(s)
+            if isinstance(r, list):
+                out.extend(r)
+            else:
+                out.append(r)
+        return out
+
+    def stmt(self, s: ast.stmt) -> Any:
+        # nested scopes hold no sink patterns (the classifier refused them)
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return s
+        handler = getattr(self, "visit_" + type(s).__name__, None)
+        if handler is not None:
+            r = handler(s)
+            if r is not None:
+                return r
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(s, name, None)
+            if block:
+                setattr(s, name, self.block(block))
+        for h in getattr(s, "handlers", ()):
+            h.body = self.block(h.body)
+            if h.name and h.name in self.deleted:
+                h.body.insert(0, _rec_call(Method.DELETED, [_const((h.name,), h)], h))
+        for case in getattr(s, "cases", ()):
+            case.body = self.block(case.body)
+        return s
+
+    def visit_Expr(self, node: ast.Expr) -> Any:
+        v = node.value
+        if (
+            isinstance(v, ast.Call)
+            and isinstance(v.func, ast.Attribute)
+            and isinstance(v.func.value, ast.Name)
+        ):
+            name, attr = v.func.value.id, v.func.attr
+            nm = _const(name, node)
+            if name in self.gathers and attr == "append" and _plain(v):
+                call = ast.copy_location(
+                    ast.Call(
+                        func=ast.copy_location(
+                            ast.Name(gather_name(name), ast.Load()), node
+                        ),
+                        args=v.args,
+                        keywords=[],
+                    ),
+                    node,
+                )
+                return ast.copy_location(ast.Expr(call), node)
+            if name in self.gathers and attr in (Method.APPEND, Method.EXTEND):
+                return _rec_call(attr, [nm, *v.args], node)
+            if name in self.unions and attr in (Method.ADD, Method.UPDATE):
+                return _rec_call(attr, [nm, *v.args], node)
+        return None
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> Any:
+        t = node.target
+        if isinstance(t, ast.Name):
+            nm = _const(t.id, node)
+            if t.id in self.gathers:
+                return _rec_call(Method.EXTEND, [nm, node.value], node)
+            if t.id in self.reductions:
+                return _rec_call(Method.REDUCE, [nm, node.value], node)
+        if (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and t.value.id in self.keyed
+        ):
+            return _rec_call(
+                Method.KEYED, [_const(t.value.id, node), t.slice, node.value], node
+            )
+        return None
+
+    def visit_Assign(self, node: ast.Assign) -> Any:
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in self.reductions:
+                v = node.value
+                e = v.right if isinstance(v, ast.BinOp) else cast(ast.Call, v).args[1]
+                return _rec_call(Method.REDUCE, [_const(name, node), e], node)
+        sink_parts = [
+            p
+            for t in node.targets
+            for p in target_parts(t)
+            if isinstance(p, ast.Subscript)
+            and isinstance(p.value, ast.Name)
+            and p.value.id in self.writes
+        ]
+        if not sink_parts:
+            return None
+        if (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and len(sink_parts) == 1
+        ):
+            p = sink_parts[0]
+            return _rec_call(
+                Method.SETITEM,
+                [node.value, _const(cast(ast.Name, p.value).id, node), p.slice],
+                node,
+            )
+        # tuple or chained targets: assign to temporaries, then record the writes
+        replaced: list[tuple[str, ast.Subscript]] = []
+
+        def swap(t: ast.expr) -> ast.expr:
+            if isinstance(t, (ast.Tuple, ast.List)):
+                t.elts = [swap(e) for e in t.elts]
+                return t
+            if isinstance(t, ast.Starred):
+                t.value = swap(t.value)
+                return t
+            if any(t is p for p in sink_parts):
+                tmp = f"__gpucell_w{self._tmp}__"
+                self._tmp += 1
+                replaced.append((tmp, t))  # type: ignore[arg-type]
+                return ast.copy_location(ast.Name(tmp, ast.Store()), t)
+            return t
+
+        node.targets = [swap(t) for t in node.targets]
+        out: list[ast.stmt] = [node]
+        for tmp, sub in replaced:
+            out.append(
+                _rec_call(
+                    Method.SETITEM,
+                    [
+                        ast.copy_location(ast.Name(tmp, ast.Load()), sub),
+                        _const(sub.value.id, sub),  # type: ignore[attr-defined]
+                        sub.slice,
+                    ],
+                    sub,
+                )
+            )
+        return out
+
+    def visit_Delete(self, node: ast.Delete) -> Any:
+        names = [
+            p.id
+            for t in node.targets
+            for p in target_parts(t)
+            if isinstance(p, ast.Name) and p.id in self.deleted
+        ]
+        if not names:
+            return None
+        return [node, _rec_call(Method.DELETED, [_const(tuple(names), node)], node)]
+
+
+def _spec_expr(spec: Spec, loc: ast.AST) -> ast.expr:
+    expr = ast.parse(repr(dict(spec)), mode="eval").body
+    for n in ast.walk(expr):
+        ast.copy_location(n, loc)
+    return expr
+
+
+def build_program(
+    *,
+    loop_node: ast.stmt,
+    target: ast.expr,
+    body: list[ast.stmt],
+    locals_: tuple[str, ...],
+    reduction_ops: Mapping[str, str],
+    keyed_ops: Mapping[str, str],
+    device: bool,
+    gathers: Iterable[str],
+    writes: Iterable[str],
+    reductions: Iterable[str],
+    keyed: Iterable[str],
+    unions: Iterable[str],
+    deleted: Iterable[str],
+) -> ast.Module:
+    """The chunk program as an ``ast.Module`` with the cell's line numbers.
+
+    ``body`` and ``target`` are rewritten in place: pass a tree the analysis does
+    not keep (re-parsing the cell is much cheaper than ``copy.deepcopy``).
+    """
+    rw = _SinkRewriter(
+        gathers=gathers,
+        writes=writes,
+        reductions=reductions,
+        keyed=keyed,
+        unions=unions,
+        deleted=deleted,
+    )
+    new_body = rw.block(list(body))
+    loc = loop_node
+    deletes = bool(rw.deleted)
+    spec: Spec = {
+        "locals": locals_,
+        "reductions": dict(reduction_ops),
+        "keyed": dict(keyed_ops),
+        "device": device,
+        "gathers": tuple(sorted(rw.gathers)),
+        "end": deletes,
+    }
+    setup = _rec_call(Method.SETUP, [_spec_expr(spec, loc)], loc)
+    idx_store = ast.copy_location(ast.Name(INDEX, ast.Store()), loc)
+    tgt = ast.copy_location(ast.Tuple([idx_store, target], ast.Store()), loc)
+
+    def name(n: str) -> ast.expr:
+        return ast.copy_location(ast.Name(n, ast.Load()), loc)
+
+    now = ast.copy_location(ast.Call(func=name(NOW), args=[], keywords=[]), loc)
+    begin = ast.copy_location(
+        ast.Expr(
+            ast.copy_location(
+                ast.Call(func=name(BEGIN), args=[name(INDEX), now], keywords=[]), loc
+            )
+        ),
+        loc,
+    )
+    per_iteration: list[ast.stmt] = new_body
+    if deletes:
+        end = _rec_call(Method.END, [name(INDEX)], loc)
+        per_iteration = [
+            ast.copy_location(
+                ast.Try(body=new_body, handlers=[], orelse=[], finalbody=[end]), loc
+            )
+        ]
+    loop = ast.copy_location(
+        ast.For(
+            target=tgt,
+            iter=name(ITEMS),
+            body=[begin, *per_iteration],
+            orelse=[],
+        ),
+        loc,
+    )
+    # every node made here got a location from the loop or the node it replaces,
+    # so no whole-tree ast.fix_missing_locations pass is needed
+    return ast.Module(body=[setup, loop], type_ignores=[])
+
+
+# ---------------------------------------------------------------------------
+# CPU engines: make `.cuda()`-style code run on the engine's device
+# ---------------------------------------------------------------------------
+
+
+def _is_cuda_str(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and is_cuda_device(node.value)
+    )
+
+
+class _CudaRewriter:
+    """``.cuda()``, ``.to("cuda")``, ``device="cuda"``, ``torch.device("cuda")``.
+
+    A device given by a variable or expression (``.to(dev)``, ``device=cfg.dev``,
+    ``torch.device(name)``) is passed through ``__gpucell_as_device__``, which maps
+    a CUDA device (a ``"cuda..."`` string or a ``torch.device``) to the engine's
+    and returns anything else (a dtype, a tensor, ``"cpu"``) unchanged.
+
+    Every rewrite changes a ``Call`` node in place, so one ``ast.walk`` suffices.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[int] = []
+        self.wrapped = 0
+
+    def _device(self, loc: ast.AST) -> ast.expr:
+        self.lines.append(getattr(loc, "lineno", 0))
+        return ast.copy_location(ast.Name(DEVICE, ast.Load()), loc)
+
+    def _maybe(self, e: ast.expr) -> ast.expr:
+        """``e`` if it cannot be a CUDA device held in a value, else wrapped."""
+        if isinstance(e, (ast.Constant, ast.Starred)) or (
+            isinstance(e, ast.Name) and e.id == DEVICE
+        ):
+            return e
+        self.wrapped += 1
+        fn = ast.copy_location(ast.Name(AS_DEVICE, ast.Load()), e)
+        return ast.copy_location(ast.Call(func=fn, args=[e], keywords=[]), e)
+
+    def call(self, node: ast.Call) -> None:
+        f = node.func
+        if not isinstance(f, ast.Attribute):
+            self._keywords(node)
+            return
+        if (
+            f.attr == "device"
+            and isinstance(f.value, ast.Name)
+            and f.value.id == "torch"
+            and node.args
+        ):
+            if _is_cuda_str(node.args[0]):
+                # torch.device("cuda"[, n]) -> torch.device(__gpucell_device__)
+                node.args = [self._device(node)]
+                node.keywords = []
+            elif len(node.args) == 1:
+                node.args[0] = self._maybe(node.args[0])
+            return
+        if f.attr == "cuda":
+            # x.cuda(), x.cuda(0), x.cuda(non_blocking=True) -> x.to(device, ...)
+            node.func = ast.copy_location(ast.Attribute(f.value, "to", ast.Load()), f)
+            node.args = [self._device(node)]
+            node.keywords = [k for k in node.keywords if k.arg != "device"]
+            return
+        if f.attr == "to" and node.args:
+            if _is_cuda_str(node.args[0]):
+                node.args[0] = self._device(node.args[0])
+            else:
+                node.args[0] = self._maybe(node.args[0])
+        self._keywords(node)
+
+    def _keywords(self, node: ast.Call) -> None:
+        for k in node.keywords:
+            if k.arg == "device":
+                if _is_cuda_str(k.value):
+                    k.value = self._device(k.value)
+                else:
+                    k.value = self._maybe(k.value)
+
+
+def rewrite_cuda(module: ast.Module) -> tuple[ast.Module, tuple[int, ...], bool]:
+    """Rewrite CUDA device selections in place.
+
+    Returns the module, the lines of the literal selections rewritten, and whether
+    any device given by a value was wrapped (the program then needs
+    ``__gpucell_as_device__``).
+    """
+    rw = _CudaRewriter()
+    for node in list(ast.walk(module)):
+        if isinstance(node, ast.Call):
+            rw.call(node)
+    return module, tuple(sorted(set(rw.lines))), rw.wrapped > 0

@@ -1,0 +1,106 @@
+"""Split a cell into prelude, parallel loop and epilogue.
+
+The parallel loop is the first top-level ``for`` statement or the first top-level
+``name = [expr for ...]`` assignment. Everything before it is the prelude (run in
+the kernel first), everything after it -- including a ``for`` loop's ``else``
+block, which always runs because ``break`` is refused -- is the epilogue.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+
+__all__ = ["CellSplit", "parse_cell", "split_cell"]
+
+
+@dataclass(frozen=True)
+class CellSplit:
+    """The three parts of a cell, as AST statements with the cell's line numbers.
+
+    Attributes
+    ----------
+    module : ast.Module
+        The whole parsed cell.
+    prelude : tuple of ast.stmt
+    loop : ast.For or ast.AsyncFor or ast.Assign or None
+        ``None`` when the cell has no parallelisable loop.
+    epilogue : tuple of ast.stmt
+    """
+
+    module: ast.Module
+    prelude: tuple[ast.stmt, ...]
+    loop: ast.stmt | None
+    epilogue: tuple[ast.stmt, ...]
+    index: int = -1  # position of the loop among the module's statements
+
+
+def parse_cell(source: str, filename: str) -> ast.Module:
+    """Parse the (already IPython-transformed) cell.
+
+    A syntax error propagates as the ``SyntaxError`` Python raises, whose ``lineno``
+    is the cell's own line and whose ``filename`` is the caller's: that is how
+    IPython reports syntax errors in a cell.
+    """
+    return ast.parse(source, filename=filename, mode="exec")
+
+
+def is_listcomp_assign(node: ast.stmt) -> bool:
+    """``name = [expr for ...]`` with a single plain name target."""
+    return (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.ListComp)
+    )
+
+
+def split_cell(module: ast.Module) -> CellSplit:
+    """Find the parallel loop among the top-level statements."""
+    body = module.body
+    for i, node in enumerate(body):
+        if isinstance(node, (ast.For, ast.AsyncFor)) or is_listcomp_assign(node):
+            epilogue = list(body[i + 1 :])
+            if isinstance(node, (ast.For, ast.AsyncFor)) and node.orelse:
+                epilogue = list(node.orelse) + epilogue
+            return CellSplit(module, tuple(body[:i]), node, tuple(epilogue), i)
+    return CellSplit(module, tuple(body), None, ())
+
+
+def line_span(stmts: tuple[ast.stmt, ...] | list[ast.stmt]) -> tuple[int, int] | None:
+    """First and last cell line covered by ``stmts`` (``None`` when empty)."""
+    if not stmts:
+        return None
+    first = min(
+        [s.lineno for s in stmts]
+        + [d.lineno for s in stmts for d in getattr(s, "decorator_list", [])]
+    )
+    last = max((s.end_lineno or s.lineno) for s in stmts)
+    return first, last
+
+
+def source_of(
+    source: str,
+    stmts: tuple[ast.stmt, ...] | list[ast.stmt],
+    avoid: tuple[int, int] | None = None,
+) -> str:
+    """The source text of ``stmts``, dedented, for display.
+
+    Uses whole lines when the statements own them; falls back to ``ast.unparse``
+    when they share a line with the loop (``a = 1; L = [...]``, whose lines are
+    ``avoid``) or do not parse on their own (``else: x = 1``).
+    """
+    span = line_span(stmts)
+    if span is None:
+        return ""
+    overlaps = avoid is not None and span[0] <= avoid[1] and avoid[0] <= span[1]
+    if not overlaps:
+        lines = source.splitlines()
+        text = textwrap.dedent("\n".join(lines[span[0] - 1 : span[1]]))
+        try:
+            ast.parse(text)
+            return text
+        except SyntaxError:
+            pass
+    return "\n".join(ast.unparse(s) for s in stmts)

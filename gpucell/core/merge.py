@@ -1,0 +1,532 @@
+"""Merge ordered chunk results into the user's namespace, all or nothing.
+
+Pure: ``prepare(plan, results, current)`` reads the chunk results and a read-only
+view of the affected names' current values, validates everything that could fail
+and computes new values, and touches nothing. ``PreparedUpdate.commit(namespace)``
+then applies in-place mutations that cannot fail on validated data, binds names
+and deletes names, in that order.
+
+Semantics (see ARCHITECTURE §1):
+
+- *gathers*: ``L.extend(items)`` in iteration order on the same list object; the
+  list-comprehension form binds a new list.
+- *indexed writes*: ``D[k] = v`` in iteration order (last write wins).
+- *reductions*: partials are folded per chunk on the engine, and here combined in
+  chunk order, then applied once: ``acc op= combined``. Only associativity is
+  assumed (``@`` keeps order). ``-=`` folds its contributions with ``+`` (``|`` for
+  sets) and subtracts once: it assumes ``a - x - y == a - (x + y)``. Augmented
+  reductions on an object with an in-place operator (numpy array, torch tensor,
+  list, set) mutate that object in commit, as serial code would; others rebind.
+  ``max``/``min`` keep the first of equal values, as serial code does.
+- *keyed reductions*: per-key partials combined in chunk order, applied in the
+  order keys were first seen.
+- *set unions*: union of every ``add``/``update``; on a non-set (a dict, a
+  Counter) the recorded ``update`` calls are replayed in iteration order.
+- *locals*: the value from the last iteration that assigned (or deleted) it.
+
+What cannot be made atomic (validation is done, but commit may still raise):
+
+- in-place operators and ``__setitem__``/``extend``/``update`` of types other than
+  ``list``, ``dict``, ``set``, numpy arrays and torch tensors (user classes,
+  deques, Counters): validated on an out-of-place computation or a shallow copy
+  only;
+- keys that alias the same element (``a[0]`` and ``a[-1]`` of a length-1 array)
+  in keyed reductions are each computed from the value before the merge;
+- memory errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import operator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpucell.errors import NotParallelizable
+from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
+from gpucell.protocol.program import RESULT
+
+__all__ = [
+    "ChunkResultLike",
+    "PreparedUpdate",
+    "Mutation",
+    "prepare",
+    "merge",
+]
+
+
+_INPLACE: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
+    "+": ("__iadd__", operator.iadd),
+    "-": ("__isub__", operator.isub),
+    "*": ("__imul__", operator.imul),
+    "|": ("__ior__", operator.ior),
+    "&": ("__iand__", operator.iand),
+    "^": ("__ixor__", operator.ixor),
+    "@": ("__imatmul__", operator.imatmul),
+}
+
+
+# ---------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------
+
+
+class ChunkResultLike(Protocol):
+    """What :func:`prepare` reads from a ``gpucell.engine.chunk.ChunkResult``."""
+
+    start: int
+    count: int
+    gathers: dict[str, list[Any]]
+    writes: dict[str, list[tuple[Any, Any]]]
+    reductions: dict[str, tuple[str, Any]]
+    keyed: dict[str, tuple[str, list[tuple[Any, Any]]]]
+    unions: dict[str, list[tuple[str, Any]]]
+    last_values: dict[str, tuple[int, str, Any]]
+
+
+@dataclass
+class Mutation:
+    """One in-place change to apply in commit, already validated."""
+
+    name: str
+    what: str
+    apply: Callable[[], Any]
+
+
+@dataclass
+class PreparedUpdate:
+    """Everything the merge will do; nothing has happened yet.
+
+    Attributes
+    ----------
+    mutations : list of Mutation
+        In-place changes of existing objects, applied first, in plan order.
+    assign : dict
+        Names to bind (locals, reductions, the list-comprehension result).
+    delete : tuple of str
+        Locals whose last iteration deleted them.
+    iterations : int
+        Total iterations the chunks ran.
+    """
+
+    mutations: list[Mutation] = field(default_factory=list)
+    assign: dict[str, Any] = field(default_factory=dict)
+    delete: tuple[str, ...] = ()
+    iterations: int = 0
+
+    def commit(self, namespace: MutableMapping[str, Any]) -> None:
+        """Apply the update. Touches only validated objects and the given names."""
+        for m in self.mutations:
+            m.apply()
+        namespace.update(self.assign)
+        for n in self.delete:
+            namespace.pop(n, None)
+
+
+# ---------------------------------------------------------------------------
+# prepare
+# ---------------------------------------------------------------------------
+
+
+def _current(current: Mapping[str, Any], name: str) -> Any:
+    try:
+        return current[name]
+    except KeyError:
+        raise NameError(
+            f"name {name!r} is not defined: the loop adds to it, so it must exist "
+            f"before the loop (as it would have to serially). Nothing was merged."
+        ) from None
+
+
+def _torch_broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """``torch.broadcast_shapes`` as a tuple (torch leaves that function untyped)."""
+    import torch
+
+    broadcast: Callable[..., Sequence[int]] = torch.broadcast_shapes
+    return tuple(broadcast(*shapes))
+
+
+def _appender(target: Any, items: Sequence[Any]) -> Callable[[], Any]:
+    """A commit action appending ``items`` one by one to ``target``."""
+
+    def action() -> list[Any]:
+        return [target.append(x) for x in items]
+
+    return action
+
+
+def _extender(extend: Callable[[Any], Any], items: Sequence[Any]) -> Callable[[], Any]:
+    """A commit action calling ``extend(items)``."""
+
+    def action() -> Any:
+        return extend(items)
+
+    return action
+
+
+def _returner(value: Any) -> Callable[[], Any]:
+    """A commit action that just returns ``value`` (computed and checked already)."""
+
+    def action() -> Any:
+        return value
+
+    return action
+
+
+def _check_array_write(target: Any, key: Any, value: Any) -> Any:
+    """Validate ``target[key] = value`` for numpy/torch; return the converted value."""
+    view = target[key]
+    if is_numpy(target):
+        import numpy as np
+
+        if not target.flags.writeable:
+            raise ValueError("assignment destination is read-only")
+        conv = np.asarray(value, dtype=target.dtype)
+        np.broadcast_to(conv, np.shape(view))
+        return conv
+    import torch
+
+    tconv = torch.as_tensor(value, dtype=target.dtype, device=target.device)
+    shape = tuple(view.shape)
+    if _torch_broadcast_shape(tuple(tconv.shape), shape) != shape:
+        raise ValueError(
+            f"cannot write a value of shape {tuple(tconv.shape)} into {shape}"
+        )
+    if target.requires_grad and target.is_leaf and torch.is_grad_enabled():
+        raise RuntimeError(
+            "a leaf tensor that requires grad cannot be written in place"
+        )
+    return tconv
+
+
+def _plan_inplace(name: str, v0: Any, op: str, c: Any) -> tuple[Any, Callable[[], Any]]:
+    """Validate ``v0 op= c``; return (value to bind after commit, commit action).
+
+    The action is ``None``-free: for immutable ``v0`` it just returns the new value
+    computed here.
+    """
+    dunder, iop = _INPLACE[op]
+    if is_numpy(v0):
+        import numpy as np
+
+        rt = np.result_type(v0, c)
+        if not np.can_cast(rt, v0.dtype, casting="same_kind"):
+            raise TypeError(
+                f"cannot apply `{name} {op}= ...` in place: the combined result "
+                f"has dtype {rt}, which cannot be cast to {name}'s dtype {v0.dtype}"
+            )
+        if op == "@":
+            shape = np.shape(np.matmul(v0, c))
+        else:
+            shape = np.broadcast_shapes(v0.shape, np.shape(c))
+        if tuple(shape) != tuple(v0.shape):
+            raise ValueError(
+                f"cannot apply `{name} {op}= ...` in place: result shape {shape} "
+                f"differs from {name}'s shape {v0.shape}"
+            )
+        if not v0.flags.writeable:
+            raise ValueError(f"`{name}` is a read-only array")
+        return v0, lambda: iop(v0, c)
+    if is_torch(v0) and hasattr(type(v0), dunder):
+        import torch
+
+        if is_torch(c) and c.device != v0.device:
+            c = c.to(v0.device)
+        trt = torch.result_type(v0, c)
+        if not torch.can_cast(trt, v0.dtype):
+            raise TypeError(
+                f"cannot apply `{name} {op}= ...` in place: result type {trt} "
+                f"cannot be cast to {v0.dtype}"
+            )
+        cshape = tuple(c.shape) if is_torch(c) else ()
+        if _torch_broadcast_shape(tuple(v0.shape), cshape) != tuple(v0.shape):
+            raise ValueError(f"cannot apply `{name} {op}= ...` in place: shape change")
+        if v0.requires_grad and v0.is_leaf and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"`{name}` is a leaf tensor that requires grad; in-place "
+                f"`{op}=` is not allowed on it (serially it would fail too)"
+            )
+        return v0, lambda: iop(v0, c)
+    if isinstance(v0, list) and op == "+":
+        items = list(c)
+
+        def extend() -> Any:
+            v0.extend(items)
+            return v0
+
+        return v0, extend
+    if hasattr(type(v0), dunder):
+        # validate on an out-of-place computation (or a shallow copy)
+        if isinstance(v0, (list, set, dict)):
+            iop(copy.copy(v0), c)
+        else:
+            try:
+                BINARY[op](v0, c)
+            except TypeError:
+                iop(copy.copy(v0), c)
+        return v0, lambda: iop(v0, c)
+    new = BINARY[op](v0, c)
+    return new, lambda: new
+
+
+def _concat(results: Sequence[ChunkResultLike], attr: str, name: str) -> list[Any]:
+    out: list[Any] = []
+    for r in results:
+        out.extend(getattr(r, attr).get(name, ()))
+    return out
+
+
+def prepare(
+    plan: Any,
+    results: Iterable[ChunkResultLike],
+    current: Mapping[str, Any],
+) -> PreparedUpdate:
+    """Validate and compute everything; change nothing.
+
+    Parameters
+    ----------
+    plan : LoopPlan
+        The analysis plan (only its name lists are read).
+    results : iterable of ChunkResult
+        One per chunk; sorted here by ``start``.
+    current : mapping
+        Read-only view of the current values of ``plan.affected_names``.
+
+    Raises
+    ------
+    NameError, TypeError, ValueError, KeyError, IndexError
+        What the serial loop would (roughly) have raised; nothing is changed.
+    NotParallelizable
+        When two combined names are the same object (their contributions would
+        interleave serially).
+    """
+    rs = sorted(results, key=lambda r: r.start)
+    up = PreparedUpdate(iterations=sum(r.count for r in rs))
+    owners: dict[int, str] = {}
+
+    def claim(name: str, obj: Any) -> None:
+        other = owners.setdefault(id(obj), name)
+        if other != name:
+            raise NotParallelizable(
+                f"`{name}` and `{other}` are the same object, and the loop adds to "
+                f"both; serially their contributions would interleave. Use one "
+                f"name, or make them separate objects before the loop. Nothing "
+                f"was merged."
+            )
+
+    # ordered gathers
+    for name in plan.gathers:
+        items = _concat(rs, "gathers", name)
+        if not items:
+            continue
+        target = _current(current, name)
+        claim(name, target)
+        if not hasattr(target, "extend") and not hasattr(target, "append"):
+            raise TypeError(
+                f"`{name}` is a {type(target).__name__}, which has no append/extend"
+            )
+        ext = getattr(target, "extend", None)
+        if ext is None:
+            up.mutations.append(Mutation(name, "append", _appender(target, items)))
+        else:
+            up.mutations.append(Mutation(name, "extend", _extender(ext, items)))
+    if getattr(plan, "result_name", None):
+        up.assign[plan.result_name] = _concat(rs, "gathers", RESULT)
+
+    # indexed writes
+    for name in plan.writes:
+        entries = _concat(rs, "writes", name)
+        if not entries:
+            continue
+        target = _current(current, name)
+        claim(name, target)
+        up.mutations.append(_prepare_writes(name, target, entries))
+
+    # reductions
+    for red in plan.reductions:
+        name, op = red.name, red.op
+        partials = [r.reductions[name][1] for r in rs if name in r.reductions]
+        if not partials:
+            continue
+        c = combine(op, partials)
+        v0 = _current(current, name)
+        if op in ("max", "min"):
+            up.assign[name] = BINARY[op](v0, c)
+        elif red.augmented:
+            new, action = _plan_inplace(name, v0, op, c)
+            if new is v0:
+                claim(name, v0)
+                up.mutations.append(Mutation(name, f"{op}=", action))
+            up.assign[name] = new
+        else:
+            up.assign[name] = BINARY[op](v0, c)
+
+    # keyed reductions
+    for name, op in plan.keyed:
+        entries = _combine_keyed(op, [r.keyed[name][1] for r in rs if name in r.keyed])
+        if not entries:
+            continue
+        target = _current(current, name)
+        claim(name, target)
+        up.mutations.extend(_prepare_keyed(name, target, op, entries))
+
+    # set unions
+    for name in plan.unions:
+        ops = _concat(rs, "unions", name)
+        if not ops:
+            continue
+        target = _current(current, name)
+        claim(name, target)
+        up.mutations.append(_prepare_union(name, target, ops))
+
+    # locals: last iteration that assigned (or deleted) each name
+    deletes: list[str] = []
+    for name in plan.locals:
+        best: tuple[int, str, Any] | None = None
+        for r in rs:
+            rec = r.last_values.get(name)
+            if rec is not None and (best is None or rec[0] > best[0]):
+                best = rec
+        if best is None:
+            continue
+        _idx, kind, payload = best
+        if kind == "value":
+            up.assign[name] = payload
+        elif kind == "module":
+            up.assign[name] = importlib.import_module(payload)
+        elif kind == "deleted":
+            deletes.append(name)
+    up.delete = tuple(deletes)
+    return up
+
+
+def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> Mutation:
+    if isinstance(target, dict):
+        for k, _v in entries:
+            hash(k)
+
+        def apply_dict() -> None:
+            for k, v in entries:
+                target[k] = v
+
+        return Mutation(name, "setitem", apply_dict)
+    if isinstance(target, list):
+        new = list(target)
+        for k, v in entries:
+            new[k] = v
+
+        def apply_list() -> None:
+            target[:] = new
+
+        return Mutation(name, "setitem", apply_list)
+    if is_numpy(target) or is_torch(target):
+        conv = [(k, _check_array_write(target, k, v)) for k, v in entries]
+
+        def apply_array() -> None:
+            for k, v in conv:
+                target[k] = v
+
+        return Mutation(name, "setitem", apply_array)
+    if not hasattr(target, "__setitem__"):
+        raise TypeError(
+            f"`{name}` is a {type(target).__name__}, which does not support item "
+            f"assignment"
+        )
+
+    def apply_other() -> None:
+        for k, v in entries:
+            target[k] = v
+
+    return Mutation(name, "setitem", apply_other)
+
+
+def _combine_keyed(op: str, chunks: list[list[tuple[Any, Any]]]) -> list[list[Any]]:
+    """Per-key partials of all chunks, folded in chunk order, in first-seen order."""
+    entries: list[list[Any]] = []
+    index: dict[Any, int] = {}
+    for chunk in chunks:
+        for k, p in chunk:
+            try:
+                pos = index.get(k)
+                hashable = True
+            except TypeError:
+                pos, hashable = None, False
+            if pos is None:
+                if hashable:
+                    index[k] = len(entries)
+                entries.append([k, own(op, p)])
+            else:
+                entries[pos][1] = fold(op, entries[pos][1], p)
+    return entries
+
+
+def _prepare_keyed(
+    name: str, target: Any, op: str, entries: list[list[Any]]
+) -> list[Mutation]:
+    muts: list[Mutation] = []
+    is_array = is_numpy(target) or is_torch(target)
+    for k, c in entries:
+        if isinstance(target, dict):
+            if k in target:
+                base = target[k]
+            elif isinstance(target, defaultdict) and target.default_factory is not None:
+                base = target.default_factory()
+            elif isinstance(target, Counter):
+                base = 0
+            else:
+                raise KeyError(
+                    f"{k!r}: `{name}[{k!r}] {op}= ...` needs the key to exist (use a "
+                    f"collections.defaultdict or Counter). Nothing was merged."
+                )
+        else:
+            base = target[k]
+        if op in ("max", "min"):
+            new: Any = BINARY[op](base, c)
+            action: Callable[[], Any] = _returner(new)
+        elif is_array:
+            new = BINARY[op](base, c)
+            new = _check_array_write(target, k, new)
+            action = _returner(new)
+        else:
+            new, action = _plan_inplace(f"{name}[{k!r}]", base, op, c)
+
+        def apply(k: Any = k, action: Callable[[], Any] = action) -> None:
+            target[k] = action()
+
+        muts.append(Mutation(name, f"[{k!r}] {op}=", apply))
+    return muts
+
+
+def _replay(target: Any, ops: list[tuple[str, Any]]) -> None:
+    for kind, payload in ops:
+        if kind == "add":
+            for x in payload:
+                target.add(x)
+        else:
+            target.update(payload)
+
+
+def _prepare_union(name: str, target: Any, ops: list[tuple[str, Any]]) -> Mutation:
+    if isinstance(target, set):
+        items: set[Any] = set()
+        for _kind, payload in ops:
+            items.update(payload)
+        return Mutation(name, "update", lambda: target.update(items))
+    trial = copy.copy(target)
+    _replay(trial, ops)
+    return Mutation(name, "replay", lambda: _replay(target, ops))
+
+
+def merge(
+    plan: Any,
+    results: Iterable[ChunkResultLike],
+    namespace: MutableMapping[str, Any],
+) -> PreparedUpdate:
+    """``prepare`` then ``commit`` into ``namespace`` (for tests and local runs)."""
+    view = {n: namespace[n] for n in plan.affected_names if n in namespace}
+    up = prepare(plan, results, view)
+    up.commit(namespace)
+    return up

@@ -1,0 +1,185 @@
+"""Plan which engines to start and how each is pinned (pure: no processes, no I/O).
+
+One engine per selected GPU (or K with ``per_gpu``), each with an environment fixed
+before CUDA can initialise:
+
+* ``CUDA_VISIBLE_DEVICES`` lists its GPU first and the others after it, as dask-cuda's
+  LocalCUDACluster does, so user code written for one GPU finds its device at
+  ``cuda:0`` while peer-to-peer access to the other GPUs still works;
+* its CPU affinity is the GPU's near cores where NVML reports them;
+* thread pools (OpenMP, MKL, OpenBLAS, torch) are limited to the engine's share of
+  cores, so engines sharing a host do not fight over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from gpucell.errors import DeviceSelectionError
+from gpucell.protocol.devices import THREAD_ENV_VARS, Device
+
+__all__ = [
+    "EngineSpec",
+    "parse_gpu_selection",
+    "plan_engines",
+    "thread_env",
+    "visible_devices_order",
+]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine to start: its label, device, environment and CPU affinity."""
+
+    label: str  # unique within a cluster; engines report it back after they start
+    device: Device
+    env: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    cpu_affinity: tuple[int, ...] = ()
+    threads: int = 1
+
+
+def parse_gpu_selection(spec: str | Sequence[int] | None) -> str | tuple[int, ...]:
+    """Parse ``--gpus``: ``all``, ``none``, or comma-separated indices like ``0,2``."""
+    if spec is None:
+        return "all"
+    if isinstance(spec, str):
+        s = spec.strip().lower()
+        if s in ("all", ""):
+            return "all"
+        if s == "none":
+            return "none"
+        try:
+            idx = tuple(int(t) for t in s.split(",") if t.strip())
+        except ValueError:
+            raise DeviceSelectionError(
+                f"--gpus {spec!r}: expected 'all', 'none' or GPU indices like '0,2'."
+            ) from None
+    else:
+        idx = tuple(int(i) for i in spec)
+    if len(set(idx)) != len(idx):
+        raise DeviceSelectionError(f"--gpus {spec!r}: a GPU index is repeated.")
+    if any(i < 0 for i in idx):
+        raise DeviceSelectionError(f"--gpus {spec!r}: GPU indices are >= 0.")
+    return idx
+
+
+def visible_devices_order(gpu: int, all_gpus: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for ``gpu``'s engine: its GPU first, then the rest."""
+    rest = [g for g in all_gpus if g != gpu]
+    return ",".join(str(g) for g in [gpu, *rest])
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment that caps native thread pools at ``threads``."""
+    return {var: str(threads) for var in THREAD_ENV_VARS}
+
+
+def _share(cores: Sequence[int], k: int, n: int) -> tuple[int, ...]:
+    """The k-th of n near-equal contiguous shares of ``cores`` (never empty)."""
+    if not cores:
+        return ()
+    if n >= len(cores):
+        return (cores[k % len(cores)],)
+    lo = k * len(cores) // n
+    hi = (k + 1) * len(cores) // n
+    return tuple(cores[lo:hi])
+
+
+def plan_engines(
+    gpus: Sequence[Device],
+    *,
+    cpu: Device,
+    cores: Sequence[int],
+    select: str | tuple[int, ...] = "all",
+    n: int | None = None,
+    per_gpu: int = 1,
+    cpu_engines: int = 0,
+    pin_cpu_engines: bool = True,
+) -> list[EngineSpec]:
+    """Decide the engines of a local cluster.
+
+    Parameters
+    ----------
+    gpus
+        The host's GPUs (from discovery).
+    cpu, cores
+        The CPU device and the cores this process may use.
+    select
+        ``"all"``, ``"none"`` or GPU indices.
+    n
+        Without GPUs: the number of CPU engines (default: one per core).  With GPUs:
+        use the first ``n`` selected GPUs.
+    per_gpu
+        Engines per GPU (several small jobs can share one big GPU).
+    cpu_engines
+        CPU engines to add beside the GPU engines.
+    """
+    if n is not None and n < 1:
+        raise DeviceSelectionError(f"-n {n}: a cluster needs at least one engine.")
+    if per_gpu < 1:
+        raise DeviceSelectionError(f"--per-gpu {per_gpu}: must be at least 1.")
+    if cpu_engines < 0:
+        raise DeviceSelectionError(f"--cpu-engines {cpu_engines}: must be >= 0.")
+    by_index = {g.index: g for g in gpus}
+    if select == "none":
+        chosen: list[Device] = []
+    elif select == "all":
+        chosen = list(gpus)
+    else:
+        missing = [i for i in select if i not in by_index]
+        if missing:
+            have = ", ".join(str(i) for i in sorted(by_index)) or "none"
+            raise DeviceSelectionError(
+                f"--gpus: no GPU {', '.join(map(str, missing))} on this host "
+                f"(GPUs here: {have}). Pick from those, or use --gpus none for CPU "
+                "engines."
+            )
+        # every entry is a known GPU index here (``missing`` is empty)
+        chosen = [by_index[i] for i in cast("tuple[int, ...]", select)]
+    if chosen and n is not None:
+        if n > len(chosen):
+            raise DeviceSelectionError(
+                f"-n {n}: only {len(chosen)} GPU(s) selected; use --per-gpu to put "
+                "several engines on one GPU, or --cpu-engines to add CPU engines."
+            )
+        chosen = chosen[:n]
+
+    all_idx = [g.index for g in gpus]
+    n_cpu = cpu_engines if chosen else (n if n is not None else max(1, len(cores)))
+    total = len(chosen) * per_gpu + n_cpu
+    threads = max(1, len(cores) // total) if cores else 1
+    specs: list[EngineSpec] = []
+    for g in chosen:
+        for k in range(per_gpu):
+            near = _share(g.cpu_affinity, k, per_gpu) if g.cpu_affinity else ()
+            # NVML indices are written, and NVML orders GPUs by PCI bus id; CUDA's
+            # default order (fastest first) may differ, so say which order we mean
+            env = {
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "CUDA_VISIBLE_DEVICES": visible_devices_order(g.index, all_idx),
+            }
+            env.update(thread_env(max(1, len(near)) if near else threads))
+            specs.append(
+                EngineSpec(
+                    label=f"gpu{g.index}" + (f".{k}" if per_gpu > 1 else ""),
+                    device=g,
+                    env=env,
+                    cpu_affinity=near,
+                    threads=max(1, len(near)) if near else threads,
+                )
+            )
+    for k in range(n_cpu):
+        aff = _share(cores, k, n_cpu) if pin_cpu_engines and n_cpu <= len(cores) else ()
+        t = max(1, len(aff)) if aff else threads
+        # An empty CUDA_VISIBLE_DEVICES hides every GPU from a CPU engine, so a
+        # stray .cuda() fails loudly instead of landing on another engine's GPU.
+        env = {"CUDA_VISIBLE_DEVICES": ""} if chosen or gpus else {}
+        env.update(thread_env(t))
+        specs.append(
+            EngineSpec(
+                label=f"cpu{k}", device=cpu, env=env, cpu_affinity=aff, threads=t
+            )
+        )
+    return specs

@@ -1,0 +1,352 @@
+"""Engine side: run one chunk of a parallel loop and return what it produced.
+
+Imported on every engine, so it needs only the standard library (and torch, lazily,
+when the program uses the engine's device). Only data travels: the chunk program
+(marshalled code plus the cell's text for tracebacks), the inputs, and a chunk
+object; the result is a plain, picklable :class:`ChunkResult`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import itertools
+import linecache
+import marshal
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import CodeType, ModuleType
+from typing import Any
+
+from gpucell.protocol.chunks import ChunkResult, chunk_items
+from gpucell.protocol.fold import fold, own
+from gpucell.protocol.program import (
+    AS_DEVICE,
+    BEGIN,
+    DEVICE,
+    ITEMS,
+    NOW,
+    REC,
+    gather_name,
+    is_cuda_device,
+)
+
+__all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
+
+_MISSING = object()
+
+
+def resolve_device(device: Any = None) -> Any:
+    """The value of ``__gpucell_device__``: a ``torch.device`` when torch exists."""
+    try:
+        import torch
+    except ImportError:
+        return device or "cpu"
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def as_device(target: Any, value: Any) -> Any:
+    """``target`` for a CUDA device held in a value (``"cuda"``, ``"cuda:1"``, a
+    ``torch.device``); anything else (a dtype, a tensor, ``"cpu"``) unchanged.
+    CPU engines standing in for GPUs call it where the cell passes a device."""
+    return target if is_cuda_device(value) else value
+
+
+class Recorder:
+    """Receives the rewritten body's contributions (``__gpucell_rec__``).
+
+    Never touches the shipped inputs: every contribution goes to this object.
+    """
+
+    def __init__(
+        self,
+        ns: dict[str, Any],
+        start: int,
+        *,
+        seed_fn: Callable[[int], Any] | None = None,
+        device: Any = None,
+        stamps: dict[int, float] | None = None,
+        to_host: Any = None,
+    ) -> None:
+        self.ns = ns
+        # GPU engines: starts each recorded value's copy to the host at once
+        # (gpucell.engine.tohost.HostCopier); None records values as they are
+        self.to_host = to_host
+        self.result = ChunkResult(start=start)
+        self.seed_fn = seed_fn
+        self.device = device
+        # iteration index -> wall-clock start: provenance, and which iteration
+        # is running (the last key) for output tags and error reports
+        self.stamps: dict[int, float] = {} if stamps is None else stamps
+        self.locals: tuple[str, ...] = ()
+        self.red_ops: dict[str, str] = {}
+        self.keyed_ops: dict[str, str] = {}
+        self._partials: dict[str, Any] = {}
+        self._keyed: dict[str, list[list[Any]]] = {}
+        self._keyed_index: dict[str, dict[Any, int]] = {}
+        self._deleted: set[str] = set()
+        self._per_iteration_end = False
+
+    @property
+    def current(self) -> int | None:
+        """The iteration running (or that ran last)."""
+        return next(reversed(self.stamps), None)
+
+    # -- called by the program ---------------------------------------------------
+
+    def setup(self, spec: Mapping[str, Any]) -> None:
+        """Bind what the program calls per iteration to the cheapest callables.
+
+        The common case costs no Python frame per iteration: ``begin`` is the
+        stamps dict's ``__setitem__`` and each gather its list's ``append``.
+        """
+        ns = self.ns
+        self.locals = tuple(spec.get("locals", ()))
+        self.red_ops = dict(spec.get("reductions", {}))
+        self.keyed_ops = dict(spec.get("keyed", {}))
+        self._per_iteration_end = bool(spec.get("end", True))
+        if spec.get("device"):
+            target = resolve_device(self.device)
+            ns[DEVICE] = target
+            ns[AS_DEVICE] = functools.partial(as_device, target)
+        ns[NOW] = time.time
+        stamp, seed = self.stamps.__setitem__, self.seed_fn
+        if seed is None:
+            ns[BEGIN] = stamp
+        else:
+
+            def begin(index: int, t: float) -> None:
+                stamp(index, t)
+                seed(index)
+
+            ns[BEGIN] = begin
+        gathers = self.result.gathers
+        to_host = self.to_host
+        for name in spec.get("gathers", ()):
+            add = gathers.setdefault(name, []).append
+            if to_host is None:
+                ns[gather_name(name)] = add
+            else:
+                ns[gather_name(name)] = lambda v, add=add: add(to_host(v))
+
+    def end(self, index: int) -> None:
+        ns, last = self.ns, self.result.last_values
+        for name in self.locals:
+            value = ns.pop(name, _MISSING)
+            if value is not _MISSING:
+                if isinstance(value, ModuleType):
+                    last[name] = (index, "module", value.__name__)
+                else:
+                    last[name] = (index, "value", value)
+            elif name in self._deleted:
+                last[name] = (index, "deleted", None)
+        self._deleted.clear()
+        self.result.count += 1
+
+    def deleted(self, names: tuple[str, ...]) -> None:
+        self._deleted.update(names)
+
+    def append(self, name: str, value: Any) -> None:
+        if self.to_host is not None:
+            value = self.to_host(value)
+        self.result.gathers.setdefault(name, []).append(value)
+
+    def extend(self, name: str, values: Any) -> None:
+        if self.to_host is not None:
+            values = [self.to_host(v) for v in values]
+        self.result.gathers.setdefault(name, []).extend(values)
+
+    def setitem(self, value: Any, name: str, key: Any) -> None:
+        if self.to_host is not None:
+            value = self.to_host(value)
+        self.result.writes.setdefault(name, []).append((key, value))
+
+    def reduce(self, name: str, value: Any) -> None:
+        op = self.red_ops[name]
+        cur = self._partials.get(name, _MISSING)
+        if cur is _MISSING:
+            self._partials[name] = own(op, value)
+        else:
+            self._partials[name] = fold(op, cur, value)
+
+    def keyed(self, name: str, key: Any, value: Any) -> None:
+        op = self.keyed_ops[name]
+        entries = self._keyed.setdefault(name, [])
+        index = self._keyed_index.setdefault(name, {})
+        try:
+            pos = index.get(key)
+            hashable = True
+        except TypeError:  # unhashable keys (slices, lists) stay separate, in order
+            pos, hashable = None, False
+        if pos is None:
+            if hashable:
+                index[key] = len(entries)
+            entries.append([key, own(op, value)])
+        else:
+            entries[pos][1] = fold(op, entries[pos][1], value)
+
+    def add(self, name: str, value: Any) -> None:
+        ops = self.result.unions.setdefault(name, [])
+        if ops and ops[-1][0] == "add":
+            ops[-1][1].append(value)
+        else:
+            ops.append(("add", [value]))
+
+    def update(self, name: str, *args: Any) -> None:
+        ops = self.result.unions.setdefault(name, [])
+        for a in args:
+            ops.append(("update", dict(a) if isinstance(a, Mapping) else list(a)))
+
+    # -- called by run_chunk ---------------------------------------------------
+
+    def finish(self) -> ChunkResult:
+        r = self.result
+        if not self._per_iteration_end:
+            # Locals were not popped after each iteration (nothing deletes
+            # them), so the namespace holds each one's last value in this chunk,
+            # exactly as a serial run would; merge only compares chunks, so the
+            # chunk's last index orders them.
+            r.count = len(self.stamps)
+            last_index = next(reversed(self.stamps), r.start)
+            ns, last = self.ns, r.last_values
+            for name in self.locals:
+                value = ns.get(name, _MISSING)
+                if value is _MISSING:
+                    continue
+                if isinstance(value, ModuleType):
+                    last[name] = (last_index, "module", value.__name__)
+                else:
+                    last[name] = (last_index, "value", value)
+        for name, partial in self._partials.items():
+            r.reductions[name] = (self.red_ops[name], partial)
+        for name, entries in self._keyed.items():
+            r.keyed[name] = (self.keyed_ops[name], [(k, p) for k, p in entries])
+        move = self.to_host
+        if move is not None:
+            # what is only known at the end goes now, then every copy is awaited
+            r.reductions = {k: (op, move(v)) for k, (op, v) in r.reductions.items()}
+            r.keyed = {
+                k: (op, [(key, move(p)) for key, p in es])
+                for k, (op, es) in r.keyed.items()
+            }
+            r.last_values = {
+                k: (i, kind, move(v) if kind == "value" else v)
+                for k, (i, kind, v) in r.last_values.items()
+            }
+            r.unions = {
+                k: [(op, move(x)) for op, x in ops] for k, ops in r.unions.items()
+            }
+            move.wait()
+        return r
+
+
+def _as_code(program: Any) -> CodeType:
+    if isinstance(program, CodeType):
+        return program
+    if isinstance(program, tuple) and len(program) == 3:
+        filename, source, code = program
+        if source and filename not in linecache.cache:
+            lines = source.splitlines(True)
+            linecache.cache[filename] = (len(source), None, lines, filename)
+        return _as_code(code)
+    if isinstance(program, (bytes, bytearray)):
+        code = marshal.loads(program)
+        if not isinstance(code, CodeType):
+            raise TypeError("marshalled program is not a code object")
+        return code
+    if isinstance(program, ast.Module):
+        return compile(program, "<gpucell-chunk>", "exec", dont_inherit=True)
+    if isinstance(program, str):
+        return compile(program, "<gpucell-chunk>", "exec", dont_inherit=True)
+    raise TypeError(f"cannot run a chunk program of type {type(program).__name__}")
+
+
+def _until(items: Iterable[Any], deadline: float) -> Iterator[Any]:
+    """``items`` until ``deadline`` passes, checked after each iteration (so the
+    first always runs): the loop's own ``for`` ends, the program is unchanged."""
+    clock = time.perf_counter
+    for item in items:
+        yield item
+        if clock() >= deadline:
+            return
+
+
+def run_chunk(
+    program: Any,
+    namespace: Mapping[str, Any],
+    chunk_obj: tuple[Any, ...],
+    start_index: int,
+    *,
+    seed_fn: Callable[[int], Any] | None = None,
+    device: Any = None,
+    stamps: dict[int, float] | None = None,
+    to_host: Any = None,
+    deadline: float | None = None,
+) -> ChunkResult:
+    """Run the chunk program over one chunk's items.
+
+    Parameters
+    ----------
+    program : code, bytes, (filename, source, bytes), ast.Module or str
+        ``LoopPlan.engine_program()`` (or ``compile_chunk()``) from the kernel.
+    namespace : mapping
+        The inputs. Copied (shallowly) so it can be cached and reused across
+        chunks; the rewritten body never changes an input object in place.
+    chunk_obj : tuple
+        From ``Chunker.chunk(start, stop)``.
+    start_index : int
+        Index of the chunk's first iteration in the whole loop.
+    seed_fn : callable, optional
+        ``seed_fn(i)`` before iteration ``i`` runs (per-iteration seeding hook).
+    device : str or torch.device, optional
+        The engine's device for ``__gpucell_device__`` (CUDA-rewritten programs);
+        default: ``cuda`` when available, else ``cpu``.
+    stamps : dict, optional
+        Filled with ``{iteration: time.time() at its start}`` as the chunk runs
+        (the caller may read it while it runs: its last key is the iteration
+        running).
+    to_host : gpucell.engine.tohost.HostCopier, optional
+        On GPU engines: copies recorded CUDA tensors to the host as they are
+        recorded, overlapping later iterations; awaited before returning.
+    deadline : float, optional
+        ``time.perf_counter()`` after which no further iteration starts (a trial
+        chunk); the result's ``count`` says how many ran (at least one).
+
+    Raises
+    ------
+    BaseException
+        Whatever the body raised, with its original traceback (cell lines) and a
+        note naming the iteration; ``exc.gpucell_iteration`` holds its index.
+    """
+    code = _as_code(program)
+    ns: dict[str, Any] = dict(namespace)
+    ns.setdefault("__builtins__", builtins)
+    ns.setdefault("__name__", "__main__")
+    rec = Recorder(
+        ns,
+        start_index,
+        seed_fn=seed_fn,
+        device=device,
+        stamps=stamps,
+        to_host=to_host,
+    )
+    ns[REC] = rec
+    items: Iterable[Any] = zip(
+        itertools.count(start_index), chunk_items(chunk_obj), strict=False
+    )
+    ns[ITEMS] = items if deadline is None else _until(items, deadline)
+    try:
+        exec(code, ns)
+    except BaseException as exc:
+        if rec.current is not None:
+            try:
+                exc.gpucell_iteration = rec.current  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"gpucell: raised in iteration {rec.current} of the loop")
+        raise
+    return rec.finish()

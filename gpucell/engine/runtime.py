@@ -1,0 +1,155 @@
+"""What an engine knows about itself: its device, its limits, its identity.
+
+Runs on engines (imported there by name, so only data travels).  Standard library
+only, plus torch when the user's code has it.  The launcher passes the engine's
+device in ``GPUCELL_*`` environment variables; an engine of a cluster we merely
+connected to is assigned one later with :func:`assign_device`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+from gpucell.protocol.devices import THREAD_ENV_VARS as _THREAD_VARS
+
+__all__ = ["assign_device", "describe", "device", "device_string"]
+
+
+def device_string() -> str:
+    """``"cuda"`` on a GPU engine (its GPU is ``cuda:0``), ``"cpu"`` otherwise."""
+    return "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
+
+
+def device() -> Any:
+    """The engine's torch device: ``torch.device("cuda")`` on a GPU engine, else CPU.
+
+    In the kernel (not an engine) this is the kernel's own best device.
+    """
+    import torch
+
+    if "GPUCELL_DEVICE_KIND" not in os.environ:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device_string())
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return int(torch.get_num_threads())
+    except Exception:
+        return None
+
+
+def describe(channel: Any = None) -> dict[str, Any]:
+    """Identity and pinning of this engine, as plain data for the status table;
+    ``shm``: whether it sees the kernel's shared-memory ``channel``."""
+    from gpucell.protocol.shm import reachable
+
+    env = os.environ
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = []
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "label": env.get("GPUCELL_ENGINE_LABEL", ""),
+        "kind": env.get("GPUCELL_DEVICE_KIND", "cpu"),
+        "index": int(env.get("GPUCELL_DEVICE_INDEX", "-1")),
+        "name": env.get("GPUCELL_DEVICE_NAME", ""),
+        "memory_total": int(env.get("GPUCELL_DEVICE_MEMORY", "0")),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "threads": {v: env.get(v) for v in _THREAD_VARS},
+        "torch_threads": _torch_threads(),
+        "cpu_affinity": affinity,
+        "torch_loaded": "torch" in sys.modules,
+        "shm": bool(channel is not None and reachable(channel)),
+    }
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def assign_device(
+    kind: str,
+    index: int,
+    visible: str | None,
+    name: str,
+    memory_total: int,
+    threads: int,
+    label: str,
+    channel: Any = None,
+) -> dict[str, Any]:
+    """Pin an already-running engine (one we connected to) to a device.
+
+    Works only before CUDA initialises in the engine; afterwards the engine keeps
+    what it has and the caller is told, so it can warn instead of lying.  The
+    answer is :func:`describe`'s (``channel``: the kernel's shared memory).
+    """
+    pinned = True
+    if visible is not None:
+        if _cuda_initialised() and os.environ.get("CUDA_VISIBLE_DEVICES") != visible:
+            pinned = False
+        else:
+            os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's indices
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    os.environ.update(
+        {
+            "GPUCELL_DEVICE_KIND": kind,
+            "GPUCELL_DEVICE_INDEX": str(index),
+            "GPUCELL_DEVICE_NAME": name,
+            "GPUCELL_DEVICE_MEMORY": str(memory_total),
+            "GPUCELL_ENGINE_LABEL": label,
+        }
+    )
+    for var in _THREAD_VARS:
+        os.environ[var] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(threads)
+        except Exception:
+            pass
+    info = describe(channel)
+    info["pinned"] = pinned
+    return info
+
+
+def local_gpus() -> list[dict[str, Any]]:
+    """This engine's host GPUs, through NVML (empty without a driver)."""
+    try:
+        from gpucell.devices.nvml import PynvmlApi
+    except ImportError:
+        return []
+    try:
+        return [
+            {
+                "index": g.index,
+                "name": g.name,
+                "uuid": g.uuid,
+                "memory_total": g.memory_total,
+            }
+            for g in PynvmlApi().gpus()
+        ]
+    except Exception:
+        return []
+
+
+def host_facts() -> dict[str, Any]:
+    """This engine's host, usable cores and GPUs: what the kernel needs to pin the
+    engines of a cluster it connected to by local rank."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return {"host": socket.gethostname(), "cores": cores, "gpus": local_gpus()}

@@ -1,0 +1,331 @@
+"""Engine-side entry points of ``%%gpu_parallel`` (imported on engines by name).
+
+The kernel calls two functions through ipyparallel:
+
+* :func:`load` once per engine per cell: the chunk program and the inputs that are
+  not already cached on this engine (big inputs are cached across cells by
+  fingerprint, so an unchanged model or dataset travels once);
+* :func:`run` per chunk: runs the iterations with :func:`gpucell.engine.chunk.run_chunk`
+  and returns the result as :mod:`gpucell.protocol.wire` frames (zero-copy for arrays
+  and
+  tensors).
+
+An exception in an iteration comes back as data (type, message, the cell-line
+traceback, the iteration and its loop values), so the kernel can re-raise the
+user's own exception type with gpucell's context attached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from gpucell.engine import tohost
+from gpucell.engine.chunk import run_chunk
+from gpucell.protocol import shm, wire
+from gpucell.protocol.chunks import chunk_items
+
+__all__ = ["load", "run", "clear"]
+
+# name -> (fingerprint, value); survives across cells on this engine
+_cache: dict[str, tuple[Any, Any]] = {}
+_program: Any = None
+_cell: str | None = None
+_inputs: dict[str, Any] = {}
+
+
+def clear() -> None:
+    """Forget cached inputs (frees engine memory)."""
+    global _program, _cell
+    _cache.clear()
+    _inputs.clear()
+    _program = None
+    _cell = None
+
+
+def leave() -> None:
+    """A kernel disconnects from engines it does not own: take back what gpucell
+    left in them (cached inputs, the telemetry sampler thread)."""
+    clear()
+    import gc
+
+    from gpucell.engine import telemetry
+
+    telemetry.stop()
+    gc.collect()
+
+
+def load(
+    cell: str,
+    program: Any,
+    names: list[str],
+    keys: dict[str, Any],
+    frames: list[Any],
+) -> dict[str, Any]:
+    """Install a cell's program and inputs; reply what this engine now caches.
+
+    ``frames`` is a :mod:`gpucell.protocol.wire` encoding of ``{name: value}`` for the
+    inputs
+    the kernel decided to send; the others are expected in the cache with the
+    fingerprint in ``keys``.
+    """
+    global _program, _cell
+    if frames and shm.spilled(frames):
+        frames = shm.unspill(frames, shared=True)  # mapped, copy-on-write
+    sent = wire.loads(frames, cuda_to=_cuda_target()) if frames else {}
+    missing = []
+    inputs: dict[str, Any] = {}
+    for name in names:
+        if name in sent:
+            inputs[name] = sent[name]
+            if keys.get(name) is not None:
+                _cache[name] = (keys[name], sent[name])
+            else:
+                _cache.pop(name, None)
+        elif (
+            name in _cache
+            and keys.get(name) is not None
+            and _cache[name][0] == keys[name]
+        ):
+            inputs[name] = _cache[name][1]
+        else:
+            missing.append(name)
+    _inputs.clear()
+    _inputs.update(inputs)
+    _program = program
+    _cell = cell
+    return {"missing": missing, "cached": {n: k for n, (k, _) in _cache.items()}}
+
+
+def _cuda_target() -> Any:
+    if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu":
+        return "cuda"
+    return None
+
+
+def _seeder(seed: int):
+    """Seed random, numpy and torch from (seed, iteration) before each iteration."""
+    try:
+        import numpy
+    except ImportError:
+        numpy = None  # type: ignore[assignment]
+
+    def seed_fn(i: int) -> None:
+        digest = hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest()
+        x = int.from_bytes(digest, "little")
+        import random
+
+        random.seed(x)
+        if numpy is not None:
+            numpy.random.seed(x % 2**32)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(x % 2**63)  # seeds CUDA too
+
+    return seed_fn
+
+
+class _Tagged(io.TextIOBase):
+    """A stream that prefixes each line with the engine and iteration."""
+
+    def __init__(self, target: Any, engine: int, stamps: dict[int, float]) -> None:
+        self._target = target
+        self._engine = engine
+        self._stamps = stamps  # iteration -> start, filled as the chunk runs
+        self._at_line_start = True
+        self.written = False  # flushing costs a round trip to the I/O thread
+
+    def _prefix(self) -> str:
+        i = next(reversed(self._stamps), None)
+        if i is None:
+            return f"[engine {self._engine}] "
+        return f"[engine {self._engine} | iteration {i}] "
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.written = True
+        out = []
+        for piece in s.splitlines(keepends=True):
+            if self._at_line_start:
+                out.append(self._prefix())
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._target.write("".join(out))
+        return len(s)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+
+def _median_iteration(stamps: dict[int, float], end: float) -> float | None:
+    """The chunk's median iteration time (computed here, in parallel, rather
+    than in the kernel): the schedule's speed estimate, which the first
+    iteration's one-time costs (imports, warm-up) would otherwise skew."""
+    if len(stamps) < 3:
+        return None
+    starts = list(stamps.values())
+    durations = sorted(b - a for a, b in zip(starts, [*starts[1:], end], strict=True))
+    return durations[len(durations) // 2]
+
+
+def _item_repr(chunk_obj: Any, offset: int) -> str:
+    try:
+        for k, item in enumerate(chunk_items(chunk_obj)):
+            if k == offset:
+                r = repr(item)
+                return r if len(r) <= 200 else r[:197] + "..."
+    except Exception:
+        pass
+    return "?"
+
+
+def describe_oom(
+    message: str, device: str, total: int | None, free: int | None, held: int | None
+) -> str:
+    """The note added to a CUDA out-of-memory error (pure, so it is unit-tested)."""
+    import re
+
+    asked = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", message)
+    gib = 2**30
+    parts = [f"CUDA out of memory on {device}"]
+    if total is not None:
+        parts.append(f"{total / gib:.1f} GiB total")
+    if free is not None:
+        parts.append(f"{free / gib:.2f} GiB free")
+    if held is not None:
+        parts.append(f"{held / gib:.2f} GiB held by this engine")
+    if asked:
+        parts.append(f"the iteration asked for {asked.group(1)} more")
+    return (
+        ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+    ) + (
+        ". Put fewer engines on each GPU (--per-gpu 1), use smaller batches per "
+        "iteration, or free tensors kept between iterations (del them, or "
+        "torch.cuda.empty_cache())."
+    )
+
+
+def _oom_note(exc: BaseException) -> str | None:
+    torch = sys.modules.get("torch")
+    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if torch is None or oom is None or not isinstance(exc, oom):
+        return None
+    total = free = held = None
+    try:
+        free, total = torch.cuda.mem_get_info()
+        held = torch.cuda.memory_allocated()
+    except Exception:
+        pass
+    device = (
+        f"{os.environ.get('GPUCELL_DEVICE_NAME', 'GPU')} "
+        f"(GPU {os.environ.get('GPUCELL_DEVICE_INDEX', '?')})"
+    )
+    return describe_oom(str(exc), device, total, free, held)
+
+
+def run(
+    cell: str,
+    chunk_frames: list[Any],
+    start: int,
+    engine_id: int,
+    seed: int | None = None,
+    setup: tuple[Any, list[str], dict[str, Any]] | None = None,
+    input_frames: list[Any] | None = None,
+    results_to: shm.Channel | None = None,
+    budget: float | None = None,
+) -> list[Any]:
+    """Run one chunk; return wire frames of ``(status, payload, timing)``.
+
+    The chunk object (a range slice, or a slice of the user's sequence: numpy and
+    torch slices are views) arrives as wire frames, so big items travel zero-copy.
+    An engine's first chunk of a cell carries ``setup`` (program, input names,
+    fingerprints) and ``input_frames`` (the inputs to send, a top-level argument
+    so ipyparallel ships each buffer zero-copy): one message for all of it.
+    ``results_to`` is the kernel's shared-memory channel: when this engine can see
+    it, the result's big buffers go there instead of through the controller.
+    ``budget``: a trial chunk starts no iteration after this many seconds of
+    running; ``timing["done"]`` says how many ran.
+    """
+    loaded = None
+    if setup is not None:
+        loaded = load(cell, *setup, input_frames or [])
+        if loaded["missing"]:
+            clear()
+            raise RuntimeError(
+                "gpucell: inputs expected in this engine's cache are missing: "
+                f"{', '.join(loaded['missing'])}. The cache was reset; run the cell "
+                "again."
+            )
+    chunk_obj = wire.loads(chunk_frames, cuda_to=_cuda_target())
+    if cell != _cell:
+        raise RuntimeError(
+            f"gpucell: engine has cell {_cell!r} loaded, not {cell!r} "
+            "(was the engine restarted?)"
+        )
+    stamps: dict[int, float] = {}
+    device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
+    out, err = sys.stdout, sys.stderr
+    sys.stdout = _Tagged(out, engine_id, stamps)
+    sys.stderr = _Tagged(err, engine_id, stamps)
+    t0, c0 = time.time(), time.perf_counter()
+    try:
+        result = run_chunk(
+            _program,
+            _inputs,
+            chunk_obj,
+            start,
+            seed_fn=_seeder(seed) if seed is not None else None,
+            device=device,
+            stamps=stamps,
+            to_host=tohost.copier(device),
+            deadline=None if budget is None else c0 + budget,
+        )
+        status, payload = "ok", result
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
+        it = getattr(exc, "gpucell_iteration", next(reversed(stamps), start))
+        try:
+            pickled = wire.dumps(exc)
+        except Exception:
+            pickled = None
+        payload = {
+            "type": type(exc).__name__,
+            "module": type(exc).__module__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc)),
+            "iteration": it,
+            "item": _item_repr(chunk_obj, it - start),
+            "exception": pickled,
+            "oom": _oom_note(exc),
+        }
+        status = "error"
+    finally:
+        end, compute = time.time(), time.perf_counter() - c0
+        # ipykernel's flush waits for its I/O thread (about a millisecond on a
+        # busy host): only a stream that was written to needs it
+        for tagged in (sys.stdout, sys.stderr):
+            if getattr(tagged, "written", True):
+                tagged.flush()
+        sys.stdout, sys.stderr = out, err
+    timing = {
+        "start": t0,
+        "end": end,
+        "compute": compute,
+        "starts": list(stamps.values()),
+        "median": _median_iteration(stamps, end),
+        "done": len(stamps),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cached": loaded["cached"] if loaded is not None else None,
+    }
+    frames = wire.dumps((status, payload, timing))
+    return shm.spill(frames, results_to, f"{engine_id}-{start}-{os.urandom(4).hex()}")

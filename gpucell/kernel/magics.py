@@ -1,0 +1,223 @@
+"""The IPython magics: thin wrappers that parse options and call the Python API."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from gpucell import config as _config
+from gpucell.errors import ClusterError, DeviceSelectionError
+
+__all__ = ["GpuClusterMagics", "load", "unload"]
+
+
+def _parser(prog: str, description: str) -> MagicArgumentParser:
+    return MagicArgumentParser(prog=prog, description=description, add_help=False)
+
+
+def _build_parsers() -> dict[str, MagicArgumentParser]:
+    start = _parser("%gpu_cluster start", "Start a local cluster, one engine per GPU.")
+    start.add_argument(
+        "-n",
+        type=int,
+        default=None,
+        help="CPU engines without GPUs "
+        "(default: one per core); with GPUs, use the first N.",
+    )
+    start.add_argument("--gpus", default=None, help="'all' (default), 'none' or '0,2'.")
+    start.add_argument("--per-gpu", type=int, default=None, help="Engines per GPU.")
+    start.add_argument(
+        "--cpu-engines",
+        type=int,
+        default=None,
+        help="CPU engines beside the GPU engines.",
+    )
+    start.add_argument("--profile", default=None, help="An existing IPython profile.")
+    start.add_argument(
+        "--timeout", type=float, default=None, help="Seconds to wait for the engines."
+    )
+
+    conn = _parser("%gpu_cluster connect", "Attach to a cluster started elsewhere.")
+    conn.add_argument("--profile", default=None)
+    conn.add_argument("--cluster-id", default=None)
+    conn.add_argument("--file", default=None, help="An ipcontroller-client.json.")
+    conn.add_argument(
+        "--ssh", default=None, help="user@host[:port] to tunnel through (key login)."
+    )
+    conn.add_argument("--ssh-key", default=None, help="Private key for --ssh.")
+    conn.add_argument("--timeout", type=float, default=None)
+
+    select = _parser(
+        "%gpu_cluster select",
+        "Pick the engines later cells use: a widget, or engine ids / 'all'.",
+    )
+    select.add_argument(
+        "engines",
+        nargs="?",
+        default=None,
+        help="Engine ids like '0,2', or 'all'. Omit for the widget.",
+    )
+    return {
+        "start": start,
+        "connect": conn,
+        "status": _parser("%gpu_cluster status", "Show the engines."),
+        "select": select,
+        "monitor": _parser("%gpu_cluster monitor", "Live per-device load."),
+        "stop": _parser("%gpu_cluster stop", "Stop the cluster."),
+    }
+
+
+_USAGE = """\
+Usage:
+  %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K] [--cpu-engines M]
+                     [--profile NAME] [--timeout S]
+  %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
+                       [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
+  %gpu_cluster status
+  %gpu_cluster select [0,2|all]
+  %gpu_cluster monitor
+  %gpu_cluster stop
+"""
+
+
+@magics_class
+class GpuClusterMagics(Magics):
+    """``%gpu_cluster``: start, connect to, inspect and stop a GPU cluster."""
+
+    @line_magic
+    def gpu_cluster(self, line: str) -> Any:
+        """Manage the cluster that ``%%gpu_parallel`` cells run on.
+
+        Usage::
+
+          %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K]
+                             [--cpu-engines M] [--profile NAME] [--timeout S]
+          %gpu_cluster connect --profile P | --cluster-id ID | --file F
+                               [--ssh u@h[:port] [--ssh-key K]]
+          %gpu_cluster status
+          %gpu_cluster select [0,2|all]
+          %gpu_cluster monitor
+          %gpu_cluster stop
+
+        ``start`` launches one ipyparallel engine per GPU, each pinned to its device
+        (``CUDA_VISIBLE_DEVICES`` lists its GPU first, so ``.cuda()`` code lands on
+        it) with its CPU affinity set to the GPU's near cores.  Without GPUs it
+        starts one CPU engine per core, each limited to its share of threads.
+
+        Examples::
+
+          %gpu_cluster start                 # every GPU (or every core)
+          %gpu_cluster start --gpus 0,2      # two GPUs
+          %gpu_cluster start --per-gpu 2     # two engines share each GPU
+          %gpu_cluster start -n 2 --gpus none
+          %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
+          %gpu_cluster status
+          %gpu_cluster select                # tick the devices later cells use
+          %gpu_cluster select 0,2            # the same without the widget
+          %gpu_cluster monitor               # live load, outside any cell run
+          %gpu_cluster stop
+
+        Defaults come from ``%config GpuCell`` (e.g. ``%config GpuCell.per_gpu = 2``).
+        """
+        from gpucell.cluster import lifecycle as api
+
+        try:
+            argv = shlex.split(line)
+        except ValueError as e:
+            raise UsageError(f"%gpu_cluster: {e}") from None
+        if not argv:
+            raise UsageError("%gpu_cluster needs a command.\n" + _USAGE)
+        cmd, rest = argv[0], argv[1:]
+        parsers = _build_parsers()
+        if cmd not in parsers:
+            raise UsageError(f"%gpu_cluster: unknown command {cmd!r}.\n" + _USAGE)
+        args = parsers[cmd].parse_args(rest)
+        try:
+            if cmd == "start":
+                api.start_cluster(
+                    args.n,
+                    gpus=args.gpus,
+                    per_gpu=args.per_gpu,
+                    cpu_engines=args.cpu_engines,
+                    profile=args.profile,
+                    timeout=args.timeout,
+                    echo=print,
+                )
+            elif cmd == "connect":
+                api.connect(
+                    profile=args.profile,
+                    cluster_id=args.cluster_id,
+                    file=args.file,
+                    ssh=args.ssh,
+                    ssh_key=args.ssh_key,
+                    timeout=args.timeout,
+                    echo=print,
+                )
+            elif cmd == "status":
+                gc = api.current()
+                rows = gc.refresh()
+                print(api.format_status(rows, gc.selected))
+            elif cmd == "select":
+                self._select(api.current(), args.engines)
+            elif cmd == "monitor":
+                from IPython.display import display
+
+                from gpucell.kernel.telemetry import for_cluster
+                from gpucell.ui.monitor import DeviceMonitor
+
+                gc = api.current()
+                display(DeviceMonitor(gc, for_cluster(gc)))
+            elif cmd == "stop":
+                api.stop(echo=print)
+        except (ClusterError, DeviceSelectionError) as e:
+            raise UsageError(f"%gpu_cluster {cmd}: {e}") from None
+        return None
+
+    @staticmethod
+    def _select(gc: Any, engines: str | None) -> None:
+        """The selection widget, or set the selection from ids given inline."""
+        from gpucell.ui.select import selection_from
+
+        if engines is None:
+            from IPython.display import display
+
+            from gpucell.kernel.telemetry import for_cluster
+            from gpucell.ui.select import DeviceSelector
+
+            display(DeviceSelector(gc, for_cluster(gc)))
+            return
+        from gpucell.kernel.execute import parse_engine_ids
+
+        live = gc.live_ids()
+        if engines.strip().lower() == "all":
+            gc.selected = None
+        else:
+            gc.selected = selection_from(
+                parse_engine_ids(engines, live, "select"), live
+            )
+        which = "all engines" if gc.selected is None else f"engines {list(gc.selected)}"
+        print(f"gpucell: later cells run on {which}.")
+
+
+def load(ipython: Any) -> None:
+    _config.install(ipython)
+    ipython.register_magics(GpuClusterMagics)
+    from gpucell.kernel.parallel_magic import GpuParallelMagics
+
+    ipython.register_magics(GpuParallelMagics)
+
+
+def unload(ipython: Any) -> None:
+    import sys
+
+    cluster = sys.modules.get("gpucell.cluster.lifecycle")
+    if cluster is not None:
+        cluster.stop()
+    mm = ipython.magics_manager
+    for kind in ("line", "cell"):
+        for name in ("gpu_cluster", "gpu_parallel"):
+            mm.magics[kind].pop(name, None)

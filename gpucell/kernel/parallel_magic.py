@@ -1,0 +1,109 @@
+"""``%%gpu_parallel``: parse the line, hand the cell to :mod:`.execute`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from gpucell.errors import ClusterError, DeviceSelectionError
+
+__all__ = ["GpuParallelMagics"]
+
+
+@magics_class
+class GpuParallelMagics(Magics):
+    """``%%gpu_parallel``: run a cell's loop on every engine of the cluster."""
+
+    @magic_arguments()
+    @argument("--devices", help="Devices to use: GPU indices like '0,1', or 'cpu'.")
+    @argument("-t", "--targets", help="Engine ids to use, like '0,2'.")
+    @argument(
+        "--schedule",
+        choices=["guided", "dynamic", "static"],
+        help="Chunk schedule (default: %%config GpuCell.schedule, 'guided').",
+    )
+    @argument(
+        "--chunksize",
+        type=int,
+        help="Iterations per chunk (dynamic), or the smallest chunk (guided).",
+    )
+    @argument(
+        "--seed",
+        type=int,
+        help="Seed random, numpy and torch from (SEED, "
+        "iteration) before every iteration: same results on any engine count.",
+    )
+    @argument("--timeout", type=float, help="Cancel the loop after this many seconds.")
+    @argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="Times a chunk is re-run after its engine died (default 2).",
+    )
+    @argument("--dry-run", action="store_true", help="Show the plan; run nothing.")
+    @argument("--quiet", action="store_true", help="No summary line.")
+    @cell_magic
+    def gpu_parallel(self, line: str, cell: str) -> Any:
+        """Run the cell's loop in parallel on the cluster's engines.
+
+        The cell's first top-level ``for`` loop (or ``name = [... for ...]``) runs on
+        the engines; the statements before it run first in the kernel, those after
+        it run once the results are merged.  The namespace ends up exactly as if
+        the cell had run serially: ``L.append``/``extend`` gather in order,
+        ``D[k] = v`` writes apply in order, ``acc += x`` / ``max`` / ``min`` reduce,
+        and names assigned in the loop keep their last iteration's value.  A loop
+        that cannot be made serial-equivalent is refused before anything runs,
+        with the variable and line.
+
+        Examples::
+
+            %%gpu_parallel
+            losses = []
+            for batch in batches:
+                out = model.cuda()(batch.cuda())
+                losses.append(out.mean().item())
+
+            %%gpu_parallel --seed 0 --schedule dynamic
+            hits = 0
+            for i in range(1_000):
+                hits += monte_carlo(10_000)
+
+            %%gpu_parallel --dry-run      # show the plan only
+
+        After a run, ``gpucell.last_run`` records where each iteration ran.
+        """
+        from gpucell.kernel.execute import CellRequest, run_cell
+
+        args = parse_argstring(self.gpu_parallel, line)
+        if args.chunksize is not None and args.chunksize < 1:
+            raise UsageError(
+                f"%%gpu_parallel --chunksize {args.chunksize}: must be at least 1."
+            )
+        if args.retries is not None and args.retries < 0:
+            raise UsageError(
+                f"%%gpu_parallel --retries {args.retries}: must be 0 or more "
+                "(0: a chunk lost with its engine is not re-run)."
+            )
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"%%gpu_parallel --timeout {args.timeout}: must be > 0.")
+        if args.devices and args.targets:
+            raise UsageError("%%gpu_parallel: give --devices or --targets, not both.")
+        req = CellRequest(
+            devices=args.devices,
+            targets=args.targets,
+            schedule=args.schedule,
+            chunksize=args.chunksize,
+            seed=args.seed,
+            timeout=args.timeout,
+            retries=args.retries,
+            dry_run=args.dry_run,
+            quiet=args.quiet,
+        )
+        try:
+            run_cell(self.shell, cell, req)
+        except (DeviceSelectionError, ClusterError) as e:
+            raise UsageError(f"%%gpu_parallel: {e}") from None
+        return None

@@ -1,0 +1,231 @@
+"""Kernel-side telemetry: one source for every engine of a cluster.
+
+Engines on this host are measured from the kernel, without touching the engine
+(:class:`gpucell.devices.sampling.LocalTelemetry`).  Engines on other hosts
+measure themselves in a sampler thread (:mod:`gpucell.engine.telemetry`) that
+publishes with ipyparallel's ``publish_data`` while a task runs, so samples arrive
+in the running task's ``AsyncResult.data``; :class:`RemoteTelemetry` collects
+them as the dispatcher polls its in-flight tasks.  Telemetry observes: every
+``sample()`` returns samples (``state="error"`` or ``"dead"`` and ``None``
+metrics when it cannot measure) instead of raising.  The JSON form is
+:mod:`gpucell.protocol.telemetry`.
+
+How the dispatcher uses it (:mod:`gpucell.kernel.dispatch`)::
+
+    tele = telemetry.for_cluster(gc, alive)   # once per cell, before load_ars
+    tele.start_remote()                       # no-op without remote engines
+    ...                                       # in the wait loop, every ~50 ms:
+    tele.poll(inflight)                       # keys of inflight are AsyncResults
+    ...                                       # in report(), at 2-4 Hz:
+    samples = tele.sample()                   # list[DeviceSample], never raises
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpucell.devices.sampling import LocalTelemetry
+from gpucell.protocol.telemetry import (
+    DATA_KEY,
+    UNKNOWN,
+    DeviceSample,
+    failed_sample,
+    target_of,
+)
+
+if TYPE_CHECKING:
+    from gpucell.cluster.lifecycle import GpuCluster
+    from gpucell.devices.nvml import NvmlApi
+
+__all__ = ["ClusterTelemetry", "RemoteTelemetry", "for_cluster"]
+
+
+class RemoteTelemetry:
+    """Samples that engines published about themselves, kept as they arrive.
+
+    ``AsyncResult.data`` holds only the latest published dict, so the engine
+    publishes its last few samples each time (``window`` in
+    :func:`gpucell.engine.telemetry.start`) with sequence numbers, and this keeps a
+    bounded per-engine history without duplicates: a poll may be late by
+    ``window`` periods (1 s by default) without losing a sample.
+
+    Parameters
+    ----------
+    targets
+        The remote engines (rows before their first sample say ``unknown``).
+    history
+        Samples kept per engine.
+    """
+
+    def __init__(self, targets: Iterable[Any] = (), *, history: int = 1024) -> None:
+        self.targets = {t.engine: t for t in map(target_of, targets)}
+        self._maxlen = history
+        self._history: dict[int, deque[DeviceSample]] = {}
+        self._seq: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def feed(self, data: Mapping[str, Any] | None) -> int:
+        """Take what one task's ``ar.data`` holds; return how many samples were new."""
+        try:
+            msg = data.get(DATA_KEY) if data else None
+            if not msg:
+                return 0
+            new = 0
+            with self._lock:
+                for d in msg.get("samples", ()):
+                    s = DeviceSample.from_dict(d)
+                    if s.seq <= self._seq.get(s.engine, -1):
+                        continue
+                    self._seq[s.engine] = s.seq
+                    h = self._history.get(s.engine)
+                    if h is None:
+                        h = self._history[s.engine] = deque(maxlen=self._maxlen)
+                    h.append(s)
+                    new += 1
+            return new
+        except Exception:  # a malformed publication is dropped, never raised
+            return 0
+
+    def poll(self, ars: Iterable[Any]) -> int:
+        """:meth:`feed` every task's ``ar.data`` (the dispatcher's in-flight set)."""
+        new = 0
+        for ar in list(ars):
+            try:
+                data = ar.data
+            except Exception:
+                continue
+            if isinstance(data, Mapping):
+                new += self.feed(data)
+            elif isinstance(data, list):  # a multi-engine AsyncResult
+                new += sum(self.feed(d) for d in data if isinstance(d, Mapping))
+        return new
+
+    def history(self, engine: int) -> list[DeviceSample]:
+        with self._lock:
+            return list(self._history.get(engine, ()))
+
+    def latest(self, engine: int) -> DeviceSample | None:
+        with self._lock:
+            h = self._history.get(engine)
+            return h[-1] if h else None
+
+    def sample(self) -> list[DeviceSample]:
+        out = []
+        for eid in sorted(set(self.targets) | set(self._history)):
+            s = self.latest(eid)
+            if s is None:
+                t = self.targets[eid]
+                s = failed_sample(t, "engine", "no sample from the engine yet", UNKNOWN)
+            out.append(s)
+        return out
+
+
+class ClusterTelemetry:
+    """Local engines measured by the kernel, remote ones by themselves: one source.
+
+    Build it with :func:`for_cluster`.
+    """
+
+    def __init__(
+        self,
+        gc: GpuCluster | None,
+        local: LocalTelemetry,
+        remote: RemoteTelemetry,
+        *,
+        period: float = 0.25,
+        window: int = 4,
+    ) -> None:
+        self.gc = gc
+        self.local = local
+        self.remote = remote
+        self.period = period
+        self.window = window
+
+    @property
+    def remote_ids(self) -> list[int]:
+        return sorted(self.remote.targets)
+
+    def start_remote(self, client: Any = None) -> list[Any]:
+        """Queue the engine-side sampler's start on each remote engine; don't wait.
+
+        Idempotent on the engines (a running sampler is only reconfigured), so the
+        dispatcher calls it once per cell.  Returns the AsyncResults (ignorable).
+        """
+        if not self.remote.targets:
+            return []
+        from gpucell.engine import telemetry as telemetry_engine
+
+        client = client if client is not None else getattr(self.gc, "client", None)
+        ars = []
+        for t in self.remote.targets.values():
+            try:
+                ars.append(
+                    client[t.engine].apply_async(
+                        telemetry_engine.start,
+                        engine=t.engine,
+                        kind=t.kind,
+                        index=t.index,
+                        name=t.name,
+                        period=self.period,
+                        window=self.window,
+                    )
+                )
+            except Exception:  # telemetry never stops a cell
+                pass
+        return ars
+
+    def poll(self, ars: Iterable[Any]) -> int:
+        return self.remote.poll(ars)
+
+    def feed(self, data: Mapping[str, Any] | None) -> int:
+        return self.remote.feed(data)
+
+    def sample(self) -> list[DeviceSample]:
+        both = self.local.sample() + self.remote.sample()
+        return sorted(both, key=lambda s: s.engine)
+
+
+def for_cluster(
+    gc: GpuCluster,
+    engine_ids: Sequence[int] | None = None,
+    nvml: NvmlApi | None = None,
+    *,
+    remote: Iterable[int] = (),
+    period: float = 0.25,
+    window: int = 4,
+) -> ClusterTelemetry:
+    """Telemetry for ``engine_ids`` of a cluster (all of its engines by default).
+
+    Engines on this host are measured from the kernel; others publish their own
+    samples once :meth:`ClusterTelemetry.start_remote` ran.
+
+    Parameters
+    ----------
+    nvml
+        NVML for the kernel-side GPU samples (a fake in tests).
+    remote
+        Engine ids to treat as remote even on this host (tests and benchmarks of
+        the engine-side path).
+    period, window
+        Engine-side publishing period (s) and samples per publication.
+    """
+    here = socket.gethostname()
+    ids = list(gc.engines) if engine_ids is None else list(engine_ids)
+    force = set(remote)
+    local, far = [], []
+    for eid in ids:
+        info = gc.engines.get(eid)
+        if info is None:
+            continue
+        (far if info.host != here or eid in force else local).append(info)
+    return ClusterTelemetry(
+        gc,
+        LocalTelemetry(local, nvml=nvml),
+        RemoteTelemetry(far),
+        period=period,
+        window=window,
+    )

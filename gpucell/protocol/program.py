@@ -1,0 +1,107 @@
+"""The chunk program's contract: names the kernel's code generator writes and the
+engine's recorder binds, defined once for both sides.
+
+The kernel (:mod:`gpucell.core.analysis.rewrite`) emits a program that calls
+``__gpucell_rec__.<method>(...)`` and reads a few ``__gpucell_*__`` names; the
+engine (:class:`gpucell.engine.chunk.Recorder`) provides them.  Both import the
+constants below, so a renamed method or spec key breaks at import time on both
+sides, not silently on an engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypedDict
+
+__all__ = [
+    "AS_DEVICE",
+    "BEGIN",
+    "DEVICE",
+    "INDEX",
+    "ITEMS",
+    "NOW",
+    "REC",
+    "RESULT",
+    "RECORDER_METHODS",
+    "Method",
+    "Spec",
+    "gather_name",
+    "is_cuda_device",
+]
+
+#: the recorder object in the program's namespace
+REC: Final = "__gpucell_rec__"
+#: the chunk's ``(index, item)`` pairs
+ITEMS: Final = "__gpucell_items__"
+#: the loop's iteration index
+INDEX: Final = "__gpucell_i__"
+#: the engine's device (CPU engines standing in for GPUs)
+DEVICE: Final = "__gpucell_device__"
+#: maps a CUDA device held in a value to the engine's device
+AS_DEVICE: Final = "__gpucell_as_device__"
+#: the gather of a list comprehension's values (``L = [e for ...]``)
+RESULT: Final = "__gpucell_result__"
+#: called at each iteration's start with ``(index, time)``
+BEGIN: Final = "__gpucell_begin__"
+#: the clock ``BEGIN`` is given
+NOW: Final = "__gpucell_now__"
+
+
+class Method:
+    """Names of the recorder methods the generated program calls."""
+
+    SETUP: Final = "setup"  # once, with the Spec
+    END: Final = "end"  # after an iteration, only when the body deletes a local
+    DELETED: Final = "deleted"  # names a ``del`` removed in this iteration
+    APPEND: Final = "append"  # L.append(e) (when not bound to list.append)
+    EXTEND: Final = "extend"  # L.extend(e), L += e
+    SETITEM: Final = "setitem"  # D[k] = e
+    REDUCE: Final = "reduce"  # acc += e, acc = max(acc, e), ...
+    KEYED: Final = "keyed"  # D[k] += e
+    ADD: Final = "add"  # S.add(e)
+    UPDATE: Final = "update"  # S.update(e)
+
+
+#: every method the program may call; the engine's recorder defines each one
+RECORDER_METHODS: Final = (
+    Method.SETUP,
+    Method.END,
+    Method.DELETED,
+    Method.APPEND,
+    Method.EXTEND,
+    Method.SETITEM,
+    Method.REDUCE,
+    Method.KEYED,
+    Method.ADD,
+    Method.UPDATE,
+)
+
+
+class Spec(TypedDict):
+    """The argument of ``setup``: what the recorder prepares before iteration 0."""
+
+    locals: tuple[str, ...]  # names whose last value comes back
+    reductions: dict[str, str]  # name -> operator ("+", "max", ...)
+    keyed: dict[str, str]  # name -> operator of D[k] op= e
+    device: bool  # bind DEVICE and AS_DEVICE (CUDA code on a CPU engine)
+    gathers: tuple[str, ...]  # names bound to their list's append
+    end: bool  # the program calls END after every iteration
+
+
+def gather_name(name: str) -> str:
+    """The program's name for ``name``'s bound ``append`` (set by the recorder)."""
+    return f"__gpucell_g_{name}__"
+
+
+def is_cuda_device(value: Any) -> bool:
+    """``"cuda"``, ``"cuda:N"`` or a CUDA ``torch.device`` (torch not imported).
+
+    The one test of "a CUDA device held in a value": the kernel's rewrite of
+    literals, the engines' device mapper and the kernel's check of a cell's inputs
+    all use it.
+    """
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    t = type(value)
+    return bool(
+        t.__name__ == "device" and t.__module__ == "torch" and value.type == "cuda"
+    )
