@@ -165,3 +165,22 @@ def test_affinity_mask_decoding():
 def test_cpu_device_describes_this_host():
     d = cpu_device()
     assert d.kind == "cpu" and d.memory_total > 0 and d.name
+
+
+def test_an_engine_is_local_only_when_it_shares_the_kernel_s_pids() -> None:
+    from gpucell.devices.host import identity, shares_pids
+
+    me = identity()
+    assert shares_pids(me, identity())
+    # a container with host networking: same hostname, its own pid namespace
+    container = {**me, "pidns": "pid:[4026532999]"}
+    assert not shares_pids(container, me)
+    # another machine that happens to share the name
+    assert not shares_pids({**me, "boot_id": "another-boot"}, me)
+    # no /proc on either side: the host name is all there is
+    assert shares_pids({"host": "a"}, {"host": "a", "boot_id": "x", "pidns": "y"})
+    assert not shares_pids({"host": ""}, {"host": ""})
+
+
+def test_engines_of_this_host_are_local(cluster) -> None:
+    assert all(e.local for e in cluster.engines.values())

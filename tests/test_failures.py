@@ -147,7 +147,9 @@ def test_timeout_interrupts_engines_of_another_host_through_their_nanny(
     wait_for_ipcluster()
     c = gpucell.connect(profile="X", timeout=30)
     for eid, info in list(c.engines.items()):
-        c.engines[eid] = dataclasses.replace(info, host="elsewhere.example")
+        c.engines[eid] = dataclasses.replace(
+            info, host="elsewhere.example", local=False
+        )
     ip.user_ns.update({"time": time, "out": ["untouched"]})
     t0 = time.monotonic()
     with pytest.raises(CellTimeout):  # each engine is 1 s into a 6 s iteration

@@ -1,31 +1,44 @@
-"""Loops too cheap to send run in the kernel (inline.py): when, and with the same
-result as the engines would give."""
+"""Loops too cheap to send run in the kernel (inline.py, decided by the cost model
+in core/costmodel.py): when, and with the same result as the engines would give."""
 
 from __future__ import annotations
 
 import pytest
 
 import gpucell
+from gpucell.core.costmodel import Advice, CostMemory
 from gpucell.kernel.execute import CellRequest
-from gpucell.kernel.inline import should_inline
 
 CHEAP = (
     "sq = []\ntotal = 0\nfor i in range(500):\n    sq.append(i * i)\n    total += i\n"
 )
 
 
+class _Run:
+    """A finished run as the cost model reads it."""
+
+    def __init__(self, work: float, uniform: bool = False, chunks: int = 4) -> None:
+        self.work_estimate, self.uniform, self.chunks = work, uniform, chunks
+
+    def done_chunks(self) -> int:
+        return self.chunks
+
+    def profile(self):
+        return (0.1,) * 500
+
+
 def test_policy_needs_a_cheap_measured_run_and_a_plain_request():
-    plain = CellRequest()
-    ok = {"uses_cuda": False, "iterations": 500, "threshold": 0.005}
-    assert should_inline(request=plain, per_iteration=1e-6, **ok)
-    assert not should_inline(request=plain, per_iteration=None, **ok)  # never ran
-    assert not should_inline(request=plain, per_iteration=1e-4, **ok)  # 50 ms
-    assert not should_inline(
-        request=plain, per_iteration=1e-6, **{**ok, "threshold": 0}
-    )
-    assert not should_inline(
-        request=plain, per_iteration=1e-6, **{**ok, "uses_cuda": True}
-    )
+    mem = CostMemory()
+    ok = {"iterations": 500, "shapes": "s", "plain": True, "inline_below": 0.005}
+    assert not mem.advise("cell", **ok).inline  # never ran
+    mem.learn("cell", _Run(500e-6), iterations=500, shapes="s", previous=Advice())
+    assert mem.advise("cell", **ok).inline
+    assert not mem.advise("cell", **{**ok, "inline_below": 0}).inline
+    assert not mem.advise("cell", **{**ok, "plain": False}).inline
+    assert not mem.advise("cell", **{**ok, "shapes": "bigger"}).inline
+    assert not mem.advise("cell", **{**ok, "iterations": 100_000}).inline  # 0.1 s
+    mem.learn("cell", _Run(0.05), iterations=500, shapes="s", previous=Advice())
+    assert not mem.advise("cell", **ok).inline  # 50 ms
     for explicit in (
         {"seed": 1},
         {"targets": "0"},
@@ -34,9 +47,39 @@ def test_policy_needs_a_cheap_measured_run_and_a_plain_request():
         {"chunksize": 10},
         {"timeout": 5.0},
     ):
-        assert not should_inline(
-            request=CellRequest(**explicit), per_iteration=1e-6, **ok
-        ), explicit
+        assert CellRequest(**explicit).asks_for_engines(), explicit
+    assert not CellRequest(quiet=True).asks_for_engines()
+
+
+def test_the_cost_model_keeps_a_profile_only_for_uneven_loops_worth_it():
+    mem = CostMemory()
+    uneven = mem.learn("a", _Run(1.0), iterations=500, shapes=0, previous=Advice())
+    assert uneven.profile is not None and not uneven.uniform
+    even = mem.learn("b", _Run(1.0, True), iterations=500, shapes=0, previous=Advice())
+    assert even.profile is None and even.uniform
+    cheap = mem.learn("c", _Run(0.01), iterations=500, shapes=0, previous=Advice())
+    assert cheap.profile is None
+    # two chunks cannot tell uniformity: the verdict that made it static stays
+    static = mem.learn(
+        "d",
+        _Run(1.0, False, 2),
+        iterations=500,
+        shapes=0,
+        previous=Advice(uniform=True),
+    )
+    assert static.uniform
+    advice = mem.advise("a", iterations=500, shapes=0, plain=True, inline_below=0.005)
+    assert advice.per_iteration == 1.0 / 500 and advice.profile == uneven.profile
+
+
+def test_the_cost_memory_forgets_the_least_recently_used_cells():
+    mem = CostMemory(cells=3)
+    for key in "abc":
+        mem.learn(key, _Run(1.0), iterations=10, shapes=0, previous=Advice())
+    assert mem.get("a") is not None  # a is now the most recent
+    mem.learn("d", _Run(1.0), iterations=10, shapes=0, previous=Advice())
+    assert len(mem) == 3 and mem.get("b") is None
+    assert all(mem.get(k) is not None for k in "acd")
 
 
 @pytest.mark.cluster
@@ -61,7 +104,7 @@ def test_shapes_summarise_what_a_loops_cost_scales_with():
     import numpy as np
     import torch
 
-    from gpucell.kernel.inline import shape_of
+    from gpucell.core.costmodel import shape_of
 
     assert shape_of(np.zeros((3, 4))) == ("ndarray", (3, 4), "float64")
     assert shape_of(torch.zeros(2)) == ("Tensor", (2,), "torch.float32")

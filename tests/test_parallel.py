@@ -214,7 +214,7 @@ def test_an_unfinished_line_shows_while_its_iteration_runs(ip, cluster, monkeypa
     """Progress written without a newline (dots, a counter) is held for whole
     lines, but not for longer than PARTIAL_LINE_WAIT: it shows while the
     iteration is still running."""
-    from gpucell.kernel.dispatch import PARTIAL_LINE_WAIT
+    from gpucell.kernel.relay import PARTIAL_LINE_WAIT
 
     arrivals: list[tuple[float, str]] = []
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gpucell import config as _config
+from gpucell.core.costmodel import CostMemory
 from gpucell.core.topology import EngineSpec, parse_gpu_selection, plan_engines
 from gpucell.devices.discovery import cpu_device, discover
+from gpucell.devices.host import identity, shares_pids
 from gpucell.errors import ClusterError, NoCluster
 
 if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
@@ -56,6 +58,9 @@ class EngineInfo:
     cuda_visible_devices: str | None = None
     state: str = "idle"  # idle, busy, dead
     shm: bool = False  # maps files in the kernel's /dev/shm (gpucell.protocol.shm)
+    # its pids are the kernel's (same machine and pid namespace): the kernel may
+    # read its /proc entry and signal it; else it goes through the controller
+    local: bool = False
 
     @property
     def device(self) -> str:
@@ -78,12 +83,8 @@ class GpuCluster:
     # engine id -> {input name: fingerprint} of what that engine caches
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
-    # (cell source, engines) -> (seconds per iteration, uniform pace, seconds of
-    # each iteration or None, shapes of the values it read) measured the last
-    # time that cell ran on them
-    cost_history: dict[Any, tuple[float, bool, tuple[float, ...] | None, Any]] = field(
-        default_factory=dict
-    )
+    # what each cell's last run on these engines cost (inline, static, profile)
+    cost_history: CostMemory = field(default_factory=CostMemory)
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
     # the kernel's shared-memory channel (shm.Channel), opened before the engines
     # were described so each could say whether it sees it (EngineInfo.shm)
@@ -314,6 +315,10 @@ def _answers(ar: Any, timeout: float, what: str) -> Any:
         ) from e
 
 
+#: the kernel's own machine and pid namespace, to compare engines' with
+_KERNEL = identity()
+
+
 def _info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
     threads = d.get("threads", {}).get("GPUCELL_NUM_THREADS")
     return EngineInfo(
@@ -329,6 +334,7 @@ def _info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
         cpu_affinity=tuple(d.get("cpu_affinity", ())),
         cuda_visible_devices=d.get("cuda_visible_devices"),
         shm=bool(d.get("shm")),
+        local=shares_pids(d.get("identity") or {"host": d["host"]}, _KERNEL),
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucell.core.states import ChunkState, RunStatus
+
 __all__ = ["ChunkRecord", "LastRun"]
 
 
@@ -27,7 +29,7 @@ class ChunkRecord:
     t_end: float
     compute: float  # seconds of engine compute
     attempt: int
-    state: str  # "done", "lost", "failed", "cancelled"
+    state: ChunkState  # done, lost, failed or cancelled
     iteration_starts: tuple[float, ...] = ()
 
 
@@ -47,9 +49,13 @@ class LastRun:
     chunks: list[ChunkRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    status: str = "running"  # "ok", "error", "interrupted", "timeout"
+    status: RunStatus = "running"
     shared_bytes: int = 0  # bytes of inputs (per engine) and results via /dev/shm
     inline: bool = False  # run in the kernel: too little work to send (inline.py)
+
+    def done_chunks(self) -> int:
+        """Chunks that came back with a result."""
+        return sum(1 for c in self.chunks if c.state == "done")
 
     @property
     def busy(self) -> dict[int, float]:

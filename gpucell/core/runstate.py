@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["EngineProgress", "RunSnapshot"]
+from gpucell.core.states import BUSY, DEAD, IDLE, RETRYING, EngineState, RunStatus
 
-#: engine states shown to the user
-IDLE, BUSY, RETRYING, DEAD = "idle", "busy", "retrying", "dead"
+__all__ = ["BUSY", "DEAD", "IDLE", "RETRYING", "EngineProgress", "RunSnapshot"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class EngineProgress:
     index: int = -1  # GPU index on its host
     done: int = 0  # iterations finished
     busy_seconds: float = 0.0  # engine compute time of finished chunks
-    state: str = IDLE
+    state: EngineState = IDLE
 
     @property
     def rate(self) -> float:
@@ -44,7 +43,7 @@ class RunSnapshot:
     done: int
     elapsed: float
     engines: tuple[EngineProgress, ...] = field(default=())
-    status: str = "running"  # running, ok, error, interrupted, timeout
+    status: RunStatus = "running"
 
     @property
     def fraction(self) -> float:

@@ -40,9 +40,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-__all__ = ["Chunk", "Schedule"]
+from gpucell.core.states import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    LOST,
+    PENDING,
+    RUNNING,
+    ChunkState,
+    move,
+)
 
-PENDING, RUNNING, DONE, LOST = "pending", "running", "done", "lost"
+__all__ = ["Chunk", "Schedule"]
 
 
 @dataclass
@@ -53,7 +62,7 @@ class Chunk:
     start: int
     stop: int
     engine: int | None = None
-    state: str = PENDING
+    state: ChunkState = PENDING
     attempt: int = 0  # 0 the first time; +1 per re-run after a lost engine
     seconds: float = 0.0  # engine-measured compute time
     trial: bool = False  # run for a time budget only (see Schedule.trial)
@@ -326,7 +335,7 @@ class Schedule:
             self._free.append((c.start + done, c.stop, c.attempt))
             self._free.sort()
             c.stop = c.start + done
-        c.state = DONE
+        move(c, DONE)
         c.seconds = seconds
         if c.engine is not None:
             self._running[c.engine].pop(c.id, None)
@@ -341,6 +350,18 @@ class Schedule:
             st.seconds += seconds
             if self.profiled:
                 st.cost += self._cost(c.start, c.stop)
+
+    def end(self, chunk_id: int, state: ChunkState) -> Chunk:
+        """A running chunk ends without a result: ``failed`` (an iteration raised)
+        or ``cancelled`` (interrupt, timeout, another chunk's error).  Its
+        iterations are not handed out again: the run is over."""
+        if state not in (FAILED, CANCELLED):
+            raise ValueError(f"end() takes failed or cancelled, not {state}")
+        c = self.chunks[chunk_id]
+        move(c, state)
+        if c.engine is not None:
+            self._running.get(c.engine, {}).pop(c.id, None)
+        return c
 
     def observe_overhead(self, seconds: float) -> None:
         """Update the per-chunk dispatch cost (round trip minus compute)."""
@@ -357,7 +378,7 @@ class Schedule:
         lost = list(self._running.get(engine, {}).values())
         self._running[engine] = {}
         for c in lost:
-            c.state = LOST
+            move(c, LOST)
             self._free.append((c.start, c.stop, c.attempt + 1))
             if self.profiled:
                 self._taken[c.start : c.stop] = bytes(c.size)

@@ -48,6 +48,7 @@ def _torch_threads() -> int | None:
 def describe(channel: Any = None) -> dict[str, Any]:
     """Identity and pinning of this engine, as plain data for the status table;
     ``shm``: whether it sees the kernel's shared-memory ``channel``."""
+    from gpucell.devices.host import identity
     from gpucell.protocol.shm import reachable
 
     env = os.environ
@@ -69,6 +70,7 @@ def describe(channel: Any = None) -> dict[str, Any]:
         "cpu_affinity": affinity,
         "torch_loaded": "torch" in sys.modules,
         "shm": bool(channel is not None and reachable(channel)),
+        "identity": identity(),
     }
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -26,19 +25,27 @@ from typing import Any
 
 from gpucell.cluster.lifecycle import GpuCluster
 from gpucell.core.provenance import ChunkRecord, LastRun
-from gpucell.core.runstate import (
-    BUSY,
-    DEAD,
-    IDLE,
-    RETRYING,
-    EngineProgress,
-    RunSnapshot,
-)
+from gpucell.core.runstate import EngineProgress, RunSnapshot
 from gpucell.core.schedule import Chunk, Schedule
+from gpucell.core.states import (
+    BUSY,
+    CANCELLED,
+    DEAD,
+    DONE,
+    FAILED,
+    IDLE,
+    LOST,
+    RETRYING,
+    RUNNING,
+    ChunkState,
+    EngineState,
+    RunStatus,
+)
 from gpucell.errors import CellTimeout, EnginesLost, InputNotSendable, IterationError
+from gpucell.kernel.relay import OutputRelay
 from gpucell.protocol import fingerprint, shm, wire
 
-__all__ = ["Options", "run_chunks"]
+__all__ = ["TRIAL_SECONDS", "Flight", "Options", "Run", "run_chunks"]
 
 
 @dataclass(frozen=True)
@@ -61,16 +68,13 @@ class _Interrupted(Exception):
         self.reason = reason
 
 
-_HOST = socket.gethostname()
-
-
 def _engine_alive(gc: GpuCluster, eid: int) -> bool:
-    """Local engines by pid (noticed within ~0.2 s); remote ones by registration
+    """Local engines by pid (noticed within ~0.2 s); others by registration
     (the controller's heartbeat)."""
     info = gc.engines.get(eid)
     if eid in gc.dead or eid not in gc.client.ids:
         return False
-    if info is None or info.host != _HOST:
+    if info is None or not info.local:
         return True
     return _pid_running(info.pid)
 
@@ -121,7 +125,7 @@ def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
     remote = []
     for eid in eids:
         info = gc.engines.get(eid)
-        if info is not None and info.host == _HOST:
+        if info is not None and info.local:
             try:
                 os.kill(info.pid, sig)
             except OSError:
@@ -133,6 +137,397 @@ def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
             gc.client.send_signal(sig, targets=remote, block=False)
         except Exception:
             pass
+
+
+@dataclass
+class Flight:
+    """A chunk task in flight: what it carries and when it left."""
+
+    chunk: Chunk
+    # perf_counter at submission when the round trip measures a chunk's dispatch
+    # cost (the engine had nothing queued and its program was loaded), else None
+    timed_from: float | None
+
+    @property
+    def engine(self) -> int:
+        """The engine the chunk was sent to (always set once it is in flight)."""
+        assert self.chunk.engine is not None
+        return self.chunk.engine
+
+
+def _to_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class Run:
+    """One cell's chunks on the engines, as an object whose state a test can build
+    and inspect: which chunks are in flight, what came back, what was lost.
+
+    The wait loop (:meth:`execute`) only calls the transitions: :meth:`ship_inputs`
+    once, then :meth:`submit`, :meth:`on_done` for each finished task,
+    :meth:`on_lost` for each engine found dead, :meth:`cancel` when the run stops
+    early, and :meth:`snapshot` for the display.  Chunk states change through
+    :func:`gpucell.core.states.move` only (in the schedule and here), and every
+    chunk that ends (done, lost, failed, cancelled) is recorded in ``record``.
+
+    ``gc`` is anything shaped like :class:`gpucell.cluster.lifecycle.GpuCluster`
+    (engines, client, ``view()``, ``mark_dead()``, the input cache and the
+    shared-memory channel); tests drive a Run with a fake one.
+    """
+
+    def __init__(
+        self,
+        gc: GpuCluster,
+        targets: Sequence[int],
+        *,
+        programs: dict[int, Any],
+        inputs: dict[str, Any],
+        n: int,
+        chunk_of: Callable[[int, int], Any],
+        options: Options,
+        record: LastRun,
+        echo: Callable[[str], None] = print,
+        relay: Callable[[str], None] | None = None,
+        progress: Callable[[RunSnapshot], None] | None = None,
+        progress_period: float = 0.3,
+        telemetry: Any = None,
+    ) -> None:
+        self.gc = gc
+        self.programs = programs
+        self.inputs = inputs
+        self.n = n
+        self.chunk_of = chunk_of
+        self.options = options
+        self.record = record
+        self.echo = echo
+        self.progress = progress
+        self.progress_period = progress_period
+        self.telemetry = telemetry
+        self.cell = uuid.uuid4().hex
+        self.status: RunStatus = "running"
+        self.alive = [e for e in targets if _engine_alive(gc, e)]
+        if not self.alive:
+            raise EnginesLost(
+                "No live engine among the selected ones; check `%gpu_cluster status` "
+                "and restart the cluster."
+            )
+        record.engines = tuple(self.alive)
+        record.iterations = n
+        self.inflight: dict[Any, Flight] = {}
+        self.results: dict[int, Any] = {}  # chunk start -> its result
+        self.ends: dict[int, float] = {}  # engine -> its last chunk's end (its clock)
+        # engine -> (program, input names, fingerprints), input frames: travels
+        # with the engine's first chunk
+        self.setups: dict[int, tuple[Any, Any]] = {}
+        self.mapped: dict[tuple[str, ...], list[Any]] = {}  # inputs in /dev/shm
+        self.channel = gc.results_channel()
+        self.sched = Schedule(
+            n,
+            self.alive,
+            mode=options.schedule,
+            chunksize=options.chunksize,
+            hint=options.cost_hint,
+            uniform=options.uniform,
+            profile=options.profile,
+            heterogeneous=len(
+                {(gc.engines[e].kind, gc.engines[e].name) for e in self.alive}
+            )
+            > 1,
+            trial=True,
+        )
+        if self.sched.trial and not _cheap_to_resend(chunk_of, n):
+            # (probed only for schedules that would send trial chunks at all)
+            self.sched.trial = False
+        record.schedule = self.sched.mode + (
+            " (profiled)" if self.sched.profiled else ""
+        )
+        self.views = {eid: gc.view(eid) for eid in self.alive}
+        self.output = OutputRelay(gc.client, relay or _to_stdout)
+        self.t0 = time.perf_counter()
+        self._last_progress = 0.0
+
+    # -- transitions -----------------------------------------------------------
+
+    def ship_inputs(self) -> None:
+        """Decide what each engine's first chunk carries: the program, and the
+        inputs its cache lacks (fingerprints; big ones through /dev/shm)."""
+        gc, inputs = self.gc, self.inputs
+        keys = {name: fingerprint.fingerprint(v) for name, v in inputs.items()}
+        encoded: dict[tuple[str, ...], list[Any]] = {}
+        for eid in self.alive:
+            have = gc.input_cache.get(eid, {})
+            send = tuple(
+                sorted(
+                    name
+                    for name in inputs
+                    if keys[name] is None or have.get(name) != keys[name]
+                )
+            )
+            if send not in encoded:
+                try:
+                    encoded[send] = _encode_inputs({k: inputs[k] for k in send})
+                except InputNotSendable as e:
+                    self.status = self.record.status = "error"
+                    self.record.errors.append(str(e))
+                    raise
+            frames = encoded[send]
+            nbytes = wire.frames_nbytes(frames)
+            ch = self.channel
+            if ch is not None and nbytes >= ch.min_bytes:
+                if send not in self.mapped:  # written once, mapped by each engine
+                    self.mapped[send] = shm.spill(
+                        frames, ch, f"in-{self.cell[:12]}-{eid}"
+                    )
+                if shm.spilled(self.mapped[send]) and gc.sees_shm(eid):
+                    frames = self.mapped[send]
+                    self.record.shared_bytes += nbytes
+            self.setups[eid] = ((self.programs[eid], sorted(inputs), keys), frames)
+            gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
+        if self.telemetry is not None:
+            self.telemetry.start_remote(gc.client)
+
+    def submit(self) -> None:
+        """Send every chunk the schedule hands out now (each engine keeps its next
+        chunk queued)."""
+        from gpucell.engine import worker
+
+        options = self.options
+        for c in self.sched.fill():
+            eid = c.engine
+            assert eid is not None
+            if c.attempt > options.retries:
+                raise EnginesLost(
+                    f"Iterations {c.start}-{c.stop - 1} were lost {c.attempt} times "
+                    "(the engines running them died). Nothing was merged. If an "
+                    "iteration kills its engine (out of memory, a crash), fix it, or "
+                    "raise --retries."
+                )
+            frames = wire.dumps(self.chunk_of(c.start, c.stop))
+            queued_behind = any(f.chunk.engine == eid for f in self.inflight.values())
+            setup, input_frames = self.setups.pop(eid, (None, None))
+            ar = self.views[eid].apply_async(
+                worker.run,
+                self.cell,
+                frames,
+                c.start,
+                eid,
+                options.seed,
+                setup,
+                input_frames,
+                self.channel,
+                TRIAL_SECONDS if c.trial else None,
+            )
+            # a chunk queued behind another waits on the engine, and an engine's
+            # first chunk also loads the program and inputs (and the imports they
+            # need): neither round trip says what dispatching a chunk costs
+            timed = not queued_behind and setup is None
+            self.inflight[ar] = Flight(c, time.perf_counter() if timed else None)
+            self.output.watch(ar)
+
+    def on_done(self, ar: Any) -> None:
+        """A chunk task finished: keep its result, or find out why it has none."""
+        from ipyparallel.error import EngineError, RemoteError
+
+        flight = self.inflight.pop(ar, None)
+        if flight is None:
+            return
+        self.output.finished(ar)
+        chunk, gc, record, sched = flight.chunk, self.gc, self.record, self.sched
+        assert chunk.engine is not None
+        try:
+            # wait() can report a future whose result is set a moment before
+            # ipyparallel marks it ready: allow that moment
+            frames = ar.get(timeout=5)
+        except EngineError:
+            self.on_lost(chunk.engine)
+            return
+        except RemoteError as e:
+            if not _engine_alive(gc, chunk.engine):
+                self.on_lost(chunk.engine)
+                return
+            sched.end(chunk.id, FAILED)
+            record.chunks.append(_record(chunk, gc, None, FAILED))
+            raise IterationError(
+                f"gpucell: engine {chunk.engine} failed running iterations "
+                f"{chunk.start}-{chunk.stop - 1}: {e.ename}: {e.evalue}\n"
+                f"{e.traceback or ''}"
+            ) from None
+        frames = shm.unspill(frames, record)
+        status, payload, timing = wire.loads(frames)
+        if timing.get("cached") is not None:
+            # what the engine caches now, as it says (never assumed)
+            gc.input_cache[chunk.engine] = dict(timing["cached"])
+        if status == "error":
+            sched.end(chunk.id, FAILED)
+            record.chunks.append(_record(chunk, gc, timing, FAILED))
+            _raise_iteration_error(payload, chunk, gc, record)
+        self.results[chunk.start] = payload
+        done = timing.get("done", chunk.size)  # fewer when a trial stopped early
+        # a profiled schedule compares each chunk's time with the profile's cost
+        # of the same iterations: it needs the whole time, not a median estimate
+        if sched.profiled:
+            sched.complete(chunk.id, timing["compute"], done=done)
+        else:
+            sched.complete(chunk.id, _robust_seconds(timing, done), done=done)
+        if flight.timed_from is not None:
+            sched.observe_overhead(
+                max(0.0, time.perf_counter() - flight.timed_from - timing["compute"])
+            )
+        elif chunk.engine in self.ends and timing["start"] > self.ends[chunk.engine]:
+            # queued behind the engine's previous chunk: what a chunk costs is
+            # the engine's dead time between the two (ipykernel's per-message
+            # work, results out, the next chunk in), a few milliseconds
+            sched.observe_overhead(timing["start"] - self.ends[chunk.engine])
+        self.ends[chunk.engine] = timing["end"]
+        record.chunks.append(_record(chunk, gc, timing, DONE))
+
+    def on_lost(self, eid: int) -> None:
+        """Engine ``eid`` died: its chunks go back to the schedule for the others."""
+        lost = self.sched.lose_engine(eid)
+        self.gc.mark_dead(eid)
+        for ar in [a for a, f in self.inflight.items() if f.chunk.engine == eid]:
+            self.inflight.pop(ar)
+        for c in lost:
+            self.record.chunks.append(_record(c, self.gc, None, LOST))
+        msg = (
+            f"engine {eid} died; re-running its {sum(c.size for c in lost)} "
+            "iteration(s) on the others"
+        )
+        self.record.warnings.append(msg)
+        self.echo(f"gpucell: warning: {msg}")
+        if not self.sched.alive:
+            ranges = ", ".join(f"{a}-{b - 1}" for a, b in self.sched.pending_ranges())
+            raise EnginesLost(
+                f"Every engine died; iterations {ranges} never completed. Nothing "
+                "was merged. Restart the cluster (`%gpu_cluster stop` then `start`)."
+            )
+
+    def cancel(self) -> None:
+        """Abort queued chunk tasks, signal running ones, wait until engines are
+        idle; every chunk still in flight is recorded as cancelled.
+
+        Every engine with an unfinished task is signalled, whether or not its
+        "started" notice has arrived yet: an idle engine ignores SIGINT, and
+        waiting for the notice could leave a running chunk to finish on its own.
+        """
+        inflight, gc = self.inflight, self.gc
+        if not inflight:
+            return
+        grace = self.options.interrupt_grace
+        ars = list(inflight)
+        try:
+            gc.client.abort([m for ar in ars for m in ar.msg_ids], block=False)
+        except Exception:
+            pass
+        running = sorted({f.engine for ar, f in inflight.items() if not ar.done()})
+        if running:
+            _signal_engines(gc, running, signal.SIGINT)
+        concurrent.futures.wait(ars, timeout=grace)
+        still = [ar for ar in ars if not ar.done()]
+        if still:  # a C extension ignoring SIGINT: signal again once
+            _signal_engines(
+                gc, sorted({inflight[ar].engine for ar in still}), signal.SIGINT
+            )
+            concurrent.futures.wait(still, timeout=grace)
+        for flight in inflight.values():
+            c = flight.chunk
+            if c.state == RUNNING:
+                self.sched.end(c.id, CANCELLED)
+                self.record.chunks.append(_record(c, gc, None, CANCELLED))
+        inflight.clear()
+
+    def snapshot(self, status: RunStatus | None = None) -> RunSnapshot:
+        """The run as the display shows it now."""
+        return snapshot(
+            self.gc,
+            self.alive,
+            self.sched,
+            time.perf_counter() - self.t0,
+            status or self.status,
+        )
+
+    # -- the wait loop -----------------------------------------------------------
+
+    def report(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.progress is None or (
+            not force and now - self._last_progress < self.progress_period
+        ):
+            return
+        self._last_progress = now
+        try:
+            self.progress(self.snapshot())
+        except Exception as e:  # the display must never break the loop
+            self.record.warnings.append(f"progress display failed: {e!r}")
+
+    def _finish(self, status: RunStatus) -> None:
+        self.status = self.record.status = status
+        self.record.wall = time.perf_counter() - self.t0
+        self.report(force=True)
+
+    def execute(self) -> list[Any]:
+        """Ship, submit and wait until every iteration is done; the chunk results
+        in iteration order.  On an interrupt, a timeout or an error, outstanding
+        work is cancelled, engines are left idle and nothing is returned."""
+        options, sched = self.options, self.sched
+        deadline = self.t0 + options.timeout if options.timeout else None
+        last_check = 0.0
+        try:
+            try:
+                self.submit()
+                while not sched.finished:
+                    if deadline is not None and time.perf_counter() > deadline:
+                        raise _Interrupted("timeout")
+                    done, _ = concurrent.futures.wait(
+                        list(self.inflight), timeout=0.05, return_when="FIRST_COMPLETED"
+                    )
+                    self.output.poll(self.inflight)
+                    if self.telemetry is not None:
+                        self.telemetry.poll(self.inflight)
+                    for ar in done:
+                        self.on_done(ar)
+                    now = time.perf_counter()
+                    if now - last_check > 0.2 or not self.inflight:
+                        last_check = now
+                        for eid in sched.alive:
+                            if not _engine_alive(self.gc, eid):
+                                self.on_lost(eid)
+                    self.submit()
+                    self.report()
+                    if not self.inflight and not sched.finished:
+                        raise EnginesLost(
+                            "No work in flight and the loop is not finished."
+                        )
+            except KeyboardInterrupt:
+                raise _Interrupted("interrupt") from None
+        except _Interrupted as stop:
+            self.cancel()
+            self._finish("timeout" if stop.reason == "timeout" else "interrupted")
+            if stop.reason == "timeout":
+                raise CellTimeout(
+                    f"%%gpu_parallel --timeout {options.timeout:g} s reached after "
+                    f"{sched.done_iterations} of {self.n} iterations; outstanding "
+                    "work was cancelled and nothing was merged."
+                ) from None
+            raise KeyboardInterrupt(
+                f"gpucell: interrupted after {sched.done_iterations} of {self.n} "
+                "iterations; engines stopped their work, nothing was merged"
+            ) from None
+        except BaseException:
+            self.cancel()
+            self._finish("error")
+            raise
+        finally:
+            self.output.flush(self.inflight)
+            for frames in self.mapped.values():  # every engine maps it by now
+                shm.release(frames)
+            if self.channel is not None and (
+                self.status != "running" or self.record.warnings
+            ):
+                self.gc.sweep_results()  # results abandoned by a failure or a loss
+        self._finish("ok")
+        return [self.results[k] for k in sorted(self.results)]
 
 
 def run_chunks(
@@ -171,209 +566,27 @@ def run_chunks(
         Called with a :class:`~gpucell.core.runstate.RunSnapshot` every
         ``progress_period`` seconds and once at the end (the live display).
     telemetry
-        A :class:`gpucell.kernel.telemetry.ClusterTelemetry`: remote engines start their
-        sampler with the cell, and their samples are collected from the in-flight
-        tasks here (the display reads them with ``sample()``).
+        A :class:`gpucell.kernel.telemetry.ClusterTelemetry`: remote engines start
+        their sampler with the cell, and their samples are collected from the
+        in-flight tasks here (the display reads them with ``sample()``).
     """
-    from gpucell.engine import worker
-
-    relay = relay or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    client = gc.client
-    cell = uuid.uuid4().hex
-    alive = [e for e in targets if _engine_alive(gc, e)]
-    if not alive:
-        raise EnginesLost(
-            "No live engine among the selected ones; check `%gpu_cluster status` "
-            "and restart the cluster."
-        )
-    record.engines = tuple(alive)
-    record.iterations = n
-
-    # ---- ship program + inputs (cached on engines by fingerprint) -------------
-    keys = {name: fingerprint.fingerprint(v) for name, v in inputs.items()}
-    cache = gc.input_cache
-    channel = gc.results_channel()
-    encoded: dict[tuple[str, ...], list[Any]] = {}
-    mapped: dict[tuple[str, ...], list[Any]] = {}  # the same, spilled to /dev/shm
-    setups: dict[int, tuple[Any, ...]] = {}  # travels with the engine's first chunk
-    for eid in alive:
-        have = cache.get(eid, {})
-        send = tuple(
-            sorted(
-                name
-                for name in inputs
-                if keys[name] is None or have.get(name) != keys[name]
-            )
-        )
-        if send not in encoded:
-            try:
-                encoded[send] = _encode_inputs({k: inputs[k] for k in send})
-            except InputNotSendable as e:
-                record.status = "error"
-                record.errors.append(str(e))
-                raise
-        frames = encoded[send]
-        nbytes = wire.frames_nbytes(frames)
-        if channel is not None and nbytes >= channel.min_bytes:
-            if send not in mapped:  # written once, mapped by every local engine
-                mapped[send] = shm.spill(frames, channel, f"in-{cell[:12]}-{eid}")
-            if shm.spilled(mapped[send]) and gc.sees_shm(eid):
-                frames = mapped[send]
-                record.shared_bytes += nbytes
-        setups[eid] = ((programs[eid], sorted(inputs), keys), frames)
-        cache.pop(eid, None)  # unknown until this engine's first chunk answers
-
-    if telemetry is not None:
-        telemetry.start_remote(client)
-    sched = Schedule(
-        n,
-        alive,
-        mode=options.schedule,
-        chunksize=options.chunksize,
-        hint=options.cost_hint,
-        uniform=options.uniform,
-        profile=options.profile,
-        heterogeneous=len({(gc.engines[e].kind, gc.engines[e].name) for e in alive})
-        > 1,
-        trial=True,
+    run = Run(
+        gc,
+        targets,
+        programs=programs,
+        inputs=inputs,
+        n=n,
+        chunk_of=chunk_of,
+        options=options,
+        record=record,
+        echo=echo,
+        relay=relay,
+        progress=progress,
+        progress_period=progress_period,
+        telemetry=telemetry,
     )
-    if sched.trial and not _cheap_to_resend(chunk_of, n):
-        # (probed only for schedules that would send trial chunks at all)
-        sched.trial = False
-    record.schedule = sched.mode + (" (profiled)" if sched.profiled else "")
-    views = {eid: gc.view(eid) for eid in alive}
-    inflight: dict[Any, tuple[Chunk, float | None]] = {}
-    ends: dict[int, float] = {}
-    results: dict[int, Any] = {}
-    output = _OutputRelay(client, relay)
-    t0 = time.perf_counter()
-    deadline = t0 + options.timeout if options.timeout else None
-    last_check = 0.0
-    last_progress = [0.0]
-
-    def report(status: str = "running", force: bool = False) -> None:
-        now = time.perf_counter()
-        if progress is None or (not force and now - last_progress[0] < progress_period):
-            return
-        last_progress[0] = now
-        try:
-            progress(snapshot(gc, alive, sched, now - t0, status))
-        except Exception as e:  # the display must never break the loop
-            record.warnings.append(f"progress display failed: {e!r}")
-
-    def submit() -> None:
-        for c in sched.fill():
-            eid = c.engine
-            if c.attempt > options.retries:
-                raise EnginesLost(
-                    f"Iterations {c.start}-{c.stop - 1} were lost {c.attempt} times "
-                    "(the engines running them died). Nothing was merged. If an "
-                    "iteration kills its engine (out of memory, a crash), fix it, or "
-                    "raise --retries."
-                )
-            frames = wire.dumps(chunk_of(c.start, c.stop))
-            queued_behind = any(ch.engine == eid for ch, _ in inflight.values())
-            setup, input_frames = setups.pop(eid, (None, None))
-            ar = views[eid].apply_async(
-                worker.run,
-                cell,
-                frames,
-                c.start,
-                eid,
-                options.seed,
-                setup,
-                input_frames,
-                channel,
-                TRIAL_SECONDS if c.trial else None,
-            )
-            # a chunk queued behind another waits on the engine, and an engine's
-            # first chunk also loads the program and inputs (and the imports they
-            # need): neither round trip says what dispatching a chunk costs
-            timed = not queued_behind and setup is None
-            inflight[ar] = (c, time.perf_counter() if timed else None)
-            output.watch(ar)
-
-    def lose(eid: int) -> None:
-        lost = sched.lose_engine(eid)
-        gc.mark_dead(eid)
-        for ar in [a for a, (c, _) in inflight.items() if c.engine == eid]:
-            inflight.pop(ar)
-        for c in lost:
-            record.chunks.append(_record(c, gc, None, "lost"))
-        msg = (
-            f"engine {eid} died; re-running its {sum(c.size for c in lost)} "
-            "iteration(s) on the others"
-        )
-        record.warnings.append(msg)
-        echo(f"gpucell: warning: {msg}")
-        if not sched.alive:
-            ranges = ", ".join(f"{a}-{b - 1}" for a, b in sched.pending_ranges())
-            raise EnginesLost(
-                f"Every engine died; iterations {ranges} never completed. Nothing "
-                "was merged. Restart the cluster (`%gpu_cluster stop` then `start`)."
-            )
-
-    try:
-        try:
-            submit()
-            while not sched.finished:
-                if deadline is not None and time.perf_counter() > deadline:
-                    raise _Interrupted("timeout")
-                done, _ = concurrent.futures.wait(
-                    list(inflight), timeout=0.05, return_when="FIRST_COMPLETED"
-                )
-                output.poll(inflight)
-                if telemetry is not None:
-                    telemetry.poll(inflight)
-                for ar in done:
-                    if ar not in inflight:
-                        continue
-                    chunk, t_sub = inflight.pop(ar)
-                    output.finished(ar)
-                    _finish(ar, chunk, t_sub, sched, results, record, gc, lose, ends)
-                now = time.perf_counter()
-                if now - last_check > 0.2 or not inflight:
-                    last_check = now
-                    for eid in sched.alive:
-                        if not _engine_alive(gc, eid):
-                            lose(eid)
-                submit()
-                report()
-                if not inflight and not sched.finished:
-                    raise EnginesLost("No work in flight and the loop is not finished.")
-        except KeyboardInterrupt:
-            raise _Interrupted("interrupt") from None
-    except _Interrupted as stop:
-        _cancel(gc, inflight, options.interrupt_grace)
-        record.status = "timeout" if stop.reason == "timeout" else "interrupted"
-        record.wall = time.perf_counter() - t0
-        report(record.status, force=True)
-        if stop.reason == "timeout":
-            raise CellTimeout(
-                f"%%gpu_parallel --timeout {options.timeout:g} s reached after "
-                f"{sched.done_iterations} of {n} iterations; outstanding work was "
-                "cancelled and nothing was merged."
-            ) from None
-        raise KeyboardInterrupt(
-            f"gpucell: interrupted after {sched.done_iterations} of {n} iterations; "
-            "engines stopped their work, nothing was merged"
-        ) from None
-    except BaseException:
-        _cancel(gc, inflight, options.interrupt_grace)
-        record.wall = time.perf_counter() - t0
-        record.status = "error"
-        report("error", force=True)
-        raise
-    finally:
-        output.flush(inflight)
-        for frames in mapped.values():  # every engine that maps it has it mapped
-            shm.release(frames)
-        if channel is not None and (record.status != "running" or record.warnings):
-            gc.sweep_results()  # results abandoned by a failure, or a lost engine
-    record.wall = time.perf_counter() - t0
-    record.status = "ok"
-    report("ok", force=True)
-    return [results[k] for k in sorted(results)]
+    run.ship_inputs()
+    return run.execute()
 
 
 def _encode_inputs(values: dict[str, Any]) -> list[Any]:
@@ -401,7 +614,11 @@ def _encode_inputs(values: dict[str, Any]) -> list[Any]:
 
 
 def snapshot(
-    gc: GpuCluster, engines: Sequence[int], sched: Schedule, elapsed: float, status: str
+    gc: GpuCluster,
+    engines: Sequence[int],
+    sched: Schedule,
+    elapsed: float,
+    status: RunStatus,
 ) -> RunSnapshot:
     """The run as the display shows it (pure function of the schedule)."""
     rows = []
@@ -409,6 +626,7 @@ def snapshot(
         info = gc.engines.get(eid)
         done_its, done_secs = sched.engine_progress(eid)
         running = sched.outstanding(eid)
+        state: EngineState
         if eid not in sched.alive:
             state = DEAD
         elif any(c.attempt > 0 for c in running):
@@ -441,7 +659,7 @@ def snapshot(
 
 
 def _record(
-    chunk: Chunk, gc: GpuCluster, timing: dict[str, Any] | None, state: str
+    chunk: Chunk, gc: GpuCluster, timing: dict[str, Any] | None, state: ChunkState
 ) -> ChunkRecord:
     info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
     timing = timing or {}
@@ -473,171 +691,10 @@ def _robust_seconds(timing: dict[str, Any], size: int) -> float:
     return float(timing["compute"])
 
 
-#: seconds an unfinished line from a running task waits for the rest of it
-PARTIAL_LINE_WAIT = 1.0
-
-
-def _whole_lines(text: str, final: bool) -> str:
-    """``text`` up to its last newline (all of it when ``final``)."""
-    return text if final else text[: text.rfind("\n") + 1]
-
-
-class _OutputRelay:
-    """Forward engine output to the cell as it arrives, losing none.
-
-    Reads each task's ipyparallel ``Metadata`` (stdout, stderr, rich outputs) that
-    the client fills from IOPub; kept by reference from submission, so reading it
-    is a dict lookup (``AsyncResult.stdout`` re-parses dates on every access).
-    A task's result can arrive before its last output (they travel on different
-    channels), so finished tasks stay here until ipyparallel says their output is
-    complete; :meth:`flush` waits briefly for the stragglers at the end.
-    """
-
-    def __init__(self, client: Any, relay: Callable[[str], None]) -> None:
-        self._client = client
-        self._relay = relay
-        self._md: dict[Any, Any] = {}
-        self._printed: dict[Any, tuple[int, int]] = {}
-        self._draining: list[Any] = []
-        self._partial_since: dict[Any, float] = {}  # a line waiting for its end
-        self._open_line: Any = None  # the task whose relayed line has no end yet
-
-    def watch(self, ar: Any) -> None:
-        # the task's own record, which its future holds: the client drops its
-        # copy once a task has finished, and a one-iteration chunk can finish
-        # before apply_async's caller runs again (output was lost that way)
-        md = ar.metadata
-        if isinstance(md, list):
-            md = md[0] if md else None
-        if md is not None:
-            self._md[ar] = md
-            self._printed[ar] = (0, 0)
-
-    def _forward(self, ar: Any, final: bool = False) -> None:
-        """Relay what ``ar`` wrote since the last call: whole lines only while it
-        runs (a line can arrive in pieces, and another engine's line must not
-        land inside it), the rest once it is complete or has waited
-        :data:`PARTIAL_LINE_WAIT`."""
-        md = self._md.get(ar)
-        if md is None:
-            return
-        out, err = md.get("stdout") or "", md.get("stderr") or ""
-        k_out, k_err = self._printed[ar]
-        if not final and (out[-1:] not in ("", "\n") or err[-1:] not in ("", "\n")):
-            # a progress line (dots, a \r counter) still shows, a second late
-            since = self._partial_since.setdefault(ar, time.perf_counter())
-            final = time.perf_counter() - since >= PARTIAL_LINE_WAIT
-        new_out = _whole_lines(out[k_out:], final)
-        new_err = _whole_lines(err[k_err:], final)
-        if final:
-            self._partial_since.pop(ar, None)
-        if new_out:
-            if self._open_line not in (None, ar):
-                new_out = "\n" + new_out  # another task's line was left open
-            self._open_line = None if new_out.endswith("\n") else ar
-            self._relay(new_out)
-        if new_err:
-            sys.stderr.write(new_err)
-            sys.stderr.flush()
-        self._printed[ar] = (k_out + len(new_out), k_err + len(new_err))
-
-    def _complete(self, ar: Any) -> None:
-        self._forward(ar, final=True)
-        md = self._md.pop(ar, None)
-        self._printed.pop(ar, None)
-        self._partial_since.pop(ar, None)
-        if md is not None:
-            _display_outputs(md.get("outputs") or [])
-
-    def poll(self, running: Any) -> None:
-        for ar in running:
-            self._forward(ar)
-        for ar in list(self._draining):
-            if ar.wait_for_output(0):
-                self._draining.remove(ar)
-                self._complete(ar)
-            else:
-                self._forward(ar)
-
-    def finished(self, ar: Any) -> None:
-        self._draining.append(ar)
-
-    def flush(self, running: Any, timeout: float = 1.0) -> None:
-        end = time.perf_counter() + timeout
-        for ar in [*self._draining, *running]:
-            if ar.done():
-                ar.wait_for_output(max(0.0, end - time.perf_counter()))
-            self._complete(ar)
-        self._draining.clear()
-
-
-def _finish(ar, chunk, t_sub, sched, results, record, gc, lose, ends) -> None:
-    """Handle one finished chunk task (``ends``: engine -> its last chunk's end,
-    engine clock)."""
-    from ipyparallel.error import EngineError, RemoteError
-
-    try:
-        # wait() can report a future whose result is set a moment before
-        # ipyparallel marks it ready: allow that moment
-        frames = ar.get(timeout=5)
-    except EngineError:
-        lose(chunk.engine)
-        return
-    except RemoteError as e:
-        if not _engine_alive(gc, chunk.engine):
-            lose(chunk.engine)
-            return
-        raise IterationError(
-            f"gpucell: engine {chunk.engine} failed running iterations "
-            f"{chunk.start}-{chunk.stop - 1}: {e.ename}: {e.evalue}\n"
-            f"{e.traceback or ''}"
-        ) from None
-    frames = shm.unspill(frames, record)
-    status, payload, timing = wire.loads(frames)
-    if timing.get("cached") is not None:
-        # what the engine caches now, as it says (never assumed)
-        gc.input_cache[chunk.engine] = dict(timing["cached"])
-    if status == "error":
-        record.chunks.append(_record(chunk, gc, timing, "failed"))
-        _raise_iteration_error(payload, chunk, gc, record)
-    results[chunk.start] = payload
-    done = timing.get("done", chunk.size)  # fewer when a trial chunk stopped early
-    # a profiled schedule compares each chunk's time with the profile's cost of
-    # the same iterations: it needs the whole time, not a median-based estimate
-    if sched.profiled:
-        sched.complete(chunk.id, timing["compute"], done=done)
-    else:
-        sched.complete(chunk.id, _robust_seconds(timing, done), done=done)
-    if t_sub is not None:
-        sched.observe_overhead(
-            max(0.0, time.perf_counter() - t_sub - timing["compute"])
-        )
-    elif chunk.engine in ends and timing["start"] > ends[chunk.engine]:
-        # queued behind the engine's previous chunk: what a chunk costs is the
-        # engine's dead time between the two (ipykernel's per-message work,
-        # results out, the next chunk in), a few milliseconds
-        sched.observe_overhead(timing["start"] - ends[chunk.engine])
-    ends[chunk.engine] = timing["end"]
-    record.chunks.append(_record(chunk, gc, timing, "done"))
-
-
-def _display_outputs(outputs: list[Any]) -> None:
-    """Rich outputs (display()) from the chunk reach the cell's output."""
-    if not outputs:
-        return
-    try:
-        from IPython.display import publish_display_data
-    except ImportError:
-        return
-    for out in outputs:
-        if isinstance(out, dict) and "data" in out:
-            publish_display_data(out["data"], out.get("metadata", {}))
-
-
 def _raise_iteration_error(
     payload: dict[str, Any], chunk: Chunk, gc: GpuCluster, record: LastRun
 ) -> None:
-    info = gc.engines.get(chunk.engine)
+    info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
     where = (
         f"iteration {payload['iteration']} (loop values {payload['item']}) on engine "
         f"{chunk.engine}"
@@ -664,32 +721,3 @@ def _raise_iteration_error(
             warnings.warn(context, stacklevel=2)
         raise exc
     raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
-
-
-def _cancel(gc: GpuCluster, inflight: dict[Any, Any], grace: float) -> None:
-    """Abort queued chunk tasks, signal running ones, wait until engines are idle.
-
-    Every engine with an unfinished task is signalled, whether or not its
-    "started" notice has arrived yet: an idle engine ignores SIGINT, and waiting
-    for the notice could leave a running chunk to finish on its own.
-    """
-    if not inflight:
-        return
-    client = gc.client
-    ars = list(inflight)
-    msg_ids = [m for ar in ars for m in ar.msg_ids]
-    try:
-        client.abort(msg_ids, block=False)
-    except Exception:
-        pass
-    running = sorted({c.engine for ar, (c, _) in inflight.items() if not ar.done()})
-    if running:
-        _signal_engines(gc, running, signal.SIGINT)
-    concurrent.futures.wait(ars, timeout=grace)
-    still = [ar for ar in ars if not ar.done()]
-    if still:  # a C extension ignoring SIGINT: signal again once
-        _signal_engines(
-            gc, sorted({inflight[ar][0].engine for ar in still}), signal.SIGINT
-        )
-        concurrent.futures.wait(still, timeout=grace)
-    inflight.clear()

@@ -7,7 +7,9 @@ the only place that writes the user's namespace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpucell import config as _config
@@ -29,6 +31,19 @@ class CellRequest:
     retries: int = 2
     dry_run: bool = False
     quiet: bool = False
+
+    def asks_for_engines(self) -> bool:
+        """Explicit engines, schedule, chunk size, seed or timeout: the cell must
+        run on the engines (never inline in the kernel)."""
+        explicit = (
+            self.seed,
+            self.targets,
+            self.devices,
+            self.schedule,
+            self.chunksize,
+            self.timeout,
+        )
+        return any(x is not None for x in explicit)
 
 
 def _set_last_run(record: Any) -> None:
@@ -87,150 +102,180 @@ def select_targets(gc: Any, req: CellRequest) -> list[int]:
 
 def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     """Run ``cell`` as ``%%gpu_parallel`` would (see the magic's docstring)."""
-    from gpucell.core.analysis import analyse, format_plan, make_chunker
+    from gpucell.core.analysis import format_plan
 
-    settings = _config.settings()
     ns = shell.user_ns
     # The magic's own line stays line 1 (as a comment), so every line number we
     # report is the one the notebook editor shows for the cell.
     src = "# %%gpu_parallel\n" + shell.transform_cell(cell)
     filename = shell.compile.cache(src)
-    gc = _current_or_none()
+    from gpucell.cluster.lifecycle import current_or_none
+
+    gc = current_or_none()
     targets: list[int] = select_targets(gc, req) if gc is not None else []
     kinds = {gc.engines[e].kind for e in targets} if gc is not None else set()
 
-    def plan_for(for_cpu: bool) -> Any:
-        # The plan depends only on the text and on which of its names exist in
-        # the namespace: re-running a cell reuses it.
-        known = frozenset(_identifiers(src) & ns.keys())
-        key = (src, filename, for_cpu, not req.dry_run, known)
-        plan = _PLANS.get(key)
-        if plan is None:
-            plan = analyse(
-                src,
-                filename=filename,
-                known_names=known,
-                for_cpu=for_cpu,
-                raise_errors=not req.dry_run,
-            )
-            if len(_PLANS) >= 64:
-                _CODES.pop(id(_PLANS.pop(next(iter(_PLANS)))), None)
-            _PLANS[key] = plan
-        return plan
+    def prepared(for_cpu: bool) -> Prepared:
+        return _PLANS.get(src, filename, ns, for_cpu=for_cpu, dry_run=req.dry_run)
 
     if req.dry_run:
-        print(format_plan(plan_for("cpu" in kinds)))
+        print(format_plan(prepared("cpu" in kinds).plan))
         if gc is None:
             print("(no cluster: start one with `%gpu_cluster start`)")
         else:
             print(f"engines: {', '.join(map(str, targets))}")
         return
-
-    plan = plan_for(False)
+    prep = prepared(False)
     if gc is None:
-        if settings.serial_fallback:
-            print(
-                "gpucell: no cluster; running the cell serially in the kernel "
-                "(`%gpu_cluster start` to run it in parallel)."
-            )
-            shell.ex(compile(src, filename, "exec"))
-            return
-        raise NoCluster(
-            "No cluster for %%gpu_parallel. Start one with `%gpu_cluster start` (or "
-            "`%config GpuCell.serial_fallback = True` to run such cells serially)."
-        )
-    from gpucell.core import merge as _merge
+        _run_without_cluster(shell, src, filename)
+        return
     from gpucell.core.provenance import LastRun
-    from gpucell.kernel.dispatch import Options
-    from gpucell.kernel.inline import run_in_kernel, shape_of, should_inline
 
-    record = LastRun(plan=plan)
+    record = LastRun(plan=prep.plan)
     _set_last_run(record)
+    loop = _start_loop(shell, prep)
+    cuda = "cuda" in src or any(map(_names_cuda, loop.inputs.values()))
+    programs = _programs(gc, targets, prep, prepared(True) if cuda else prep, req)
+    cost_key = (src, tuple(sorted(targets)))
+    advice = gc.cost_history.advise(
+        cost_key,
+        iterations=loop.chunker.count,
+        shapes=loop.shapes,
+        plain=not cuda and not req.asks_for_engines(),
+        inline_below=_config.settings().inline_below,
+    )
+    results = _run_loop(shell, gc, targets, programs, prep, loop, advice, record, req)
+    if record.status == "ok" and loop.chunker.count:
+        gc.cost_history.learn(
+            cost_key,
+            record,
+            iterations=loop.chunker.count,
+            shapes=loop.shapes,
+            previous=advice,
+        )
+    _merge(ns, prep.plan, results)
+    if not req.quiet:
+        print(record.summary())
+    epilogue = prep.code("epilogue", prep.plan.compile_epilogue)
+    if epilogue is not None:
+        shell.ex(epilogue)
 
-    prelude = _code(plan, "prelude", plan.compile_prelude)
+
+def _run_without_cluster(shell: Any, src: str, filename: str) -> None:
+    if _config.settings().serial_fallback:
+        print(
+            "gpucell: no cluster; running the cell serially in the kernel "
+            "(`%gpu_cluster start` to run it in parallel)."
+        )
+        shell.ex(compile(src, filename, "exec"))
+        return
+    raise NoCluster(
+        "No cluster for %%gpu_parallel. Start one with `%gpu_cluster start` (or "
+        "`%config GpuCell.serial_fallback = True` to run such cells serially)."
+    )
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """The loop as the prelude left it: its iterations and what it reads."""
+
+    chunker: Any
+    inputs: dict[str, Any]
+    shapes: Any  # what its cost scales with (gpucell.core.costmodel.shape_of)
+
+
+def _start_loop(shell: Any, prep: Prepared) -> _Loop:
+    """Run the prelude, evaluate the loop's iterable, gather its inputs."""
+    from gpucell.core.analysis import make_chunker
+    from gpucell.core.costmodel import shape_of
+
+    ns, plan = shell.user_ns, prep.plan
+    prelude = prep.code("prelude", plan.compile_prelude)
     if prelude is not None:
         shell.ex(prelude)
     space = plan.iter_space
-    leaves = _code(
-        plan,
+    leaves = prep.code(
         "leaves",
-        lambda: [compile(leaf, filename, "eval") for leaf in space.leaves],
+        lambda: [compile(leaf, plan.filename, "eval") for leaf in space.leaves],
     )
     values = [eval(code, ns) for code in leaves]
-    chunker = make_chunker(space, values)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
-    # The CUDA rewrite for CPU engines is a second analysis; skip it when neither
-    # the cell nor a value it reads can name a CUDA device.
-    cuda = "cuda" in src or any(map(_names_cuda, inputs.values()))
-    cpu_plan = plan_for(True) if "cpu" in kinds and cuda else plan
-    if cpu_plan.cuda_rewritten and not req.quiet:
-        lines = ", ".join(map(str, cpu_plan.cuda_lines))
-        print(
-            f"gpucell: CPU engines run the CUDA code of line(s) {lines} on the CPU "
-            "(their device has no GPU)."
-        )
-    programs = {}
-    for e in targets:
-        p = cpu_plan if gc.engines[e].kind == "cpu" else plan
-        programs[e] = _code(p, "program", p.engine_program)
-    cost_key = (src, tuple(sorted(targets)))
-    hint, uniform, profile, shapes = gc.cost_history.get(
-        cost_key, (None, False, None, None)
-    )
-    now_shapes = (
+    shapes = (
         tuple(shape_of(v) for v in values),
         tuple((k, shape_of(v)) for k, v in sorted(inputs.items())),
     )
+    return _Loop(make_chunker(space, values), inputs, shapes)
+
+
+def _programs(
+    gc: Any, targets: list[int], prep: Prepared, cpu: Prepared, req: CellRequest
+) -> dict[int, Any]:
+    """Each engine's chunk program: CPU engines get the CUDA-rewritten one."""
+    if cpu is not prep and "cpu" in {gc.engines[e].kind for e in targets}:
+        if cpu.plan.cuda_rewritten and not req.quiet:
+            lines = ", ".join(map(str, cpu.plan.cuda_lines))
+            print(
+                f"gpucell: CPU engines run the CUDA code of line(s) {lines} on the "
+                "CPU (their device has no GPU)."
+            )
+    else:
+        cpu = prep
+    out = {}
+    for e in targets:
+        p = cpu if gc.engines[e].kind == "cpu" else prep
+        out[e] = p.code("program", p.plan.engine_program)
+    return out
+
+
+def _run_loop(
+    shell: Any,
+    gc: Any,
+    targets: list[int],
+    programs: dict[int, Any],
+    prep: Prepared,
+    loop: _Loop,
+    advice: Any,
+    record: Any,
+    req: CellRequest,
+) -> list[Any]:
+    """Every iteration, in the kernel (when advised) or on the engines."""
+    from gpucell.kernel.dispatch import Options
+    from gpucell.kernel.inline import run_in_kernel
+
+    if loop.chunker.count == 0:
+        record.status = "ok"
+        return []
+    if advice.inline:
+        program = prep.code("program", prep.plan.engine_program)
+        return run_in_kernel(program, loop.inputs, loop.chunker, record)
     options = Options(
-        cost_hint=hint,
-        uniform=uniform,
-        profile=profile,
-        schedule=req.schedule or settings.schedule,
+        cost_hint=advice.per_iteration,
+        uniform=advice.uniform,
+        profile=advice.profile,
+        schedule=req.schedule or _config.settings().schedule,
         chunksize=req.chunksize,
         seed=req.seed,
         timeout=req.timeout,
         retries=req.retries,
     )
-    if chunker.count == 0:
-        results: list[Any] = []
-        record.status = "ok"
-    elif should_inline(
-        uses_cuda=cuda,
-        request=req,
-        iterations=chunker.count,
-        per_iteration=hint if shapes == now_shapes else None,
-        threshold=settings.inline_below,
-    ):
-        program = _code(plan, "program", plan.engine_program)
-        results = run_in_kernel(program, inputs, chunker, record)
-    else:
-        results = _run_with_display(
-            shell, gc, targets, programs, inputs, chunker, options, record, req.quiet
-        )
-    if record.status == "ok" and chunker.count:
-        # a statically split run has too few chunks to judge uniformity: it
-        # keeps the verdict that made it static
-        done = sum(c.state == "done" for c in record.chunks)
-        work = record.work_estimate
-        same = record.uniform if done >= 4 else uniform
-        # a per-iteration profile only steers a loop worth balancing: a cheap or
-        # uniform one is split statically next time (and computing it costs
-        # ~0.2 us per iteration, in the kernel, after every cell)
-        worth = work > 0.05 and not same
-        gc.cost_history[cost_key] = (
-            work / chunker.count,
-            same,
-            record.profile() if worth else None,
-            now_shapes,
-        )
+    return _run_with_display(
+        shell,
+        gc,
+        targets,
+        programs,
+        loop,
+        options,
+        record,
+        req.quiet,
+    )
+
+
+def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
+    """All or nothing: validate every result against the namespace, then write."""
+    from gpucell.core import merge
+
     current = {n: ns[n] for n in plan.affected_names if n in ns}
-    update = _merge.prepare(plan, results, current)
-    update.commit(ns)
-    if not req.quiet:
-        print(record.summary())
-    epilogue = _code(plan, "epilogue", plan.compile_epilogue)
-    if epilogue is not None:
-        shell.ex(epilogue)
+    merge.prepare(plan, results, current).commit(ns)
 
 
 def _run_with_display(
@@ -238,8 +283,7 @@ def _run_with_display(
     gc: Any,
     targets: list[int],
     programs: dict[int, Any],
-    inputs: dict[str, Any],
-    chunker: Any,
+    loop: _Loop,
     options: Any,
     record: Any,
     quiet: bool,
@@ -250,7 +294,7 @@ def _run_with_display(
     from gpucell.ui.model import initial_snapshot
     from gpucell.ui.progress import make_progress
 
-    first = initial_snapshot([gc.engines[e] for e in targets], chunker.count)
+    first = initial_snapshot([gc.engines[e] for e in targets], loop.chunker.count)
     tele = None if quiet else for_cluster(gc, targets)
     display = make_progress(shell, first, tele, quiet)
     last = [first]
@@ -264,9 +308,9 @@ def _run_with_display(
             gc,
             targets,
             programs=programs,
-            inputs=inputs,
-            n=chunker.count,
-            chunk_of=chunker.chunk,
+            inputs=loop.inputs,
+            n=loop.chunker.count,
+            chunk_of=loop.chunker.chunk,
             options=options,
             record=record,
             progress=on_progress,
@@ -277,19 +321,61 @@ def _run_with_display(
         display.close(last[0])
 
 
-_PLANS: dict[Any, Any] = {}
-# compiled prelude, iterable, epilogue and engine program of the cached plans (a
-# re-run of a cell compiles nothing), by the plan object's id while it is cached
-_CODES: dict[int, dict[str, Any]] = {}
+@dataclass
+class Prepared:
+    """A cell's plan and the code compiled from it, kept together so a re-run
+    compiles nothing and dropping the plan drops its code."""
+
+    plan: Any  # gpucell.core.analysis.LoopPlan
+    codes: dict[str, Any] = field(default_factory=dict)
+
+    def code(self, what: str, make: Callable[[], Any]) -> Any:
+        if what not in self.codes:
+            self.codes[what] = make()
+        return self.codes[what]
 
 
-def _code(plan: Any, what: str, make: Any) -> Any:
-    if not any(p is plan for p in _PLANS.values()):
-        return make()  # not cached: its id may be reused later
-    codes = _CODES.setdefault(id(plan), {})
-    if what not in codes:
-        codes[what] = make()
-    return codes[what]
+class PlanCache:
+    """Plans of the cells run lately (least recently used dropped): a plan
+    depends only on the cell's text and on which of its names exist."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._entries: OrderedDict[Any, Prepared] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(
+        self,
+        src: str,
+        filename: str,
+        ns: dict[str, Any],
+        *,
+        for_cpu: bool,
+        dry_run: bool,
+    ) -> Prepared:
+        from gpucell.core.analysis import analyse
+
+        known = frozenset(_identifiers(src) & ns.keys())
+        key = (src, filename, for_cpu, not dry_run, known)
+        prep = self._entries.get(key)
+        if prep is None:
+            plan = analyse(
+                src,
+                filename=filename,
+                known_names=known,
+                for_cpu=for_cpu,
+                raise_errors=not dry_run,
+            )
+            prep = self._entries[key] = Prepared(plan)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        self._entries.move_to_end(key)
+        return prep
+
+
+_PLANS = PlanCache()
 
 
 def _names_cuda(value: Any, depth: int = 1) -> bool:
@@ -309,12 +395,3 @@ def _identifiers(src: str) -> set[str]:
     import re
 
     return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src))
-
-
-def _current_or_none() -> Any:
-    from gpucell.cluster import lifecycle as cluster
-
-    try:
-        return cluster.current()
-    except NoCluster:
-        return None

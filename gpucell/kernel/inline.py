@@ -10,7 +10,7 @@ Only the plainest runs qualify: no CUDA in the cell or in a device it is given
 (the kernel may have no GPU, or not the engines' one), no ``--seed`` (it would
 reseed the kernel's generators), and no explicit engines, schedule, chunk size or
 timeout (asking for those is asking for the engines).  ``GpuCell.inline_below = 0``
-turns it off.
+turns it off.  When it applies is decided by :mod:`gpucell.core.costmodel`.
 """
 
 from __future__ import annotations
@@ -21,58 +21,7 @@ from typing import Any
 
 from gpucell.core.provenance import ChunkRecord, LastRun
 
-__all__ = ["run_in_kernel", "shape_of", "should_inline"]
-
-
-def shape_of(value: Any, depth: int = 2) -> Any:
-    """A cheap summary of a value's size: what a loop's cost scales with.
-
-    Arrays and tensors by shape and dtype, sequences by length and their first
-    and last items, strings by length.  A cell runs inline only while the values
-    it reads have the shape they had when its cost was measured: the same cell
-    over a bigger dataset is sent to the engines (and measured again).
-    """
-    t = type(value)
-    shape = getattr(value, "shape", None)
-    if shape is not None:  # arrays, tensors, data frames
-        try:
-            return (t.__name__, tuple(shape), str(getattr(value, "dtype", "")))
-        except TypeError:
-            pass
-    if t in (str, bytes, bytearray):
-        return (t.__name__, len(value))
-    if t in (list, tuple) or t.__name__ in ("range", "deque"):
-        n = len(value)
-        if depth == 0 or n == 0:
-            return (t.__name__, n)
-        return (t.__name__, n, shape_of(value[0], depth - 1), shape_of(value[-1], 0))
-    if t is dict:
-        return ("dict", len(value))
-    return t.__name__
-
-
-def should_inline(
-    *,
-    uses_cuda: bool,
-    request: Any,
-    iterations: int,
-    per_iteration: float | None,
-    threshold: float,
-) -> bool:
-    """True when the cell's last measured cost says the kernel is the quicker place."""
-    if threshold <= 0 or per_iteration is None or iterations == 0:
-        return False
-    explicit = (
-        request.seed,
-        request.targets,
-        request.devices,
-        request.schedule,
-        request.chunksize,
-        request.timeout,
-    )
-    if any(x is not None for x in explicit) or uses_cuda:
-        return False
-    return per_iteration * iterations < threshold
+__all__ = ["run_in_kernel"]
 
 
 def run_in_kernel(

@@ -22,7 +22,6 @@ How the dispatcher uses it (:mod:`gpucell.kernel.dispatch`)::
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -213,7 +212,6 @@ def for_cluster(
     period, window
         Engine-side publishing period (s) and samples per publication.
     """
-    here = socket.gethostname()
     ids = list(gc.engines) if engine_ids is None else list(engine_ids)
     force = set(remote)
     local, far = [], []
@@ -221,7 +219,7 @@ def for_cluster(
         info = gc.engines.get(eid)
         if info is None:
             continue
-        (far if info.host != here or eid in force else local).append(info)
+        (local if info.local and eid not in force else far).append(info)
     return ClusterTelemetry(
         gc,
         LocalTelemetry(local, nvml=nvml),
