@@ -82,6 +82,15 @@ class GpuCell(Configurable):
         "/dev/shm (one copy) instead of through the controller (three). Engines that "
         "cannot see the kernel's /dev/shm use the controller either way.",
     )
+    check_inputs = Bool(
+        True,
+        config=True,
+        help="Engines check, before and after each chunk, the inputs a call in the "
+        "loop could change in place (receivers and arguments of calls, notebook "
+        "functions' globals, the loop's items), and fail the cell if one changed: "
+        "serially the change would stay in your objects. False skips the check (a "
+        "loop that changes an input then leaves a silently different namespace).",
+    )
 
 
 _settings: GpuCell | None = None

@@ -56,3 +56,13 @@ class CellTimeout(GpucellError, TimeoutError):
 
 class InputNotSendable(GpucellError, TypeError):
     """A name the loop reads cannot be serialised to the engines."""
+
+
+class InputChanged(GpucellError, RuntimeError):
+    """An iteration changed an input in place (inputs are read-only to iterations).
+
+    Found by the engines' check of the inputs before and after each chunk; nothing
+    was merged.  Serially the change would have stayed in the user's object (and
+    later iterations would have seen it): the message names the input, the
+    iterations and the lines that could have done it, and how to rewrite.
+    """

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucell import config as _config
 from gpucell.core.costmodel import CostMemory
+from gpucell.core.states import BUSY, DEAD, IDLE, EngineState
 from gpucell.core.topology import EngineSpec, parse_gpu_selection, plan_engines
 from gpucell.devices.discovery import cpu_device, discover
 from gpucell.devices.host import identity, shares_pids
@@ -56,7 +57,7 @@ class EngineInfo:
     threads: int | None = None
     cpu_affinity: tuple[int, ...] = ()
     cuda_visible_devices: str | None = None
-    state: str = "idle"  # idle, busy, dead
+    state: EngineState = IDLE
     shm: bool = False  # maps files in the kernel's /dev/shm (gpucell.protocol.shm)
     # its pids are the kernel's (same machine and pid namespace): the kernel may
     # read its /proc entry and signal it; else it goes through the controller
@@ -82,7 +83,6 @@ class GpuCluster:
     warnings: list[str] = field(default_factory=list)
     # engine id -> {input name: fingerprint} of what that engine caches
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
-    dead: set[int] = field(default_factory=set)
     # what each cell's last run on these engines cost (inline, static, profile)
     cost_history: CostMemory = field(default_factory=CostMemory)
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
@@ -116,12 +116,16 @@ class GpuCluster:
             self._views[eid] = self.client.direct_view(eid)
         return self._views[eid]
 
+    @property
+    def dead(self) -> set[int]:
+        """Engines known dead (their state says so: the one record of a death)."""
+        return {eid for eid, e in self.engines.items() if e.state == DEAD}
+
     def mark_dead(self, eid: int) -> None:
         """An engine died mid-cell: later cells skip it, status shows it dead."""
-        self.dead.add(eid)
         self.input_cache.pop(eid, None)
         if eid in self.engines:
-            self.engines[eid] = replace(self.engines[eid], state="dead")
+            self.engines[eid] = replace(self.engines[eid], state=DEAD)
 
     def live_ids(self) -> list[int]:
         """Engines that are registered and not known dead."""
@@ -136,15 +140,17 @@ class GpuCluster:
         except Exception:
             queues = {}
         rows = []
+        dead = self.dead
         for eid in self.ids:
             info = self.engines[eid]
             q = queues.get(eid, {}) if isinstance(queues, dict) else {}
-            if eid not in alive or eid in self.dead:
-                state = "dead"
+            state: EngineState
+            if eid not in alive or eid in dead:
+                state = DEAD
             elif q.get("queue", 0) or q.get("tasks", 0):
-                state = "busy"
+                state = BUSY
             else:
-                state = "idle"
+                state = IDLE
             info = replace(info, state=state)
             self.engines[eid] = info
             rows.append(info)
@@ -217,6 +223,25 @@ def _profile_dir(profile: str) -> str:
         ) from None
 
 
+#: libraries that take seconds to import: engines import those the kernel has
+HEAVY_MODULES = (
+    "torch",
+    "pandas",
+    "sklearn",
+    "scipy",
+    "jax",
+    "tensorflow",
+    "transformers",
+)
+
+
+def heavy_modules_in_kernel() -> list[str]:
+    """The heavy libraries this kernel has imported (a cell will likely use them)."""
+    import sys
+
+    return [m for m in HEAVY_MODULES if m in sys.modules]
+
+
 def _engine_env(spec: EngineSpec) -> dict[str, str]:
     env = dict(spec.env)
     env.update(
@@ -230,6 +255,7 @@ def _engine_env(spec: EngineSpec) -> dict[str, str]:
             # imported while the engine waits for the controller anyway; the first
             # message it deserialises would import it otherwise
             "GPUCELL_PREIMPORT": "numpy",
+            "GPUCELL_PREIMPORT_BACKGROUND": ",".join(heavy_modules_in_kernel()),
         }
     )
     if spec.cpu_affinity:

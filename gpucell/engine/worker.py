@@ -26,10 +26,11 @@ import time
 import traceback
 from typing import Any
 
-from gpucell.engine import tohost
+from gpucell.engine import checkin, tohost
 from gpucell.engine.chunk import run_chunk
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import chunk_items
+from gpucell.protocol.program import Watch
 
 __all__ = ["load", "run", "clear"]
 
@@ -38,6 +39,8 @@ _cache: dict[str, tuple[Any, Any]] = {}
 _program: Any = None
 _cell: str | None = None
 _inputs: dict[str, Any] = {}
+# what the cell's chunks check in and out (gpucell.engine.checkin)
+_watch: Watch = {"names": [], "items": False}
 
 
 def clear() -> None:
@@ -67,6 +70,7 @@ def load(
     names: list[str],
     keys: dict[str, Any],
     frames: list[Any],
+    watch: Watch | None = None,
 ) -> dict[str, Any]:
     """Install a cell's program and inputs; reply what this engine now caches.
 
@@ -75,7 +79,7 @@ def load(
     the kernel decided to send; the others are expected in the cache with the
     fingerprint in ``keys``.
     """
-    global _program, _cell
+    global _program, _cell, _watch
     if frames and shm.spilled(frames):
         frames = shm.unspill(frames, shared=True)  # mapped, copy-on-write
     sent = wire.loads(frames, cuda_to=_cuda_target()) if frames else {}
@@ -100,6 +104,7 @@ def load(
     _inputs.update(inputs)
     _program = program
     _cell = cell
+    _watch = watch or {"names": [], "items": False}
     return {"missing": missing, "cached": {n: k for n, (k, _) in _cache.items()}}
 
 
@@ -237,7 +242,7 @@ def run(
     start: int,
     engine_id: int,
     seed: int | None = None,
-    setup: tuple[Any, list[str], dict[str, Any]] | None = None,
+    setup: tuple[Any, list[str], dict[str, Any], Watch] | None = None,
     input_frames: list[Any] | None = None,
     results_to: shm.Channel | None = None,
     budget: float | None = None,
@@ -256,7 +261,8 @@ def run(
     """
     loaded = None
     if setup is not None:
-        loaded = load(cell, *setup, input_frames or [])
+        program, names, keys, watch = setup
+        loaded = load(cell, program, names, keys, input_frames or [], watch)
         if loaded["missing"]:
             clear()
             raise RuntimeError(
@@ -276,6 +282,11 @@ def run(
     sys.stdout = _Tagged(out, engine_id, stamps)
     sys.stderr = _Tagged(err, engine_id, stamps)
     t0, c0 = time.time(), time.perf_counter()
+    items = None
+    if _watch["items"]:
+        checkin.freeze(chunk_obj)
+        items = lambda: chunk_items(chunk_obj)  # noqa: E731
+    checked_in = checkin.snapshot(_inputs, _watch["names"], items)
     try:
         result = run_chunk(
             _program,
@@ -288,6 +299,12 @@ def run(
             to_host=tohost.copier(device),
             deadline=None if budget is None else c0 + budget,
         )
+        changed = checkin.changes(checked_in, _inputs, items)
+        if changed:
+            for name, _what in changed:
+                _cache.pop(name, None)  # the next cell gets a fresh copy
+            loaded = {"cached": {n: k for n, (k, _) in _cache.items()}}
+            raise checkin.Changed(changed)
         status, payload = "ok", result
     except KeyboardInterrupt:
         raise
@@ -298,6 +315,8 @@ def run(
         except Exception:
             pickled = None
         payload = {
+            "changed": exc.changes if isinstance(exc, checkin.Changed) else None,
+            "readonly": isinstance(exc, ValueError) and "read-only" in str(exc),
             "type": type(exc).__name__,
             "module": type(exc).__module__,
             "message": str(exc),

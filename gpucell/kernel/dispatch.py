@@ -41,9 +41,16 @@ from gpucell.core.states import (
     EngineState,
     RunStatus,
 )
-from gpucell.errors import CellTimeout, EnginesLost, InputNotSendable, IterationError
+from gpucell.errors import (
+    CellTimeout,
+    EnginesLost,
+    InputChanged,
+    InputNotSendable,
+    IterationError,
+)
 from gpucell.kernel.relay import OutputRelay
 from gpucell.protocol import fingerprint, shm, wire
+from gpucell.protocol.program import Watch
 
 __all__ = ["TRIAL_SECONDS", "Flight", "Options", "Run", "run_chunks"]
 
@@ -192,8 +199,10 @@ class Run:
         progress: Callable[[RunSnapshot], None] | None = None,
         progress_period: float = 0.3,
         telemetry: Any = None,
+        watch: Watch | None = None,
     ) -> None:
         self.gc = gc
+        self.watch: Watch = watch or {"names": [], "items": False}
         self.programs = programs
         self.inputs = inputs
         self.n = n
@@ -253,7 +262,10 @@ class Run:
         """Decide what each engine's first chunk carries: the program, and the
         inputs its cache lacks (fingerprints; big ones through /dev/shm)."""
         gc, inputs = self.gc, self.inputs
-        keys = {name: fingerprint.fingerprint(v) for name, v in inputs.items()}
+        keys = {
+            name: fingerprint.digest(fingerprint.fingerprint(v))
+            for name, v in inputs.items()
+        }
         encoded: dict[tuple[str, ...], list[Any]] = {}
         for eid in self.alive:
             have = gc.input_cache.get(eid, {})
@@ -282,7 +294,8 @@ class Run:
                 if shm.spilled(self.mapped[send]) and gc.sees_shm(eid):
                     frames = self.mapped[send]
                     self.record.shared_bytes += nbytes
-            self.setups[eid] = ((self.programs[eid], sorted(inputs), keys), frames)
+            setup = (self.programs[eid], sorted(inputs), keys, self.watch)
+            self.setups[eid] = (setup, frames)
             gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
         if self.telemetry is not None:
             self.telemetry.start_remote(gc.client)
@@ -545,6 +558,7 @@ def run_chunks(
     progress: Callable[[RunSnapshot], None] | None = None,
     progress_period: float = 0.3,
     telemetry: Any = None,
+    watch: Watch | None = None,
 ) -> list[Any]:
     """Run every iteration of ``range(n)`` on ``targets``; return chunk results in
     iteration order.
@@ -569,6 +583,9 @@ def run_chunks(
         A :class:`gpucell.kernel.telemetry.ClusterTelemetry`: remote engines start
         their sampler with the cell, and their samples are collected from the
         in-flight tasks here (the display reads them with ``sample()``).
+    watch
+        The inputs (and whether the chunk's items) the engines check before and
+        after each chunk (``LoopPlan.watched()``; see gpucell.engine.checkin).
     """
     run = Run(
         gc,
@@ -584,6 +601,7 @@ def run_chunks(
         progress=progress,
         progress_period=progress_period,
         telemetry=telemetry,
+        watch=watch,
     )
     run.ship_inputs()
     return run.execute()
@@ -706,6 +724,18 @@ def _raise_iteration_error(
     )
     if payload.get("oom"):
         context += "\n" + payload["oom"]
+    if payload.get("changed"):
+        message = _changed_message(payload["changed"], chunk, where, record)
+        record.errors.append(message)
+        raise InputChanged(message)
+    if payload.get("readonly"):
+        context += (
+            "\ngpucell: inputs are read-only to iterations: each engine writes "
+            "only its own copy, so the change would be lost in your namespace (and "
+            "later iterations would not see it). Copy the array inside the loop "
+            "(`x = x.copy()`), or collect results (`out[i] = ...` on a name the "
+            "loop writes) and apply them after the loop."
+        )
     record.errors.append(context)
     exc: BaseException | None = None
     if payload.get("exception"):
@@ -721,3 +751,29 @@ def _raise_iteration_error(
             warnings.warn(context, stacklevel=2)
         raise exc
     raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
+
+
+def _changed_message(
+    changed: list[tuple[str, str]], chunk: Chunk, where: str, record: LastRun
+) -> str:
+    """What changed, where it could have happened, and how to rewrite."""
+    plan = record.plan
+    parts = []
+    for name, what in changed:
+        label = "an item of the loop's data" if name == "" else f"`{name}`"
+        lines = plan.watch_lines(name or None) if plan is not None else ()
+        at = ""
+        if lines:
+            at = " (by a call on line" + ("s " if len(lines) > 1 else " ")
+            at += ", ".join(map(str, lines)) + ")"
+        parts.append(f"{label} changed in place{at}: {what}")
+    span = f"iterations {chunk.start}-{chunk.stop - 1}"
+    return (
+        f"gpucell: {'; '.join(parts)}, in {span} on {where.split(' on ', 1)[-1]}. "
+        "Inputs are read-only to iterations: serially the change would stay in your "
+        "object and later iterations would see it, but each engine changes only its "
+        "own copy, so the result would silently differ. Nothing was merged. Create "
+        "the object inside the loop (`m = make_model()`, `est = clone(est)`), "
+        "collect what you need instead (`results.append(...)`), or run the cell "
+        "without %%gpu_parallel."
+    )

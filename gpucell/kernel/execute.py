@@ -144,6 +144,14 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         plain=not cuda and not req.asks_for_engines(),
         inline_below=_config.settings().inline_below,
     )
+    if prep.plan.random_calls and req.seed is None and not req.quiet:
+        calls = ", ".join(f"`{c}` (line {n})" for n, c in prep.plan.random_calls)
+        print(
+            f"gpucell: warning: {calls} draw(s) from a global random generator: each "
+            "engine's is its own, so the numbers differ from a serial run and with "
+            "the number of engines. `%%gpu_parallel --seed S` makes them depend "
+            "only on S and the iteration."
+        )
     results = _run_loop(shell, gc, targets, programs, prep, loop, advice, record, req)
     if record.status == "ok" and loop.chunker.count:
         gc.cost_history.learn(
@@ -199,6 +207,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
         lambda: [compile(leaf, plan.filename, "eval") for leaf in space.leaves],
     )
     values = [eval(code, ns) for code in leaves]
+    _refuse_interleaved_generators(plan, values)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     shapes = (
         tuple(shape_of(v) for v in values),
@@ -270,6 +279,45 @@ def _run_loop(
     )
 
 
+def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
+    """A generator whose items depend on what the body changes (``yield len(out)``
+    while the body appends to ``out``) interleaves with the body serially; here
+    its items are all drawn first, so they would differ.  Refused before the
+    loop runs (the prelude has run, as it would serially)."""
+    import types
+
+    from gpucell.errors import NotParallelizable
+
+    changed = set(plan.affected_names) | set(plan.locals)
+    for value in values:
+        code = getattr(value, "gi_code", None)
+        if not isinstance(value, types.GeneratorType) or code is None:
+            continue
+        reads = _code_names(code) & changed
+        if reads:
+            names = ", ".join(f"`{n}`" for n in sorted(reads))
+            raise NotParallelizable(
+                f"%%gpu_parallel: the loop iterates over the generator "
+                f"`{code.co_name}`, which reads {names}, which the loop body "
+                f"changes (line {plan.loop_lines[0]}): serially each item is made "
+                "after the iterations before it, here all items are made first, so "
+                "they would differ. Build the items first (`items = list(...)` in a "
+                "cell of its own, then loop over `items`), or run the cell without "
+                "%%gpu_parallel. Nothing from the loop ran."
+            )
+
+
+def _code_names(code: Any) -> set[str]:
+    """Global names a code object (and the code nested in it) reads."""
+    import types
+
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
 def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
     """All or nothing: validate every result against the namespace, then write."""
     from gpucell.core import merge
@@ -316,6 +364,11 @@ def _run_with_display(
             progress=on_progress,
             telemetry=tele,
             relay=getattr(display, "write_above", None),
+            watch=(
+                record.plan.watched()
+                if record.plan is not None and _config.settings().check_inputs
+                else None
+            ),
         )
     finally:
         display.close(last[0])

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpucell.protocol.wire import tensor_buffer
 
-__all__ = ["FP_MAX_ITEMS", "fingerprint"]
+__all__ = ["FP_MAX_ITEMS", "digest", "fingerprint"]
 
 
 #: Containers with more items than this (all levels together) get no fingerprint.
@@ -226,3 +226,14 @@ def _fp_tensor(t: Any, torch: Any) -> Hashable:
         version,
         crc,
     )
+
+
+def digest(fp: Hashable | None) -> str | None:
+    """A fingerprint as a short string, what travels to engines as a cache key:
+    a fingerprint holds type objects (``torch.Tensor``), and unpickling one on an
+    engine would import its library before gpucell's code runs."""
+    if fp is None:
+        return None
+    import hashlib
+
+    return hashlib.blake2b(repr(fp).encode(), digest_size=16).hexdigest()

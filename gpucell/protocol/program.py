@@ -24,6 +24,7 @@ __all__ = [
     "RECORDER_METHODS",
     "Method",
     "Spec",
+    "Watch",
     "gather_name",
     "is_cuda_device",
 ]
@@ -85,6 +86,14 @@ class Spec(TypedDict):
     device: bool  # bind DEVICE and AS_DEVICE (CUDA code on a CPU engine)
     gathers: tuple[str, ...]  # names bound to their list's append
     end: bool  # the program calls END after every iteration
+
+
+class Watch(TypedDict):
+    """What an engine checks before and after each chunk: inputs are read-only
+    to iterations, and a change a call made in place fails the cell."""
+
+    names: list[str]  # inputs a call could change (receivers, arguments, callees)
+    items: bool  # the chunk's items (an item of the loop's data is a receiver)
 
 
 def gather_name(name: str) -> str:

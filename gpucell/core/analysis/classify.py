@@ -27,8 +27,10 @@ from gpucell.core.analysis.scope import (
     COMPREHENSIONS,
     ENGINE_PROVIDED,
     NESTED_SCOPES,
+    SAFE_BUILTINS,
     WELL_KNOWN_MODULES,
     bindings_of,
+    is_global_random,
     is_inplace_method,
     is_mutating_method,
     nested_free_loads,
@@ -114,6 +116,15 @@ class Classification:
     unions: dict[str, int] = field(default_factory=dict)
     deleted_locals: set[str] = field(default_factory=set)
     prints: list[int] = field(default_factory=list)
+    # inputs a call could change in place (receivers, arguments, callees), with
+    # the lines: the engines check them before and after each chunk
+    watch: dict[str, list[int]] = field(default_factory=dict)
+    # lines where an item of the loop's data is a receiver or an argument
+    watch_items: list[int] = field(default_factory=list)
+    # an alias of outer data is a receiver or argument: check every input
+    watch_all: bool = False
+    # (line, call) drawing from a global random generator
+    random_calls: list[tuple[int, str]] = field(default_factory=list)
 
 
 def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
@@ -225,6 +236,11 @@ class _Ctx:
         self.is_builtin = is_builtin
         self.inputs: dict[str, int] = {}
         self.prints: list[int] = []
+        self.watch: dict[str, list[int]] = {}
+        self.watch_items: list[int] = []
+        self.watch_all = False
+        self.target_names: set[str] = set()
+        self.random_calls: list[tuple[int, str]] = []
         self.deleted: set[str] = set()
         self.seen_stored: set[str] = set()
 
@@ -328,10 +344,61 @@ class _Flow:
             f"namespace (and later iterations would not see it). {fix}",
         )
 
+    def watch(self, e: ast.expr | None, line: int) -> None:
+        """An outer object reached by ``e`` may be changed by a call we cannot
+        see into: the engines check it (inputs are read-only to iterations)."""
+        if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
+            for elt in e.elts:
+                self.watch(elt, line)
+            return
+        if isinstance(e, ast.Dict):
+            for v in e.values:
+                self.watch(v, line)
+            return
+        if isinstance(e, ast.Starred):
+            self.watch(e.value, line)
+            return
+        root = root_name(e) if e is not None else None
+        if root is None or id(root) in self.c.own:
+            return
+        n = root.id
+        c = self.c
+        if n in c.sinks or n in c.module_names:
+            return
+        if n in c.target_names and n in c.tainted:
+            c.watch_items.append(line)
+        elif n in c.tainted or self._shadowed(n):
+            c.watch_all = True
+        elif n not in c.body_bound and not c.is_builtin(n) and n not in ENGINE_PROVIDED:
+            c.watch.setdefault(n, []).append(line)
+
+    def note_call(self, call: ast.Call) -> None:
+        """What a call could change in place: its receiver, its arguments, and
+        (for a notebook function or a callable object) what it holds."""
+        f = call.func
+        line = call.lineno
+        if isinstance(f, ast.Name):
+            if self.c.is_builtin(f.id) and f.id in SAFE_BUILTINS:
+                return
+            self.watch(f, line)
+        elif isinstance(f, ast.Attribute):
+            root = root_name(f.value)
+            if root is not None and root.id in self.c.module_names:
+                text = ast.unparse(f)
+                if is_global_random(text):
+                    self.c.random_calls.append((line, text))
+            else:
+                self.watch(f.value, line)
+        for a in call.args:
+            self.watch(a, line)
+        for k in call.keywords:
+            self.watch(k.value, line)
+
     def check_call(self, call: ast.Call, state: State) -> None:
         f = call.func
         if isinstance(f, ast.Name) and f.id == "print":
             self.c.prints.append(call.lineno)
+        self.note_call(call)
         if not isinstance(f, ast.Attribute):
             return
         root = root_name(f.value)
@@ -1001,6 +1068,7 @@ def classify_body(
         module_names=set(module_names) | set(WELL_KNOWN_MODULES),
         is_builtin=is_builtin,
     )
+    ctx.target_names = {n.id for n in target_names(loop_target)}
     flow = _Flow(ctx)
     entry: State = frozenset(n.id for n in target_names(loop_target))
     for part in target_parts(loop_target):
@@ -1045,4 +1113,10 @@ def classify_body(
     result.locals = dict(sorted(result.locals.items(), key=lambda kv: (kv[1], kv[0])))
     result.deleted_locals = ctx.deleted & body_bound
     result.prints = sorted(set(ctx.prints))
+    result.watch = {
+        n: sorted(set(lines)) for n, lines in ctx.watch.items() if n in result.inputs
+    }
+    result.watch_items = sorted(set(ctx.watch_items))
+    result.watch_all = ctx.watch_all
+    result.random_calls = sorted(set(ctx.random_calls))
     return result

@@ -18,6 +18,7 @@ from gpucell.core.analysis.classify import (
 )
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.core.analysis.iterspace import IterSpace
+from gpucell.protocol.program import Watch
 
 __all__ = ["LoopPlan", "NameInfo", "Reduction", "EngineProgram"]
 
@@ -117,12 +118,30 @@ class LoopPlan:
     epilogue_lines: tuple[int, int] | None
     cuda_rewritten: bool = False
     cuda_lines: tuple[int, ...] = ()
+    watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    watch_items: tuple[int, ...] = ()
+    watch_all: bool = False
+    random_calls: tuple[tuple[int, str], ...] = ()
     diagnostics: tuple[Diagnostic, ...] = ()
     warnings: tuple[Diagnostic, ...] = ()
     prelude: tuple[ast.stmt, ...] = field(default=(), repr=False)
     epilogue: tuple[ast.stmt, ...] = field(default=(), repr=False)
 
     # -- convenience views ----------------------------------------------------
+
+    def watched(self) -> Watch:
+        """What the engines check before and after each chunk (inputs are
+        read-only to iterations): the inputs a call could change in place, and
+        the loop's items when an item is a receiver or an argument."""
+        names = self.inputs if self.watch_all else tuple(n for n, _ in self.watch)
+        return {"names": list(names), "items": bool(self.watch_items) or self.watch_all}
+
+    def watch_lines(self, name: str | None) -> tuple[int, ...]:
+        """Lines where ``name`` (``None``: an item of the loop's data) is a
+        receiver or an argument of a call."""
+        if name is None:
+            return self.watch_items
+        return dict(self.watch).get(name, ())
 
     @property
     def ok(self) -> bool:

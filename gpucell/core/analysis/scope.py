@@ -18,6 +18,8 @@ __all__ = [
     "ENGINE_PROVIDED",
     "MUTATOR_METHODS",
     "WELL_KNOWN_MODULES",
+    "SAFE_BUILTINS",
+    "is_global_random",
     "is_mutating_method",
     "is_inplace_method",
     "target_names",
@@ -95,6 +97,52 @@ WELL_KNOWN_MODULES = frozenset(
 
 NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+#: builtins that never change their arguments: calling them needs no check
+SAFE_BUILTINS = frozenset(
+    {
+        "abs", "all", "any", "ascii", "bin", "bool", "bytes", "callable", "chr",
+        "complex", "dict", "divmod", "enumerate", "float", "format", "frozenset",
+        "getattr", "hasattr", "hash", "hex", "id", "int", "isinstance",
+        "issubclass", "iter", "len", "list", "max", "min", "oct", "ord", "pow",
+        "print", "range", "repr", "reversed", "round", "set", "slice", "sorted",
+        "str", "sum", "tuple", "type", "zip", "map", "filter",
+    }
+)  # fmt: skip
+
+#: module functions that draw from (or reseed) a process-wide random generator
+_GLOBAL_RANDOM_PREFIXES = ("random.", "np.random.", "numpy.random.")
+_TORCH_RANDOM = frozenset(
+    {
+        "rand", "randn", "randint", "randperm", "rand_like", "randn_like",
+        "randint_like", "normal", "bernoulli", "multinomial", "poisson",
+        "manual_seed", "seed",
+    }
+)  # fmt: skip
+#: constructors of generators of one's own: no shared state
+_OWN_GENERATORS = frozenset(
+    {
+        "default_rng",
+        "Generator",
+        "RandomState",
+        "Random",
+        "SystemRandom",
+        "SeedSequence",
+    }
+)
+
+
+def is_global_random(call: str) -> bool:
+    """``random.random``, ``np.random.rand``, ``torch.randn``...: a call (by its
+    dotted text) that draws from a process-wide generator, so engines draw
+    different numbers than a serial run unless ``--seed`` seeds them."""
+    last = call.rsplit(".", 1)[-1]
+    if last in _OWN_GENERATORS:
+        return False
+    if call.startswith(_GLOBAL_RANDOM_PREFIXES):
+        return True
+    return call.startswith("torch.") and call.count(".") == 1 and last in _TORCH_RANDOM
 
 
 def is_inplace_method(attr: str) -> bool:

@@ -1,0 +1,277 @@
+"""Inputs are read-only to iterations: check them in before a chunk, out after it.
+
+Static analysis cannot see what a call does (``est.fit(X, y)``, ``loss.backward()``
+filling an input model's ``.grad``, a notebook function appending to a global).
+Serially such a change would stay in the user's objects and later iterations would
+see it; on an engine it changes only the engine's copy, so the merged namespace
+would be silently different.  So before each chunk the engine takes a cheap
+*token* of every input the analysis marked (receivers, arguments and callees of
+calls, and the chunk's items when they are), and compares after it:
+
+* numpy arrays are made read-only, so an in-place write fails at its own line;
+* torch tensors by their version counter (every in-place op bumps it), a module
+  by its parameters' and buffers' (and their ``.grad``'s) and its training flags;
+* builtin containers item by item; a notebook function by the globals it uses
+  (cloudpickle ships them with it) and its closure;
+* anything else by a hash of its pickled state.
+
+Standard library only (numpy and torch are recognised, never imported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import types
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["Changed", "changes", "freeze", "snapshot", "token"]
+
+#: items of containers (all levels together) tokenised before giving up
+MAX_ITEMS = 100_000
+#: bytes of out-of-band buffers hashed in a pickled object's state
+MAX_BUFFER_BYTES = 64 << 20
+
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis))
+_UNCHECKED = ("unchecked",)
+
+
+class Changed(Exception):
+    """An input changed during a chunk (raised on the engine, sent as data)."""
+
+    def __init__(self, changes: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{n}: {w}" for n, w in changes))
+        self.changes = changes
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.items = MAX_ITEMS
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__ or ""
+
+
+def _is_numpy(obj: Any) -> bool:
+    return _module_of(obj).startswith("numpy") and hasattr(obj, "flags")
+
+
+def _is_tensor(obj: Any) -> bool:
+    return (
+        _module_of(obj).startswith("torch")
+        and hasattr(obj, "data_ptr")
+        and hasattr(obj, "_version")
+    )
+
+
+def _is_module(obj: Any) -> bool:
+    return hasattr(obj, "named_parameters") and hasattr(obj, "named_buffers")
+
+
+def _tensor(t: Any) -> Hashable:
+    """Where its data is and its version counter (bumped by every in-place op,
+    shared by views): a view made anew by iterating has the same token."""
+    grad = getattr(t, "grad", None) if getattr(t, "is_leaf", False) else None
+    g = None if grad is None else (grad.data_ptr(), grad._version)
+    try:
+        where = (t.data_ptr(), tuple(t.shape))
+    except Exception:  # sparse and other layouts without one data pointer
+        where = (id(t),)
+    return ("tensor", where, t._version, g)
+
+
+def _torch_module(m: Any, budget: _Budget) -> Hashable:
+    params = tuple((n, _tensor(p)) for n, p in m.named_parameters())
+    buffers = tuple((n, _tensor(b)) for n, b in m.named_buffers())
+    training = tuple(bool(getattr(s, "training", False)) for s in m.modules())
+    budget.items -= len(params) + len(buffers)
+    return ("module", id(m), params, buffers, training)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _function(fn: types.FunctionType, budget: _Budget, seen: set[int]) -> Hashable:
+    """A notebook function: the globals it uses and its closure (what it could
+    change); functions of installed modules are their module's business."""
+    if getattr(fn, "__module__", None) != "__main__" or id(fn) in seen:
+        return ("function", id(fn))
+    seen.add(id(fn))
+    g = fn.__globals__
+    used = sorted(n for n in _code_names(fn.__code__) if n in g)
+    parts = [(n, _token(g[n], budget, seen)) for n in used]
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            parts.append((f"<closure {i}>", _token(cell.cell_contents, budget, seen)))
+        except ValueError:  # an empty cell
+            pass
+    return ("function", id(fn), tuple(parts))
+
+
+def _pickled(obj: Any) -> Hashable:
+    """A hash of the object's pickled state, its big buffers included up to a
+    budget (an object holding arrays that change in place changes its token)."""
+    buffers: list[Any] = []
+    try:
+        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    except Exception:
+        try:
+            import cloudpickle
+
+            f = io.BytesIO()
+            cloudpickle.CloudPickler(
+                f, protocol=5, buffer_callback=buffers.append
+            ).dump(obj)
+            data = f.getvalue()
+        except Exception:
+            return _UNCHECKED
+    h = hashlib.blake2b(data, digest_size=16)
+    left = MAX_BUFFER_BYTES
+    for b in buffers:
+        view = b.raw()
+        if view.nbytes > left:
+            return _UNCHECKED
+        left -= view.nbytes
+        h.update(view)
+    return ("pickled", h.hexdigest())
+
+
+def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
+    budget.items -= 1
+    if budget.items < 0:
+        return _UNCHECKED
+    if isinstance(obj, _IMMUTABLE):
+        return ("=", type(obj).__name__, hash(obj))
+    if _is_numpy(obj):
+        if obj.flags.writeable:
+            try:
+                obj.setflags(write=False)
+            except ValueError:
+                return _pickled(obj)
+        where = (obj.__array_interface__["data"][0], obj.shape, obj.dtype.str)
+        if obj.dtype.hasobject:  # its items are objects that may change
+            return ("ndarray", where, _pickled(obj))
+        return ("ndarray", where)
+    if _is_tensor(obj):
+        return _tensor(obj)
+    if _is_module(obj):
+        return _torch_module(obj, budget)
+    t = type(obj)
+    if t in (list, tuple, set, frozenset) or isinstance(obj, (list, tuple)):
+        items: Iterable[Any] = sorted(obj, key=id) if t in (set, frozenset) else obj
+        return (t.__name__, tuple(_token(x, budget, seen) for x in items))
+    if isinstance(obj, Mapping) and t.__module__ in ("builtins", "collections"):
+        return (
+            t.__name__,
+            tuple(
+                (_token(k, budget, seen), _token(v, budget, seen))
+                for k, v in obj.items()
+            ),
+        )
+    if isinstance(obj, types.FunctionType):
+        return _function(obj, budget, seen)
+    if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+        return ("=", id(obj))
+    return _pickled(obj)
+
+
+def freeze(chunk_obj: Any) -> None:
+    """Make the arrays a chunk object slices read-only, so the views its items
+    are (rows of an array) reject in-place writes too."""
+    if isinstance(chunk_obj, tuple):
+        for part in chunk_obj:
+            freeze(part)
+    elif _is_numpy(chunk_obj) and chunk_obj.flags.writeable:
+        try:
+            chunk_obj.setflags(write=False)
+        except ValueError:
+            pass
+
+
+def token(obj: Any) -> Hashable:
+    """What must not change while a chunk runs (arrays are made read-only)."""
+    return _token(obj, _Budget(), set())
+
+
+def snapshot(
+    inputs: Mapping[str, Any], names: Iterable[str], items: Callable[[], Any] | None
+) -> dict[str, Hashable]:
+    """Tokens of ``names`` among ``inputs`` and (``items``) of the chunk's items."""
+    out = {n: token(inputs[n]) for n in names if n in inputs}
+    if items is not None:
+        out[""] = _items(items)
+    return out
+
+
+def _items(items: Callable[[], Any]) -> Hashable:
+    budget, seen = _Budget(), set()
+    return ("items", tuple(_token(x, budget, seen) for x in items()))
+
+
+def changes(
+    before: Mapping[str, Hashable],
+    inputs: Mapping[str, Any],
+    items: Callable[[], Any] | None,
+) -> list[tuple[str, str]]:
+    """``(name, what)`` for each input whose token differs now (``""``: the
+    loop's items); what is unknown (too big, unpicklable) is never reported."""
+    out = []
+    for name, was in before.items():
+        if _unchecked(was):
+            continue
+        now = _items(items) if name == "" and items else token(inputs[name])
+        if now != was and not _unchecked(now):
+            out.append((name, _what(was, now)))
+    return out
+
+
+def _unchecked(t: Hashable) -> bool:
+    """Whether any part of a token could not be taken (then it proves nothing)."""
+    if t == _UNCHECKED:
+        return True
+    return isinstance(t, tuple) and any(
+        _unchecked(x) for x in t if isinstance(x, tuple)
+    )
+
+
+def _what(was: Hashable, now: Hashable) -> str:
+    """A few words on how a token changed, for the error message."""
+    kind = was[0] if isinstance(was, tuple) and was else ""
+    if kind == "module":
+        assert isinstance(was, tuple) and isinstance(now, tuple)
+        if was[2] != now[2]:
+            grads = [
+                n
+                for (n, a), (_m, b) in zip(was[2], now[2], strict=False)
+                if a[3] != b[3]
+            ]
+            if grads and all(
+                a[:3] == b[:3] for (_n, a), (_m, b) in zip(was[2], now[2], strict=False)
+            ):
+                return f"the .grad of its parameters ({', '.join(grads[:3])}) changed"
+            return "its parameters changed"
+        if was[3] != now[3]:
+            return "its buffers changed (running statistics?)"
+        if was[4] != now[4]:
+            return "its train/eval mode changed"
+    if kind == "tensor":
+        return "it was changed in place"
+    if kind == "function":
+        assert isinstance(was, tuple) and isinstance(now, tuple)
+        before = dict(was[2]) if len(was) > 2 else {}
+        after = dict(now[2]) if len(now) > 2 else {}
+        names = [n for n in before if before[n] != after.get(n)]
+        if names:
+            return f"{', '.join(f'`{n}`' for n in names)}, which it uses, changed"
+        return "a global it uses changed"
+    if kind == "pickled":
+        return "its state changed"
+    return "its contents changed"

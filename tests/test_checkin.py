@@ -1,0 +1,238 @@
+"""Inputs are read-only to iterations, checked on real engines (engine/checkin.py).
+
+Each unsafe loop here passes static analysis (the change happens inside a call),
+so only the engines' check-in/check-out stands between it and a silently different
+namespace: it must fail atomically (nothing merged, the cluster usable) naming the
+input.  Each safe loop beside it must still give the serial namespace.
+"""
+
+from __future__ import annotations
+
+import cloudpickle
+import numpy as np
+import pytest
+import torch
+
+from gpucell.engine import checkin
+from gpucell.errors import InputChanged
+
+pytestmark = pytest.mark.cluster
+
+NOTEBOOK = """
+import numpy as np, torch
+
+class Est:
+    def __init__(self):
+        self.coef = 0.0
+    def fit(self, x):
+        self.coef = self.coef + x
+        return self
+    def score(self, x):
+        return self.coef * x
+
+def step(params, lr):
+    for p in params:
+        p -= lr * p
+
+def record(x):
+    log.append(x)
+    return x
+
+log = []
+"""
+
+
+@pytest.fixture
+def nb(ip, cluster):
+    """The shell with a fresh 'notebook' defined in it (functions in __main__)."""
+    for k in ("est", "models", "w", "b", "model", "batches", "xs", "scores", "out"):
+        ip.user_ns.pop(k, None)
+    ip.run_cell(NOTEBOOK)
+    return ip
+
+
+def _fails_atomically(ip, cell: str, names: list[str], match: str) -> InputChanged:
+    before = {n: cloudpickle.dumps(ip.user_ns[n]) for n in names if n in ip.user_ns}
+    with pytest.raises(InputChanged, match=match) as info:
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    for n, data in before.items():
+        assert cloudpickle.dumps(ip.user_ns[n]) == data, f"{n} changed in the kernel"
+    # the cluster is usable: a safe cell right after gives the serial result
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "out = []\nfor i in range(6):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == list(range(6))
+    return info.value
+
+
+def test_a_method_call_that_changes_an_input_fails_naming_it(nb):
+    nb.user_ns["est"] = nb.user_ns["Est"]()
+    err = _fails_atomically(
+        nb,
+        "scores = []\nfor x in range(8):\n"
+        "    est.fit(x)\n    scores.append(est.score(x))\n",
+        ["est"],
+        r"`est` changed in place \(by a call on lines 4, 5\)",
+    )
+    assert "Nothing was merged" in str(err)
+
+
+def test_fitting_the_items_of_an_input_list_fails(nb):
+    nb.run_cell("models = [Est() for _ in range(6)]")
+    _fails_atomically(
+        nb,
+        "for m in models:\n    m.fit(2)\n",
+        ["models"],
+        r"an item of the loop's data changed in place \(by a call on line 3\)",
+    )
+
+
+def test_a_helper_that_changes_tensors_in_place_fails(nb):
+    nb.run_cell("w = torch.ones(3)\nb = torch.zeros(3)")
+    _fails_atomically(
+        nb,
+        "for i in range(4):\n    step([w, b], 0.1)\n",
+        ["w", "b"],
+        r"`w` changed in place .*it was changed in place",
+    )
+
+
+def test_a_numpy_input_written_in_place_fails_at_its_line(nb):
+    nb.run_cell("w = np.ones(3)\nb = np.zeros(3)")
+    with pytest.raises(ValueError, match="read-only") as info:
+        nb.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(4):\n    step([w, b], 0.1)\n"
+        )
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "inputs are read-only to iterations" in notes
+    assert np.array_equal(nb.user_ns["w"], np.ones(3))
+
+
+def test_backward_filling_an_input_model_s_grads_fails(nb):
+    nb.run_cell(
+        "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2)\n"
+        "batches = [torch.randn(3, 4) for _ in range(6)]"
+    )
+    err = _fails_atomically(
+        nb,
+        "losses = []\nfor x in batches:\n    loss = model(x).sum()\n"
+        "    loss.backward()\n    losses.append(loss.item())\n",
+        ["model"],
+        r"`model` changed in place",
+    )
+    assert ".grad of its parameters" in str(err)
+    assert nb.user_ns["model"].weight.grad is None
+
+
+def test_a_notebook_function_that_changes_a_global_fails(nb):
+    err = _fails_atomically(
+        nb,
+        "ys = []\nfor x in range(5):\n    ys.append(record(x))\n",
+        ["log"],
+        r"`record` changed in place",
+    )
+    assert "`log`" in str(err)
+    assert nb.user_ns["log"] == []
+
+
+def test_a_user_print_that_records_fails(nb):
+    nb.run_cell("seen = []\ndef print(*a):\n    seen.append(a)\n")
+    try:
+        _fails_atomically(
+            nb, "for i in range(4):\n    print(i)\n", ["seen"], r"`print` changed"
+        )
+    finally:
+        nb.user_ns.pop("print", None)
+
+
+def test_safe_calls_on_inputs_still_give_the_serial_result(nb):
+    nb.run_cell(
+        "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2)\nmodel.eval()\n"
+        "batches = [torch.randn(3, 4) for _ in range(6)]\n"
+        "est = Est().fit(3.0)\nX = np.arange(12.0).reshape(4, 3)\n"
+    )
+    cell = (
+        "outs = []\nscores = []\nwith_grad = []\n"
+        "for x in batches:\n"
+        "    with torch.no_grad():\n        outs.append(model(x))\n"
+        "    scores.append(est.score(float(x.sum())))\n"
+        "    with_grad.append(float(np.dot(X[0], X[1])) + len(log))\n"
+    )
+    ns = nb.user_ns
+    serial: dict = {}
+    exec(
+        cell,
+        {
+            "model": ns["model"],
+            "batches": ns["batches"],
+            "est": ns["est"],
+            "X": ns["X"],
+            "np": np,
+            "torch": torch,
+            "log": ns["log"],
+        },
+        serial,
+    )
+    nb.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert all(
+        torch.equal(a, b) for a, b in zip(serial["outs"], ns["outs"], strict=True)
+    )
+    assert serial["scores"] == ns["scores"]
+    assert serial["with_grad"] == ns["with_grad"]
+
+
+def test_global_random_draws_without_seed_get_one_warning(nb, capsys):
+    nb.run_cell_magic(
+        "gpu_parallel",
+        "",
+        "vals = []\nfor i in range(4):\n    vals.append(float(torch.randn(1)))\n",
+    )
+    out = capsys.readouterr().out
+    assert "`torch.randn` (line 4)" in out and "--seed S" in out
+    nb.run_cell_magic(
+        "gpu_parallel",
+        "--seed 1",
+        "vals = []\nfor i in range(4):\n    vals.append(float(torch.randn(1)))\n",
+    )
+    assert "--seed S" not in capsys.readouterr().out
+
+
+def test_tokens_see_in_place_changes_and_ignore_fresh_views() -> None:
+    a = np.arange(6.0).reshape(3, 2)
+    rows = lambda: iter(a)  # noqa: E731 - each call makes new views
+    before = checkin.snapshot({}, [], rows)
+    assert not a.flags.writeable or True
+    assert checkin.changes(before, {}, rows) == []
+    t = torch.zeros(3)
+    d = {"t": t, "xs": [1, 2], "s": "x"}
+    before = checkin.snapshot({"d": d}, ["d"], None)
+    assert checkin.changes(before, {"d": d}, None) == []
+    t.add_(1)
+    assert [n for n, _ in checkin.changes(before, {"d": d}, None)] == ["d"]
+    before = checkin.snapshot({"d": d}, ["d"], None)
+    d["xs"][0] = 5
+    assert [n for n, _ in checkin.changes(before, {"d": d}, None)] == ["d"]
+
+
+def test_a_generator_that_reads_what_the_body_changes_is_refused(nb):
+    from gpucell.errors import NotParallelizable
+
+    nb.run_cell("def sizes(n):\n    for _ in range(n):\n        yield len(out)\n")
+    nb.user_ns["out"] = []
+    with pytest.raises(
+        NotParallelizable, match=r"generator `sizes`, which reads `out`"
+    ):
+        nb.run_cell_magic(
+            "gpu_parallel", "--quiet", "for k in sizes(5):\n    out.append(k)\n"
+        )
+    assert nb.user_ns["out"] == []
+    # serially the items interleave with the body: [0, 1, 2, 3, 4]
+    nb.run_cell("for k in sizes(5):\n    out.append(k)\n")
+    assert nb.user_ns["out"] == [0, 1, 2, 3, 4]
+    # a generator that reads nothing the body changes runs
+    nb.run_cell("def squares(n):\n    for i in range(n):\n        yield i * i\n")
+    nb.user_ns["out"] = []
+    nb.run_cell_magic(
+        "gpu_parallel", "--quiet", "for k in squares(5):\n    out.append(k)\n"
+    )
+    assert nb.user_ns["out"] == [0, 1, 4, 9, 16]
