@@ -41,7 +41,8 @@ def _shell():
 SETUPS = {
     "model": (
         "import torch\ntorch.manual_seed(0)\n"
-        "model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(6)])\n"
+        "layers = [torch.nn.Linear(4096, 4096) for _ in range(6)]\n"
+        "model = torch.nn.Sequential(*layers)\n"
         "model.eval()\nbatches = [torch.randn(64, 4096) for _ in range(40)]\n",
         "outs = []\nfor x in batches:\n    with torch.no_grad():\n"
         "        outs.append(float(model(x).sum()))\n",

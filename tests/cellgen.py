@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from gpucell.core.analysis import analyse, make_chunker
 from gpucell.core.merge import prepare
+from gpucell.engine import checkin
 from gpucell.engine.chunk import ChunkResult, run_chunk
+from gpucell.protocol.chunks import chunk_items
 
 __all__ = [
     "GenCell",
@@ -64,7 +66,36 @@ def fresh_namespace() -> dict[str, Any]:
         "nullcontext": nullcontext,
         "prev": 0,
         "obj": _Obj(),
+        "tracker": Tracker(),
+        "trackers": [Tracker(), Tracker()],
+        "bump_all": bump_all,
     }
+
+
+class Tracker:
+    """An input whose methods a loop calls: ``bump`` changes it in place (what
+    static analysis cannot see), ``peek`` only reads it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def bump(self, v: Any) -> int:
+        self.count += 1 + int(v) % 3
+        return self.count
+
+    def peek(self) -> int:
+        return self.count
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tracker) and other.count == self.count
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def bump_all(items: list[Tracker], v: Any) -> None:
+    """A helper that changes its argument's items in place."""
+    for t in items:
+        t.bump(v)
 
 
 class _Obj:
@@ -86,6 +117,9 @@ class GenCell:
     source: str
     refused: bool  # contains a pattern gpucell must refuse
     kinds: list[str] = field(default_factory=list)
+    # calls something that changes an input in place: if that ran serially, the
+    # parallel run must fail with the engines' check, never merge
+    mutates: bool = False
 
     def __str__(self) -> str:  # readable hypothesis output
         return self.source
@@ -137,10 +171,18 @@ def run_parallel_local(
     if order is not None:  # engines finish in any order
         idx = order(idx)
     results: list[ChunkResult] = []
+    watch = plan.watched()
     for i in idx:
         a, b = bounds[i]
         obj = _roundtrip(chunker.chunk(a, b))
-        results.append(_roundtrip(run_chunk(program, inputs, obj, a)))
+        # the engines' check: inputs are read-only to iterations
+        items = (lambda obj=obj: chunk_items(obj)) if watch["items"] else None
+        before = checkin.snapshot(inputs, watch["names"], items)
+        result = run_chunk(program, inputs, obj, a)
+        changed = checkin.changes(before, inputs, items)
+        if changed:
+            raise checkin.Changed(changed)
+        results.append(_roundtrip(result))
     view = {n: ns[n] for n in plan.affected_names if n in ns}
     update = prepare(plan, results, view)
     update.commit(ns)
@@ -215,6 +257,7 @@ class _Gen:
     """Draws one cell body; tracks definitely-assigned int locals as it goes."""
 
     def __init__(self, draw: Callable[[Any], Any]) -> None:
+        self.mutates = False
         self.draw = draw
         self.counter = 0
         self.refused = False
@@ -253,7 +296,7 @@ class _Gen:
                 [
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
-                    "walrus", "continue", "refused",
+                    "walrus", "continue", "refused", "call", "mutate",
                 ]
             )
         )  # fmt: skip
@@ -347,6 +390,18 @@ class _Gen:
             name = self.fresh()
             avail.append(name)
             return [f"{f} = lambda z: z * 2 + {e}", f"{name} = {f}(k)"]
+        if kind == "call":  # a call that only reads an input: the check passes
+            return [
+                d(st.sampled_from([f"out.append(tracker.peek() + {e})",
+                                   f"out.append(trackers[0].peek() * {e})"]))
+            ]  # fmt: skip
+        if kind == "mutate":  # a call that changes an input in place
+            self.mutates = True
+            return [
+                d(st.sampled_from([f"tracker.bump({e})",
+                                   f"bump_all(trackers, {e})",
+                                   f"trackers[1].bump({e})"]))
+            ]  # fmt: skip
         if kind == "walrus":
             name = self.fresh("m")
             body = self.block([*avail, name], depth + 1, top, 1)
@@ -387,7 +442,14 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
         elt = (
             "i * k + j" if more else draw(st.sampled_from(["i * k", "(t := i + base)"]))
         )
-        lines.append(f"res = [{elt} for i in range(n){cond}{more}]")
+        form = draw(
+            st.sampled_from(
+                ["[{e}{g}]", "{{{e}{g}}}", "{{i % 4: {e}{g}}}", "sum({e}{g})",
+                 "sorted({e}{g})", "min({e}{g})"]
+            )
+        )  # fmt: skip
+        gen = f" for i in range(n){cond}{more}"
+        lines.append("res = " + form.format(e=elt, g=gen))
         g.kinds.append("listcomp")
     else:
         header, avail = draw(
@@ -414,4 +476,4 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
         lines.extend("    " + b for b in body)
     if draw(st.booleans()):
         lines.append("total = acc + len(out) + sum(s)")
-    return GenCell("\n".join(lines) + "\n", g.refused, g.kinds)
+    return GenCell("\n".join(lines) + "\n", g.refused, g.kinds, g.mutates)

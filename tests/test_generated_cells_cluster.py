@@ -10,7 +10,7 @@ import pytest
 from cellgen import GenCell, assert_same_namespace, cells, fresh_namespace, run_serial
 from hypothesis import HealthCheck, given, settings
 
-from gpucell.errors import NotParallelizable
+from gpucell.errors import InputChanged, NotParallelizable
 
 pytestmark = pytest.mark.cluster
 
@@ -47,8 +47,19 @@ def test_generated_cells_through_the_cluster(ip, cluster, cell: GenCell) -> None
     try:
         run_serial(cell, serial)
     except Exception as exc:
-        with pytest.raises(type(exc)):
+        expected = (type(exc), InputChanged) if cell.mutates else type(exc)
+        with pytest.raises(expected):
             ip.run_cell_magic("gpu_parallel", "--quiet", cell.source)
+        return
+    fresh = fresh_namespace()
+    if cell.mutates and (
+        serial["tracker"] != fresh["tracker"] or serial["trackers"] != fresh["trackers"]
+    ):
+        # a call changed an input: the engines' check fails the cell, nothing merged
+        with pytest.raises(InputChanged):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell.source)
+        assert ip.user_ns["tracker"] == fresh["tracker"]
+        assert ip.user_ns["trackers"] == fresh["trackers"]
         return
     ip.run_cell_magic(
         "gpu_parallel", "--quiet --schedule dynamic --chunksize 3", cell.source

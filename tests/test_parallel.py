@@ -123,6 +123,26 @@ ROWS = {
         "sq = [x * x for x in xs if x % 2]\n",
         {"xs": list(range(50))},
     ),
+    "dict comprehension (later keys win, first-seen order)": (
+        "d = {x % 7: x * x for x in xs if x % 2}\n",
+        {"xs": list(range(50))},
+    ),
+    "set comprehension": (
+        "s = {x % 9 for x in xs}\n",
+        {"xs": list(range(50))},
+    ),
+    "sum of a generator (floats, bit for bit)": (
+        "total = sum(x * 0.1 for x in xs)\n",
+        {"xs": list(range(301))},
+    ),
+    "max, min and sorted of generators": (
+        "hi = max((x * 37) % 101 for x in xs)\nlo = min((x * 37) % 101 for x in xs)\n",
+        {"xs": list(range(80))},
+    ),
+    "sorted of a generator with a prelude": (
+        "k = 3\nranked = sorted((x * k) % 17 for x in xs)\n",
+        {"xs": list(range(60))},
+    ),
     "prelude and epilogue": (
         "total = 0\nfor i in range(10):\n    total += i\ndone = total * 2\n",
         {},
@@ -327,11 +347,64 @@ def test_bad_options_are_usage_errors(ip, cluster):
         ("--chunksize 0", "--chunksize 0"),
         ("--timeout -1", "--timeout"),
         ("--targets 99", "no live engine"),
-        ("--devices 3", "no live engine on those devices"),
+        ("--devices 3", "no live engine on device '3'"),
+        ("--devices cpu,99", "no live engine on device '99'"),
+        ("--timeout nan", "--timeout nan: must be a number of seconds"),
+        ("--timeout inf", "--timeout inf"),
+        ("-t 0 -t 1", "-t given twice"),
+        ("--retries -1", "must be 0 or more"),
         ("--schedule fast", "invalid choice"),
     ]:
         with pytest.raises(UsageError, match=msg):
             ip.run_cell_magic("gpu_parallel", line, "for i in range(3):\n    x = i\n")
+
+
+def test_gpu_devices_on_a_cpu_cluster_use_the_stand_in_engines(ip, cluster, capsys):
+    """A notebook written for a GPU node (`--devices 0`) runs on a laptop."""
+    ip.user_ns["out"] = []
+    first = sorted(cluster.live_ids())[0]
+    ip.run_cell_magic(
+        "gpu_parallel", "--devices 0", "for i in range(6):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == list(range(6))
+    assert "CPU engines stand in for the GPUs asked for (GPU 0 -> engine" in (
+        capsys.readouterr().out
+    )
+    import gpucell
+
+    assert gpucell.last_run.engines == (first,)
+
+
+def test_ipythons_own_builtins_are_not_shipped_as_inputs(ip, cluster):
+    from gpucell.kernel.execute import _PLANS
+
+    ip.user_ns["open"] = ip.user_ns_hidden["open"]  # other tests clear the namespace
+    cell = "n = []\nfor i in range(3):\n    n.append(open is not None)\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["n"] == [True] * 3
+    plans = [
+        p.plan for p in _PLANS._entries.values() if "open is not None" in p.plan.source
+    ]
+    assert plans and all("open" not in p.inputs for p in plans)
+
+
+def test_the_notebooks_warning_filters_apply_on_the_engines(ip, cluster, capsys):
+    cell = (
+        "import warnings\nfor i in range(4):\n"
+        "    warnings.warn(f'noisy {i}', UserWarning)\n"
+    )
+    ip.run_cell("import warnings\nwarnings.simplefilter('ignore', UserWarning)")
+    line = "--quiet --schedule static"  # on the engines (never inline)
+    try:
+        ip.run_cell_magic("gpu_parallel", line, cell)
+        assert "noisy" not in capsys.readouterr().err
+    finally:
+        ip.run_cell(
+            "warnings.resetwarnings()\nwarnings.simplefilter('always', UserWarning)"
+        )
+    ip.run_cell_magic("gpu_parallel", line, cell)
+    assert "noisy" in capsys.readouterr().err
+    ip.run_cell("warnings.resetwarnings()")
 
 
 def test_no_cluster_is_a_clear_error_or_a_serial_run(ip, no_active_cluster, capsys):

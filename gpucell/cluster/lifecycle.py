@@ -636,6 +636,12 @@ def connect(
         _channel=channel,
     )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
+    heavy = heavy_modules_in_kernel()
+    if heavy:
+        from gpucell.engine.runtime import preimport
+
+        with contextlib.suppress(Exception):  # a head start, never a failure
+            client.direct_view(ids).apply_async(preimport, heavy)
     _current = gc
     if echo:
         echo(f"gpucell: connected to {gc.description} in {elapsed:.1f} s")

@@ -37,6 +37,7 @@ What cannot be made atomic (validation is done, but commit may still raise):
 
 from __future__ import annotations
 
+import builtins
 import copy
 import importlib
 import operator
@@ -334,7 +335,10 @@ def prepare(
         else:
             up.mutations.append(Mutation(name, "extend", _extender(ext, items)))
     if getattr(plan, "result_name", None):
-        up.assign[plan.result_name] = _concat(rs, "gathers", RESULT)
+        values = _concat(rs, "gathers", RESULT)
+        up.assign[plan.result_name] = _build(
+            getattr(plan, "result_kind", None) or "list", values
+        )
 
     # indexed writes
     for name in plan.writes:
@@ -401,6 +405,16 @@ def prepare(
             deletes.append(name)
     up.delete = tuple(deletes)
     return up
+
+
+def _build(kind: str, values: list[Any]) -> Any:
+    """What the comprehension builds from its values in iteration order: the
+    same builtin the serial statement calls, over the same values in the same
+    order (so ``sum`` of floats is bit-for-bit the serial one, and ``max`` of
+    nothing raises as it would serially)."""
+    if kind == "list":
+        return values
+    return getattr(builtins, kind)(values)
 
 
 def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> Mutation:

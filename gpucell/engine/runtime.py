@@ -155,3 +155,26 @@ def host_facts() -> dict[str, Any]:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return {"host": socket.gethostname(), "cores": cores, "gpus": local_gpus()}
+
+
+def preimport(names: list[str]) -> None:
+    """Start importing ``names`` (the heavy libraries the kernel uses) in a
+    thread of this engine and return at once, so a connected cluster's first
+    cell does not wait for them (engines gpucell starts do this at boot)."""
+    import importlib
+    import threading
+
+    missing = [n for n in names if n not in sys.modules]
+    if missing:
+        threading.Thread(
+            target=lambda: [_try(importlib.import_module, n) for n in missing],
+            name="gpucell-preimport",
+            daemon=True,
+        ).start()
+
+
+def _try(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # the cell that needs it will say what is missing
+        return None

@@ -24,13 +24,14 @@ import socket
 import sys
 import time
 import traceback
+import warnings
 from typing import Any
 
 from gpucell.engine import checkin, tohost
 from gpucell.engine.chunk import run_chunk
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import chunk_items
-from gpucell.protocol.program import Watch
+from gpucell.protocol.program import Setup, Watch
 
 __all__ = ["load", "run", "clear"]
 
@@ -106,6 +107,18 @@ def load(
     _cell = cell
     _watch = watch or {"names": [], "items": False}
     return {"missing": missing, "cached": {n: k for n, (k, _) in _cache.items()}}
+
+
+# the kernel's warnings filters, applied while this cell's chunks run
+_warning_filters: list[Any] | None = None
+
+
+def _set_warning_filters(frames: list[Any]) -> None:
+    global _warning_filters
+    try:
+        _warning_filters = wire.loads(frames) if frames else None
+    except Exception:  # a filter's category class that cannot load here
+        _warning_filters = None
 
 
 def _cuda_target() -> Any:
@@ -242,7 +255,7 @@ def run(
     start: int,
     engine_id: int,
     seed: int | None = None,
-    setup: tuple[Any, list[str], dict[str, Any], Watch] | None = None,
+    setup: Setup | None = None,
     input_frames: list[Any] | None = None,
     results_to: shm.Channel | None = None,
     budget: float | None = None,
@@ -261,8 +274,15 @@ def run(
     """
     loaded = None
     if setup is not None:
-        program, names, keys, watch = setup
-        loaded = load(cell, program, names, keys, input_frames or [], watch)
+        loaded = load(
+            cell,
+            setup["program"],
+            setup["names"],
+            setup["keys"],
+            input_frames or [],
+            setup["watch"],
+        )
+        _set_warning_filters(setup.get("warnings") or [])
         if loaded["missing"]:
             clear()
             raise RuntimeError(
@@ -287,6 +307,15 @@ def run(
         checkin.freeze(chunk_obj)
         items = lambda: chunk_items(chunk_obj)  # noqa: E731
     checked_in = checkin.snapshot(_inputs, _watch["names"], items)
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    if _warning_filters is not None:
+        warnings.filters[:] = _warning_filters
+        for name in ("_filters_mutated", "_filters_mutated_lock_held"):
+            mutated = getattr(warnings, name, None)
+            if mutated is not None:  # drop the per-module "already warned" caches
+                mutated()
+                break
     try:
         result = run_chunk(
             _program,
@@ -328,6 +357,7 @@ def run(
         }
         status = "error"
     finally:
+        caught.__exit__(None, None, None)
         end, compute = time.time(), time.perf_counter() - c0
         # ipykernel's flush waits for its I/O thread (about a millisecond on a
         # busy host): only a stream that was written to needs it

@@ -50,7 +50,7 @@ from gpucell.errors import (
 )
 from gpucell.kernel.relay import OutputRelay
 from gpucell.protocol import fingerprint, shm, wire
-from gpucell.protocol.program import Watch
+from gpucell.protocol.program import Setup, Watch
 
 __all__ = ["TRIAL_SECONDS", "Flight", "Options", "Run", "run_chunks"]
 
@@ -267,6 +267,7 @@ class Run:
             for name, v in inputs.items()
         }
         encoded: dict[tuple[str, ...], list[Any]] = {}
+        filters = _warning_filters()
         for eid in self.alive:
             have = gc.input_cache.get(eid, {})
             send = tuple(
@@ -294,7 +295,13 @@ class Run:
                 if shm.spilled(self.mapped[send]) and gc.sees_shm(eid):
                     frames = self.mapped[send]
                     self.record.shared_bytes += nbytes
-            setup = (self.programs[eid], sorted(inputs), keys, self.watch)
+            setup: Setup = {
+                "program": self.programs[eid],
+                "names": sorted(inputs),
+                "keys": keys,
+                "watch": self.watch,
+                "warnings": filters,
+            }
             self.setups[eid] = (setup, frames)
             gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
         if self.telemetry is not None:
@@ -605,6 +612,15 @@ def run_chunks(
     )
     run.ship_inputs()
     return run.execute()
+
+
+def _warning_filters() -> list[Any]:
+    """The kernel's ``warnings`` filters as wire frames: a warning the notebook
+    silenced stays silent on the engines ([] when they cannot travel)."""
+    try:
+        return [bytes(f) for f in wire.dumps(list(warnings.filters))]
+    except Exception:
+        return []
 
 
 def _encode_inputs(values: dict[str, Any]) -> list[Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucell import config as _config
+from gpucell.core.analysis.scope import BUILTIN_NAMES
 from gpucell.errors import NoCluster
 
 __all__ = ["CellRequest", "run_cell", "select_targets"]
@@ -72,32 +73,54 @@ def parse_engine_ids(spec: str, live: list[int], option: str) -> list[int]:
 
 def select_targets(gc: Any, req: CellRequest) -> list[int]:
     """Engine ids a cell runs on: --targets, --devices, the selection, or all live."""
-    from gpucell.errors import DeviceSelectionError
 
     live = gc.live_ids()
     if req.targets:
         return parse_engine_ids(req.targets, live, "--targets")
     if req.devices:
-        want = [t.strip().lower() for t in req.devices.split(",") if t.strip()]
-        ids = []
-        for eid in live:
-            e = gc.engines[eid]
-            if (e.kind == "cpu" and "cpu" in want) or (
-                e.kind == "gpu" and str(e.index) in want
-            ):
-                ids.append(eid)
-        if not ids:
-            have = sorted({gc.engines[e].device for e in live})
-            raise DeviceSelectionError(
-                f"--devices {req.devices!r}: no live engine on those devices "
-                f"(devices: {', '.join(have)}; use GPU indices or 'cpu')."
-            )
-        return ids
+        return _engines_for_devices(gc, live, req.devices)
     if gc.selected:
         sel = [e for e in gc.selected if e in live]
         if sel:
             return sel
     return live
+
+
+def _engines_for_devices(gc: Any, live: list[int], spec: str) -> list[int]:
+    """``--devices 0,1`` / ``cpu``: the live engines on those devices, every
+    device named found.  On a cluster without GPU engines, GPU index k means the
+    k-th CPU engine standing in for it (one note), so a notebook written for a
+    GPU node runs unchanged on a laptop."""
+    from gpucell.errors import DeviceSelectionError
+
+    want = [t.strip().lower() for t in spec.split(",") if t.strip()]
+    gpus = {gc.engines[e].index: e for e in live if gc.engines[e].kind == "gpu"}
+    cpus = [e for e in live if gc.engines[e].kind == "cpu"]
+    have = ", ".join(sorted({gc.engines[e].device for e in live})) or "none"
+    ids: list[int] = []
+    stand_ins = []
+    for tok in want:
+        if tok == "cpu":
+            found = cpus
+        elif tok.isdigit() and gpus:
+            found = [gpus[int(tok)]] if int(tok) in gpus else []
+        elif tok.isdigit() and int(tok) < len(cpus):
+            found = [cpus[int(tok)]]
+            stand_ins.append(f"GPU {tok} -> engine {cpus[int(tok)]}")
+        else:
+            found = []
+        if not found:
+            raise DeviceSelectionError(
+                f"--devices {spec!r}: no live engine on device {tok!r} (devices: "
+                f"{have}; use GPU indices like '0,1' or 'cpu')."
+            )
+        ids.extend(e for e in found if e not in ids)
+    if stand_ins:
+        print(
+            "gpucell: note: this cluster has no GPU engines; CPU engines stand in for "
+            "the GPUs asked for (" + ", ".join(stand_ins) + ")."
+        )
+    return ids
 
 
 def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
@@ -115,8 +138,23 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     targets: list[int] = select_targets(gc, req) if gc is not None else []
     kinds = {gc.engines[e].kind for e in targets} if gc is not None else set()
 
+    # names IPython put in the namespace for builtins (its `open` wrapper, exit)
+    # are the builtins on engines, never inputs to ship
+    ipython_names = frozenset(
+        n
+        for n, v in getattr(shell, "user_ns_hidden", {}).items()
+        if ns.get(n) is v and n in BUILTIN_NAMES
+    )
+
     def prepared(for_cpu: bool) -> Prepared:
-        return _PLANS.get(src, filename, ns, for_cpu=for_cpu, dry_run=req.dry_run)
+        return _PLANS.get(
+            src,
+            filename,
+            ns,
+            for_cpu=for_cpu,
+            dry_run=req.dry_run,
+            exclude=ipython_names,
+        )
 
     if req.dry_run:
         print(format_plan(prepared("cpu" in kinds).plan))
@@ -407,10 +445,11 @@ class PlanCache:
         *,
         for_cpu: bool,
         dry_run: bool,
+        exclude: frozenset[str] = frozenset(),
     ) -> Prepared:
         from gpucell.core.analysis import analyse
 
-        known = frozenset(_identifiers(src) & ns.keys())
+        known = frozenset(_identifiers(src) & ns.keys()) - exclude
         key = (src, filename, for_cpu, not dry_run, known)
         prep = self._entries.get(key)
         if prep is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -13,33 +15,59 @@ from gpucell.errors import ClusterError, DeviceSelectionError
 __all__ = ["GpuParallelMagics"]
 
 
+class _Once(argparse.Action):
+    """An option given twice is an error, not "the last one wins"."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None):
+        if getattr(namespace, f"_seen_{self.dest}", False):
+            parser.error(
+                f"%%gpu_parallel: {option} given twice; give it once "
+                f"(like '{option} 0,1')."
+            )
+        setattr(namespace, f"_seen_{self.dest}", True)
+        setattr(namespace, self.dest, values)
+
+
 @magics_class
 class GpuParallelMagics(Magics):
     """``%%gpu_parallel``: run a cell's loop on every engine of the cluster."""
 
     @magic_arguments()
-    @argument("--devices", help="Devices to use: GPU indices like '0,1', or 'cpu'.")
-    @argument("-t", "--targets", help="Engine ids to use, like '0,2'.")
+    @argument(
+        "--devices",
+        action=_Once,
+        help="Devices to use: GPU indices like '0,1', or 'cpu'.",
+    )
+    @argument("-t", "--targets", action=_Once, help="Engine ids to use, like '0,2'.")
     @argument(
         "--schedule",
         choices=["guided", "dynamic", "static"],
+        action=_Once,
         help="Chunk schedule (default: %%config GpuCell.schedule, 'guided').",
     )
     @argument(
         "--chunksize",
         type=int,
+        action=_Once,
         help="Iterations per chunk (dynamic), or the smallest chunk (guided).",
     )
     @argument(
         "--seed",
         type=int,
+        action=_Once,
         help="Seed random, numpy and torch from (SEED, "
         "iteration) before every iteration: same results on any engine count.",
     )
-    @argument("--timeout", type=float, help="Cancel the loop after this many seconds.")
+    @argument(
+        "--timeout",
+        type=float,
+        action=_Once,
+        help="Cancel the loop after this many seconds.",
+    )
     @argument(
         "--retries",
         type=int,
+        action=_Once,
         default=2,
         help="Times a chunk is re-run after its engine died (default 2).",
     )
@@ -87,8 +115,13 @@ class GpuParallelMagics(Magics):
                 f"%%gpu_parallel --retries {args.retries}: must be 0 or more "
                 "(0: a chunk lost with its engine is not re-run)."
             )
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"%%gpu_parallel --timeout {args.timeout}: must be > 0.")
+        if args.timeout is not None and not (
+            math.isfinite(args.timeout) and args.timeout > 0
+        ):
+            raise UsageError(
+                f"%%gpu_parallel --timeout {args.timeout}: must be a number of "
+                "seconds > 0 (leave it out for no timeout)."
+            )
         if args.devices and args.targets:
             raise UsageError("%%gpu_parallel: give --devices or --targets, not both.")
         req = CellRequest(

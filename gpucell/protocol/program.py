@@ -23,6 +23,7 @@ __all__ = [
     "RESULT",
     "RECORDER_METHODS",
     "Method",
+    "Setup",
     "Spec",
     "Watch",
     "gather_name",
@@ -94,6 +95,16 @@ class Watch(TypedDict):
 
     names: list[str]  # inputs a call could change (receivers, arguments, callees)
     items: bool  # the chunk's items (an item of the loop's data is a receiver)
+
+
+class Setup(TypedDict):
+    """What an engine's first chunk of a cell carries besides the inputs."""
+
+    program: Any  # LoopPlan.engine_program(): (filename, source, marshalled code)
+    names: list[str]  # every input the program reads
+    keys: dict[str, str | None]  # input -> digest of its fingerprint (cache key)
+    watch: Watch  # what the chunks check in and out
+    warnings: list[Any]  # wire frames of the kernel's warnings.filters
 
 
 def gather_name(name: str) -> str:

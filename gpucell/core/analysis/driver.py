@@ -21,23 +21,49 @@ from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
-from gpucell.core.analysis.split import line_span, parse_cell, source_of, split_cell
+from gpucell.core.analysis.split import (
+    comprehension_kind,
+    comprehension_of,
+    line_span,
+    parse_cell,
+    source_of,
+    split_cell,
+)
 from gpucell.protocol.program import RESULT
 
 __all__ = ["analyse"]
 
 
-def _listcomp_body(node: ast.Assign) -> tuple[ast.expr, ast.expr, list[ast.stmt]]:
-    """``name = [elt for t in it if c for u in it2]`` as a loop body.
+def _shape(kind: str | None, comp: ast.expr) -> str:
+    """``out = [x * 2 for ...]``-style header text for the plan report."""
+    if isinstance(comp, ast.DictComp):
+        return f"{{{ast.unparse(comp.key)}: {ast.unparse(comp.value)} for ...}}"
+    elt = ast.unparse(comp.elt)  # type: ignore[attr-defined]
+    if kind == "list":
+        return f"[{elt} for ...]"
+    if kind == "set":
+        return f"{{{elt} for ...}}"
+    return f"{kind}({elt} for ...)"
 
-    Returns (target, iterable, body) where the body appends ``elt`` to a fresh
-    result list: ``for u in it2: if c2: __gpucell_result__.append(elt)`` nested
-    under the first generator's conditions.
+
+def _listcomp_body(
+    comp: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp,
+) -> tuple[ast.expr, ast.expr, list[ast.stmt]]:
+    """``name = [elt for t in it if c for u in it2]`` (or a set, dict or
+    generator comprehension) as a loop body.
+
+    Returns (target, iterable, body) where the body appends ``elt`` (a dict
+    comprehension's ``(key, value)``) to a fresh result list: ``for u in it2: if
+    c2: __gpucell_result__.append(elt)`` nested under the first generator's
+    conditions.
     """
-    comp = node.value
-    assert isinstance(comp, ast.ListComp)
     gens = comp.generators
-    elt = comp.elt
+    if isinstance(comp, ast.DictComp):
+        elt: ast.expr = ast.copy_location(
+            ast.Tuple([comp.key, comp.value], ast.Load()), comp.key
+        )
+    else:
+        elt = comp.elt
     recv = ast.copy_location(ast.Name(RESULT, ast.Load()), elt)
     call = ast.copy_location(
         ast.Call(
@@ -126,9 +152,10 @@ def analyse(
         With every refusal (``err.diagnostics``) when ``raise_errors`` is true.
     """
     module = parse_cell(source, filename)
-    split = split_cell(module)
-    diag = DiagnosticSink()
     known = frozenset(known_names)
+    cell_bound = scope_bindings(list(module.body))
+    split = split_cell(module, lambda n: n in known or n in cell_bound)
+    diag = DiagnosticSink()
     prelude_bound = scope_bindings(list(split.prelude))
     prelude_modules = {
         a.asname or a.name.split(".")[0]
@@ -190,17 +217,19 @@ def analyse(
     loop_lines = (loop.lineno, loop.end_lineno or loop.lineno)
     result_name: str | None = None
     hidden: set[str] = set()
+    result_kind: str | None = None
     if isinstance(loop, ast.Assign):
-        target, iterable, body = _listcomp_body(loop)
+        comp = comprehension_of(loop)
+        result_kind = comprehension_kind(loop)
+        target, iterable, body = _listcomp_body(comp)
         result_name = loop.targets[0].id  # type: ignore[attr-defined]
         kind = "listcomp"
-        comp = loop.value
         hidden = {
             n.id
-            for g in comp.generators  # type: ignore[attr-defined]
+            for g in comp.generators
             for n in target_names(g.target)
         }
-        if any(g.is_async for g in comp.generators):  # type: ignore[attr-defined]
+        if any(g.is_async for g in comp.generators):
             diag.add(
                 loop.lineno,
                 loop.col_offset,
@@ -208,7 +237,7 @@ def analyse(
                 "await",
                 "an `async for` comprehension cannot run in parallel.",
             )
-        header = f"{result_name} = [{ast.unparse(comp.elt)} for ...]"  # type: ignore[attr-defined]
+        header = f"{result_name} = {_shape(result_kind, comp)}"
     else:
         assert isinstance(loop, (ast.For, ast.AsyncFor))
         target, iterable, body = loop.target, loop.iter, list(loop.body)
@@ -300,6 +329,7 @@ def analyse(
         keyed=keyed,
         unions=tuple(cl.unions),
         result_name=result_name,
+        result_kind=result_kind,
         hidden=tuple(sorted(hidden)),
         names=tuple(_names(cl, hidden, result_name)),
         prints=tuple(cl.prints),

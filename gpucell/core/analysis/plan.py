@@ -118,6 +118,9 @@ class LoopPlan:
     epilogue_lines: tuple[int, int] | None
     cuda_rewritten: bool = False
     cuda_lines: tuple[int, ...] = ()
+    # what the comprehension builds from its gathered values: "list", "set",
+    # "dict" ((key, value) pairs), or a consuming builtin ("sum", "max", ...)
+    result_kind: str | None = None
     watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
     watch_items: tuple[int, ...] = ()
     watch_all: bool = False

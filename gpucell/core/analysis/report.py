@@ -52,7 +52,9 @@ def format_plan(plan: LoopPlan) -> str:
         out.append(f"ships to engines: {ships} (+ each chunk's items)")
         back = []
         if plan.result_name:
-            back.append(f"{plan.result_name} (new list)")
+            what = plan.result_kind or "list"
+            built = f"new {what}" if what in ("list", "set", "dict") else f"{what}(...)"
+            back.append(f"{plan.result_name} ({built})")
         back += [f"{n} (gather)" for n in plan.gathers]
         back += [f"{n} (writes)" for n in plan.writes]
         back += [f"{r.name} ({r.op} reduction)" for r in plan.reductions]

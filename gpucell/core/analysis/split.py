@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["CellSplit", "parse_cell", "split_cell"]
@@ -46,21 +47,67 @@ def parse_cell(source: str, filename: str) -> ast.Module:
     return ast.parse(source, filename=filename, mode="exec")
 
 
-def is_listcomp_assign(node: ast.stmt) -> bool:
-    """``name = [expr for ...]`` with a single plain name target."""
-    return (
+#: builtins that consume a whole generator: ``name = sum(e for x in xs)`` runs as
+#: a loop whose values are gathered in order and handed to the builtin once
+#: (``any``/``all`` stop early, so their later items never run serially: not here)
+CONSUMERS = frozenset({"sum", "max", "min", "sorted", "list", "tuple", "set", "dict"})
+
+
+def comprehension_kind(
+    node: ast.stmt, shadowed: Callable[[str], bool] = lambda _n: False
+) -> str | None:
+    """What a single-name assignment of a comprehension builds, or ``None``:
+    ``"list"``, ``"set"``, ``"dict"`` for ``[...]``, ``{...}``, ``{k: v ...}``,
+    or the builtin's name for ``sum(e for ...)``, ``max(...)``, ``sorted(...)``..."""
+    if not (
         isinstance(node, ast.Assign)
         and len(node.targets) == 1
         and isinstance(node.targets[0], ast.Name)
-        and isinstance(node.value, ast.ListComp)
-    )
+    ):
+        return None
+    v = node.value
+    if isinstance(v, ast.ListComp):
+        return "list"
+    if isinstance(v, ast.SetComp):
+        return "set"
+    if isinstance(v, ast.DictComp):
+        return "dict"
+    if (
+        isinstance(v, ast.Call)
+        and isinstance(v.func, ast.Name)
+        and v.func.id in CONSUMERS
+        and not shadowed(v.func.id)
+        and len(v.args) == 1
+        and not v.keywords
+        and isinstance(v.args[0], ast.GeneratorExp)
+    ):
+        return v.func.id
+    return None
 
 
-def split_cell(module: ast.Module) -> CellSplit:
-    """Find the parallel loop among the top-level statements."""
+def comprehension_of(
+    node: ast.Assign,
+) -> ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp:
+    """The comprehension a :func:`comprehension_kind` assignment holds."""
+    v = node.value
+    if isinstance(v, ast.Call):
+        gen = v.args[0]
+        assert isinstance(gen, ast.GeneratorExp)
+        return gen
+    assert isinstance(v, (ast.ListComp, ast.SetComp, ast.DictComp))
+    return v
+
+
+def split_cell(
+    module: ast.Module, shadowed: Callable[[str], bool] = lambda _n: False
+) -> CellSplit:
+    """Find the parallel loop among the top-level statements (``shadowed``: a
+    builtin name the notebook rebinds, so ``sum(...)`` is not the builtin)."""
     body = module.body
     for i, node in enumerate(body):
-        if isinstance(node, (ast.For, ast.AsyncFor)) or is_listcomp_assign(node):
+        if isinstance(node, (ast.For, ast.AsyncFor)) or comprehension_kind(
+            node, shadowed
+        ):
             epilogue = list(body[i + 1 :])
             if isinstance(node, (ast.For, ast.AsyncFor)) and node.orelse:
                 epilogue = list(node.orelse) + epilogue
