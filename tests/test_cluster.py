@@ -13,8 +13,8 @@ import time
 
 import psutil
 import pytest
-from conftest import children, wait_gone
 from fake_nvml import FakeNvml, a100s
+from helpers import children, wait_gone
 from IPython.core.error import UsageError
 
 import gpucell

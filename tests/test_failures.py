@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import children, wait_for_ipcluster, wait_gone
+from helpers import children, wait_for_ipcluster, wait_gone
 
 import gpucell
 import gpucell.cluster.lifecycle as gc_mod

@@ -17,11 +17,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for_ipcluster
+from helpers import wait_for_ipcluster
 from IPython.core.error import UsageError
 
 import gpucell.cluster.lifecycle as gc_mod
 from gpucell.errors import ClusterError
+
+# every test here starts a real sshd and a real ipcluster's engine processes
+pytestmark = pytest.mark.cluster
 
 SSHD = "/usr/sbin/sshd"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -240,6 +241,11 @@ class FakeTelemetry:
         if self.fail:
             raise RuntimeError("nvml went away")
         return [sample(0, self.util), sample(1, self.util / 2)]
+
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
 
 
 class FakeHandle:
@@ -670,7 +676,7 @@ def test_selector_on_real_cluster_sets_default_targets(cluster):
         assert select_targets(cluster, CellRequest()) == [second]
         sel.refresh()
         # memory figure of a live CPU engine
-        assert sel.mems[second].description != model._NA
+        assert sel.mems[second].description != model.NA
     finally:
         sel.close()
         cluster.selected = saved
@@ -802,3 +808,58 @@ def test_timeline_of_an_empty_run():
     tl = LastRun(iterations=0, status="ok").timeline()
     ET.fromstring(tl.svg())
     assert "no chunks" in str(tl)
+
+
+def test_monitor_and_selector_release_their_telemetry_when_they_stop() -> None:
+    """The NVML session a display's telemetry opened is closed with it, whether
+    the display is closed or its cluster goes away."""
+    import time
+
+    from gpucell.ui.monitor import DeviceMonitor
+    from gpucell.ui.select import DeviceSelector
+
+    for make in (DeviceMonitor, DeviceSelector):
+        tele = FakeTelemetry()
+        display = make(StandIn(2), tele, period=0.05, alive=lambda: True)
+        time.sleep(0.2)
+        assert tele.closed == 0 and display.running
+        display.close()
+        assert tele.closed == 1 and not display.running
+        alive = [True]
+        tele = FakeTelemetry()
+        display = make(
+            StandIn(2), tele, period=0.05, alive=lambda alive=alive: alive[0]
+        )
+        alive[0] = False  # the cluster stopped
+        deadline = time.monotonic() + 5
+        while display.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tele.closed == 1
+
+
+def test_local_telemetry_closes_only_the_nvml_it_opened() -> None:
+    from gpucell.devices.sampling import LocalTelemetry
+    from gpucell.protocol.telemetry import Target
+
+    class Session:
+        closed = 0
+
+        def usage(self, index):  # pragma: no cover - not sampled here
+            raise AssertionError
+
+        def gpus(self):  # pragma: no cover
+            return []
+
+        def close(self) -> None:
+            self.closed += 1
+
+    given = Session()
+    gpu = Target(engine=0, pid=os.getpid(), kind="gpu", index=0, name="GPU")
+    LocalTelemetry([gpu], nvml=given).close()
+    assert given.closed == 0  # the caller's session stays open
+    own = LocalTelemetry([gpu])
+    opened = own._nvml
+    calls = []
+    opened.close = lambda: calls.append(1)
+    own.close()
+    assert calls == [1]

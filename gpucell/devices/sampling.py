@@ -110,11 +110,20 @@ class LocalTelemetry:
         except Exception:
             self._host_mem = None
         self._nvml = nvml
+        self._own_nvml = False
         if nvml is None and any(t.kind == "gpu" for t in self.targets):
             from gpucell.devices.nvml import PynvmlApi
 
             self._nvml = PynvmlApi()
+            self._own_nvml = True
         self._lock = threading.Lock()  # a widget thread and the dispatcher may share
+
+    def close(self) -> None:
+        """Release the NVML session this source opened (one passed in is the
+        caller's to close)."""
+        close = getattr(self._nvml, "close", None)
+        if self._own_nvml and close is not None:
+            close()
 
     def prime(self) -> None:
         """Restart the CPU% baselines now (the next sample averages from here)."""

@@ -27,6 +27,8 @@ import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from gpucell.protocol.fold import is_numpy, is_torch
+
 __all__ = ["Changed", "changes", "freeze", "snapshot", "token"]
 
 #: items of containers (all levels together) tokenised before giving up
@@ -51,20 +53,8 @@ class _Budget:
         self.items = MAX_ITEMS
 
 
-def _module_of(obj: Any) -> str:
-    return type(obj).__module__ or ""
-
-
-def _is_numpy(obj: Any) -> bool:
-    return _module_of(obj).startswith("numpy") and hasattr(obj, "flags")
-
-
 def _is_tensor(obj: Any) -> bool:
-    return (
-        _module_of(obj).startswith("torch")
-        and hasattr(obj, "data_ptr")
-        and hasattr(obj, "_version")
-    )
+    return is_torch(obj) and hasattr(obj, "_version")
 
 
 def _is_module(obj: Any) -> bool:
@@ -150,7 +140,7 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         return _UNCHECKED
     if isinstance(obj, _IMMUTABLE):
         return ("=", type(obj).__name__, hash(obj))
-    if _is_numpy(obj):
+    if is_numpy(obj):
         if obj.flags.writeable:
             try:
                 obj.setflags(write=False)
@@ -189,7 +179,7 @@ def freeze(chunk_obj: Any) -> None:
     if isinstance(chunk_obj, tuple):
         for part in chunk_obj:
             freeze(part)
-    elif _is_numpy(chunk_obj) and chunk_obj.flags.writeable:
+    elif is_numpy(chunk_obj) and chunk_obj.flags.writeable:
         try:
             chunk_obj.setflags(write=False)
         except ValueError:

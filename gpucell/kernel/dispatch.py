@@ -181,6 +181,30 @@ class Run:
     ``gc`` is anything shaped like :class:`gpucell.cluster.lifecycle.GpuCluster`
     (engines, client, ``view()``, ``mark_dead()``, the input cache and the
     shared-memory channel); tests drive a Run with a fake one.
+
+    Parameters
+    ----------
+    programs
+        The engine program per engine id (CPU engines may get a CUDA-rewritten one).
+    inputs
+        ``{name: value}`` the body reads; sent to an engine only when its cached
+        copy's fingerprint differs.
+    chunk_of
+        ``chunk_of(start, stop)`` returns the chunk object for those iterations.
+    record
+        Provenance, filled in as chunks finish (also on failure).
+    relay
+        Where engine output goes (``sys.stdout.write`` by default).
+    progress
+        Called with a :class:`~gpucell.core.runstate.RunSnapshot` every
+        ``progress_period`` seconds and once at the end (the live display).
+    telemetry
+        A :class:`gpucell.kernel.telemetry.ClusterTelemetry`: remote engines start
+        their sampler with the cell, and their samples are collected from the
+        in-flight tasks here (the display reads them with ``sample()``).
+    watch
+        The inputs (and whether the chunk's items) the engines check before and
+        after each chunk (``LoopPlan.watched()``; see gpucell.engine.checkin).
     """
 
     def __init__(
@@ -550,66 +574,10 @@ class Run:
         return [self.results[k] for k in sorted(self.results)]
 
 
-def run_chunks(
-    gc: GpuCluster,
-    targets: Sequence[int],
-    *,
-    programs: dict[int, Any],
-    inputs: dict[str, Any],
-    n: int,
-    chunk_of: Callable[[int, int], Any],
-    options: Options,
-    record: LastRun,
-    echo: Callable[[str], None] = print,
-    relay: Callable[[str], None] | None = None,
-    progress: Callable[[RunSnapshot], None] | None = None,
-    progress_period: float = 0.3,
-    telemetry: Any = None,
-    watch: Watch | None = None,
-) -> list[Any]:
+def run_chunks(gc: GpuCluster, targets: Sequence[int], **kwargs: Any) -> list[Any]:
     """Run every iteration of ``range(n)`` on ``targets``; return chunk results in
-    iteration order.
-
-    Parameters
-    ----------
-    programs
-        The engine program per engine id (CPU engines may get a CUDA-rewritten one).
-    inputs
-        ``{name: value}`` the body reads; sent to an engine only when its cached
-        copy's fingerprint differs.
-    chunk_of
-        ``chunk_of(start, stop)`` returns the chunk object for those iterations.
-    record
-        Provenance, filled in as chunks finish (also on failure).
-    relay
-        Where engine output goes (``sys.stdout.write`` by default).
-    progress
-        Called with a :class:`~gpucell.core.runstate.RunSnapshot` every
-        ``progress_period`` seconds and once at the end (the live display).
-    telemetry
-        A :class:`gpucell.kernel.telemetry.ClusterTelemetry`: remote engines start
-        their sampler with the cell, and their samples are collected from the
-        in-flight tasks here (the display reads them with ``sample()``).
-    watch
-        The inputs (and whether the chunk's items) the engines check before and
-        after each chunk (``LoopPlan.watched()``; see gpucell.engine.checkin).
-    """
-    run = Run(
-        gc,
-        targets,
-        programs=programs,
-        inputs=inputs,
-        n=n,
-        chunk_of=chunk_of,
-        options=options,
-        record=record,
-        echo=echo,
-        relay=relay,
-        progress=progress,
-        progress_period=progress_period,
-        telemetry=telemetry,
-        watch=watch,
-    )
+    iteration order (the arguments are :class:`Run`'s)."""
+    run = Run(gc, targets, **kwargs)
     run.ship_inputs()
     return run.execute()
 

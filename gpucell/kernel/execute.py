@@ -410,6 +410,8 @@ def _run_with_display(
         )
     finally:
         display.close(last[0])
+        if tele is not None:
+            tele.close()
 
 
 @dataclass

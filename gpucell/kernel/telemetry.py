@@ -183,6 +183,10 @@ class ClusterTelemetry:
     def feed(self, data: Mapping[str, Any] | None) -> int:
         return self.remote.feed(data)
 
+    def close(self) -> None:
+        """Release what measuring opened (the kernel's NVML session)."""
+        self.local.close()
+
     def sample(self) -> list[DeviceSample]:
         both = self.local.sample() + self.remote.sample()
         return sorted(both, key=lambda s: s.engine)

@@ -69,7 +69,7 @@ STATUS_BAR_STYLE: dict[str, str] = {
     "interrupted": "warning",
 }
 
-_NA = "–"
+NA = "–"
 
 
 # --------------------------------------------------------------------- units
@@ -105,7 +105,7 @@ def fmt_rate(rate: float) -> str:
     pace is a rough figure, and four or more digits only look precise.
     """
     if rate <= 0 or rate != rate:
-        return _NA
+        return NA
     if rate < 1:
         return f"{1 / rate:.1f} s/it"
     if rate < 10:
@@ -127,13 +127,13 @@ def fmt_count(n: int) -> str:
 
 
 def fmt_percent(fraction: float | None) -> str:
-    return _NA if fraction is None else f"{100 * fraction:.0f}%"
+    return NA if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def fmt_bytes(used: float | None, total: float | None = None) -> str:
     """``3.2/80.0 GiB``: one unit for both numbers, picked from the total."""
     if used is None and not total:
-        return _NA
+        return NA
     ref = total or used or 0
     unit, scale = ("GiB", 2**30) if ref >= 2**30 else ("MiB", 2**20)
     if not total:
@@ -193,14 +193,14 @@ class _Load:
 
 def _load(sample: Any | None) -> _Load:
     if sample is None:
-        return _Load(None, _NA, None, _NA, "")
+        return _Load(None, NA, None, NA, "")
     util = _attr(sample, "utilization", "utilization_pct", "util")
     used = _attr(sample, "memory_used")
     total = _attr(sample, "memory_total")
     u = _clamp(util / 100.0) if util is not None else None
     # a CPU engine's process may use several cores (e.g. 350 %): the bar is
     # full, the text says how full
-    util_text = _NA if util is None else f"{util:.0f}%"
+    util_text = NA if util is None else f"{util:.0f}%"
     m = _clamp(used / total) if used is not None and total else None
     extra = []
     power = _attr(sample, "power_w")
@@ -239,7 +239,7 @@ def device_text(device: str, name: str) -> str:
 
 def device_label(engine: int | None, host: str, device: str, name: str) -> str:
     """``0 · node1 · GPU 0 (A100)``: who the row is, in one short string."""
-    who = _NA if engine is None else str(engine)
+    who = NA if engine is None else str(engine)
     return " · ".join(x for x in (who, host, device_text(device, name)) if x)
 
 
@@ -253,11 +253,11 @@ class DeviceRow:
     done: int = 0
     done_text: str = ""
     rate: float = 0.0
-    rate_text: str = _NA
+    rate_text: str = NA
     util: float | None = None
-    util_text: str = _NA
+    util_text: str = NA
     mem: float | None = None
-    mem_text: str = _NA
+    mem_text: str = NA
     extra: str = ""  # power, temperature
     note: str = ""  # why telemetry is missing, when it is
     host: str = ""
@@ -328,7 +328,7 @@ def run_view(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> RunView
         # telemetry sees a vanished process before the dispatcher's next poll
         state = DEAD if load.dead else _state(e, snap.status)
         if state == DEAD:
-            load = _Load(None, _NA, None, _NA, "", note=load.note, dead=True)
+            load = _Load(None, NA, None, NA, "", note=load.note, dead=True)
         rows.append(
             DeviceRow(
                 engine=e.engine,
@@ -369,7 +369,7 @@ def monitor_rows(
         load = _load(by.get(eid))
         if load.dead or state == DEAD:
             state = DEAD
-            load = _Load(None, _NA, None, _NA, "", note=load.note, dead=True)
+            load = _Load(None, NA, None, NA, "", note=load.note, dead=True)
         rows.append(
             DeviceRow(
                 engine=eid,
@@ -509,7 +509,7 @@ def summary_lines(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> li
     body = [
         (
             str(e.engine),
-            e.host or _NA,
+            e.host or NA,
             device_text(e.device, e.name),
             fmt_count(e.done),
             r.rate_text,

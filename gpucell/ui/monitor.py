@@ -21,7 +21,7 @@ from gpucell.ui import model
 if TYPE_CHECKING:
     from gpucell.protocol.telemetry import TelemetrySource
 
-__all__ = ["DeviceMonitor", "Refresher", "cluster_alive"]
+__all__ = ["DeviceMonitor", "Refresher", "close_source", "cluster_alive"]
 
 
 def cluster_alive(gc: Any) -> Callable[[], bool]:
@@ -36,6 +36,13 @@ def cluster_alive(gc: Any) -> Callable[[], bool]:
         return mod is not None and mod.current_or_none() is gc
 
     return alive
+
+
+def close_source(telemetry: Any) -> None:
+    """Release a telemetry source's handles (NVML) when a display stops."""
+    close = getattr(telemetry, "close", None)
+    if close is not None:
+        close()
 
 
 class Refresher:
@@ -54,8 +61,10 @@ class Refresher:
         alive: Callable[[], bool],
         on_end: Callable[[], None] | None = None,
         name: str = "gpucell-ui",
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.tick = tick
+        self.release = release  # runs once when the thread ends, however it ends
         self.period = period
         self.alive = alive
         self.on_end = on_end
@@ -72,6 +81,16 @@ class Refresher:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            if self.release is not None:
+                try:
+                    self.release()
+                except Exception:
+                    self.errors += 1
+
+    def _loop(self) -> None:
         while not self._stop.wait(self.period):
             if not self.alive():
                 if self.on_end is not None:
@@ -121,11 +140,12 @@ class DeviceMonitor:
     ) -> None:
         import ipywidgets as w
 
-        from gpucell.ui.progress import DeviceTable, _apply
+        from gpucell.ui.progress import DeviceTable
+        from gpucell.ui.widgets import apply_changes
 
         self.gc = gc
         self.telemetry = telemetry
-        self._apply = _apply
+        self._apply = apply_changes
         self.title = w.HTML(tooltip="")
         self.table = DeviceTable(stats_title="power · temperature")
         self.widget = w.VBox([self.title, self.table.box], tooltip="")
@@ -137,6 +157,7 @@ class DeviceMonitor:
             alive or cluster_alive(gc),
             on_end=lambda: self._set_title("cluster stopped; monitor ended"),
             name="gpucell-monitor",
+            release=lambda: close_source(telemetry),
         )
         if start:
             self._refresher.start()

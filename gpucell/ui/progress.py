@@ -21,6 +21,17 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from gpucell.core.runstate import RunSnapshot
 from gpucell.ui import model
+from gpucell.ui.widgets import (
+    GAP,
+    W_MEM,
+    W_MEM_FIG,
+    W_UTIL,
+    W_UTIL_FIG,
+    SharedStyles,
+    apply_changes,
+    fig_header,
+    px,
+)
 
 if TYPE_CHECKING:
     from gpucell.protocol.telemetry import DeviceSample, TelemetrySource
@@ -180,116 +191,10 @@ class TextProgress:
             self.errors += 1
 
 
-# ------------------------------------------------------------------ widgets
-
-
-def _apply(
-    changes: Sequence[tuple[Any, dict[str, Any]]],
-    deadline: float | None = None,
-    at_least: int = 1,
-) -> int:
-    """Set the trait values that differ, each widget's inside its ``hold_sync()``.
-
-    Unchanged widgets cost a comparison and no message; a changed one sends its
-    changed traits as one comm message (~0.2 ms each in a kernel, the cost that
-    matters).  With a ``deadline`` (a ``time.perf_counter()`` value) it stops once
-    the deadline has passed and ``at_least`` widgets were sent, so every call makes
-    progress; the rest stay different and go out with a later call.  Returns how
-    many entries were handled.
-    """
-    sent = 0
-    for n, (w, attrs) in enumerate(changes):
-        diff = {k: v for k, v in attrs.items() if getattr(w, k) != v}
-        if not diff:
-            continue
-        with w.hold_sync():
-            for k, v in diff.items():
-                setattr(w, k, v)
-        sent += 1
-        if deadline is not None and sent >= at_least and time.perf_counter() > deadline:
-            return n + 1
-    return len(changes)
-
-
-#: column widths in px, shared by the header and every row so they line up: the
-#: device label, the utilisation column (its figure, then its bar), the memory
-#: column (likewise), iterations and pace, the state
-W_LABEL, W_UTIL, W_MEM, W_STATS, W_STATE = 250, 150, 210, 180, 80
-#: the figure in front of each bar (right-aligned, as figures in a column are)
-W_UTIL_FIG, W_MEM_FIG = 48, 100
-#: the space between two columns
-GAP = 12
-#: what ipywidgets puts between a description and its bar
-#: (``--jp-widgets-inline-margin`` * 2 in its stylesheet)
-_LABEL_MARGIN = 8
-
-
-def _px(n: int) -> str:
-    return f"{n}px"
-
-
-def fig_header(title: str, fig_width: int) -> str:
-    """A column header over a bar's description, right-aligned like the figures.
-
-    ipywidgets draws a description as a ``text-align: right`` label of exactly
-    ``description_width``; a block of that width, right-aligned, puts the header's
-    last letter over the figures' last digit.
-    """
-    return (
-        f'<div style="width:{fig_width}px;text-align:right;white-space:nowrap">'
-        f"<b>{_esc(title)}</b></div>"
-    )
-
-
-class _Shared:
-    """Layouts and styles shared by every row.
-
-    Each ``Layout`` or style is a widget model of its own; sharing them keeps a
-    table of eight GPUs at ~45 models instead of ~130, which is what the front end
-    creates and the notebook saves.
-    """
-
-    def __init__(self, w: Any) -> None:
-        def lay(width: int) -> Any:
-            return w.Layout(width=_px(width), margin=f"0 {GAP}px 0 0")
-
-        self.label, self.util, self.mem = lay(W_LABEL), lay(W_UTIL), lay(W_MEM)
-        self.stats, self.state = lay(W_STATS), lay(W_STATE)
-        from ipywidgets.widgets.widget_float import ProgressStyle
-        from ipywidgets.widgets.widget_string import HTMLStyle
-
-        self.html = HTMLStyle()
-        self.util_style = ProgressStyle(description_width=_px(W_UTIL_FIG))
-        self.mem_style = ProgressStyle(description_width=_px(W_MEM_FIG))
-
-    def util_bar(self, w: Any) -> Any:
-        """A device's utilisation bar (its figure is the description)."""
-        return w.FloatProgress(
-            min=0.0,
-            max=1.0,
-            description=model._NA,
-            bar_style="info",
-            style=self.util_style,
-            layout=self.util,
-            tooltip="",
-        )
-
-    def mem_bar(self, w: Any) -> Any:
-        """A device's memory bar."""
-        return w.FloatProgress(
-            min=0.0,
-            max=1.0,
-            description=model._NA,
-            style=self.mem_style,
-            layout=self.mem,
-            tooltip="",
-        )
-
-
 class _RowWidgets:
     """The widgets of one device row (an ``HBox``)."""
 
-    def __init__(self, w: Any, sh: _Shared) -> None:
+    def __init__(self, w: Any, sh: SharedStyles) -> None:
         # tooltip="": ipywidgets writes a None tooltip into the label's title as
         # the word "null", which a hover then shows
         self.label = w.HTML(layout=sh.label, style=sh.html, tooltip="")
@@ -345,7 +250,7 @@ class DeviceTable:
         import ipywidgets as w
 
         self._w = w
-        self._shared = sh = _Shared(w)
+        self._shared = sh = SharedStyles(w)
         # each header cell has its column's Layout, so the widths and gaps are
         # the rows' own; the figure columns' titles sit right-aligned over the
         # figures (see fig_header)
@@ -413,7 +318,7 @@ class WidgetProgress:
             min=0.0,
             max=1.0,
             bar_style="info",
-            layout=w.Layout(width=_px(W_UTIL + GAP + W_MEM), margin=f"0 {GAP}px 0 0"),
+            layout=w.Layout(width=px(W_UTIL + GAP + W_MEM), margin=f"0 {GAP}px 0 0"),
             tooltip="",
         )
         # margin 0 as every cell of the table has (the default 2 px would set
@@ -423,7 +328,7 @@ class WidgetProgress:
         self.widget = w.VBox([self.overall, self.table.box], tooltip="")
         self.budget = UPDATE_BUDGET
         self._turn = 0
-        _apply(sum(self._changes(snap, self._sampler.get(force=True)), []))
+        apply_changes(sum(self._changes(snap, self._sampler.get(force=True)), []))
         if show is None:
             from IPython.display import display as show
         self._handle = show(
@@ -463,7 +368,7 @@ class WidgetProgress:
             head, rows = self._changes(snap, self._sampler.get())
             k = self._turn % len(rows) if rows else 0
             order = head + rows[k:] + rows[:k]
-            done = _apply(order, t0 + self.budget, at_least=len(head) + 1)
+            done = apply_changes(order, t0 + self.budget, at_least=len(head) + 1)
             self._turn = k + max(0, done - len(head))
         except Exception:
             self.errors += 1
@@ -479,7 +384,7 @@ class WidgetProgress:
         """
         try:
             samples = self._sampler.get(force=True)
-            _apply(sum(self._changes(snap, samples), []))
+            apply_changes(sum(self._changes(snap, samples), []))
             text = "\n".join(model.summary_lines(snap, samples))
             if self._handle is not None and hasattr(self._handle, "update"):
                 self._handle.update(self._bundle(text), raw=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gpucell.ui import model
-from gpucell.ui.monitor import Refresher, cluster_alive
+from gpucell.ui.monitor import Refresher, close_source, cluster_alive
 
 if TYPE_CHECKING:
     from gpucell.protocol.telemetry import TelemetrySource
@@ -70,20 +70,20 @@ class DeviceSelector:
     ) -> None:
         import ipywidgets as w
 
-        from gpucell.ui.progress import (
+        from gpucell.ui.widgets import (
             GAP,
             W_LABEL,
             W_MEM_FIG,
             W_UTIL_FIG,
-            _apply,
-            _px,
-            _Shared,
+            SharedStyles,
+            apply_changes,
             fig_header,
+            px,
         )
 
         self.gc = gc
         self.telemetry = telemetry
-        self._apply = _apply
+        self._apply = apply_changes
         self._lock = threading.RLock()
         self._syncing = False
         self.checkboxes: dict[int, Any] = {}
@@ -92,8 +92,8 @@ class DeviceSelector:
         self.loads: dict[int, Any] = {}
         # the same columns as the run's table (progress.DeviceTable); the
         # checkbox column is wider by the box in front of the label
-        sh = _Shared(w)
-        check = w.Layout(width=_px(W_LABEL + CHECK_W), margin=f"0 {GAP}px 0 0")
+        sh = SharedStyles(w)
+        check = w.Layout(width=px(W_LABEL + CHECK_W), margin=f"0 {GAP}px 0 0")
         rows = []
         sel = gc.selected
         for eid in sorted(gc.engines):
@@ -133,6 +133,7 @@ class DeviceSelector:
             alive or cluster_alive(gc),
             on_end=lambda: self._set_note("cluster stopped; selection closed"),
             name="gpucell-select",
+            release=lambda: close_source(telemetry),
         )
         if start:
             self._refresher.start()

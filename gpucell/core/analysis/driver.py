@@ -224,11 +224,7 @@ def analyse(
         target, iterable, body = _listcomp_body(comp)
         result_name = loop.targets[0].id  # type: ignore[attr-defined]
         kind = "listcomp"
-        hidden = {
-            n.id
-            for g in comp.generators
-            for n in target_names(g.target)
-        }
+        hidden = {n.id for g in comp.generators for n in target_names(g.target)}
         if any(g.is_async for g in comp.generators):
             diag.add(
                 loop.lineno,
