@@ -141,6 +141,28 @@ def _roundtrip(obj: Any) -> Any:
     return pickle.loads(cloudpickle.dumps(obj))
 
 
+def _in_layers(
+    plan: Any, ns: dict[str, Any], k: int, inner: Callable[[], None]
+) -> None:
+    """The `with` blocks around the loop, entered here as the kernel does."""
+    import ast
+    import contextlib
+
+    if k == len(plan.layers):
+        inner()
+        return
+    layer = plan.layers[k]
+    with contextlib.ExitStack() as stack:
+        for item in layer.node.items:
+            expr = compile(ast.Expression(item.context_expr), FILENAME, "eval")
+            stack.enter_context(eval(expr, ns))
+        for part in (layer.before, None, layer.after):
+            if part is None:
+                _in_layers(plan, ns, k + 1, inner)
+            elif (code := plan.compile_statements(part)) is not None:
+                exec(code, ns)
+
+
 def chunk_bounds(count: int, cuts: Sequence[float]) -> list[tuple[int, int]]:
     """Chunk boundaries from fractions in [0, 1]; may include empty chunks."""
     points = sorted({0, count, *(min(count, int(c * (count + 1))) for c in cuts)})
@@ -161,31 +183,37 @@ def run_parallel_local(
     prelude = plan.compile_prelude()
     if prelude is not None:
         exec(prelude, ns)
-    assert plan.iter_space is not None
-    values = [eval(compile(e, FILENAME, "eval"), ns) for e in plan.iter_space.leaves]
-    chunker = make_chunker(plan.iter_space, values)
-    program = _roundtrip(plan.engine_program())
-    inputs = _roundtrip({n: ns[n] for n in plan.inputs if n in ns})
-    bounds = chunk_bounds(chunker.count, cuts)
-    idx = list(range(len(bounds)))
-    if order is not None:  # engines finish in any order
-        idx = order(idx)
-    results: list[ChunkResult] = []
-    watch = plan.watched()
-    for i in idx:
-        a, b = bounds[i]
-        obj = _roundtrip(chunker.chunk(a, b))
-        # the engines' check: inputs are read-only to iterations
-        items = (lambda obj=obj: chunk_items(obj)) if watch["items"] else None
-        before = checkin.snapshot(inputs, watch["names"], items)
-        result = run_chunk(program, inputs, obj, a)
-        changed = checkin.changes(before, inputs, items)
-        if changed:
-            raise checkin.Changed(changed)
-        results.append(_roundtrip(result))
-    view = {n: ns[n] for n in plan.affected_names if n in ns}
-    update = prepare(plan, results, view)
-    update.commit(ns)
+
+    def loop() -> None:
+        assert plan.iter_space is not None
+        values = [
+            eval(compile(e, FILENAME, "eval"), ns) for e in plan.iter_space.leaves
+        ]
+        chunker = make_chunker(plan.iter_space, values)
+        program = _roundtrip(plan.engine_program())
+        inputs = _roundtrip({n: ns[n] for n in plan.inputs if n in ns})
+        bounds = chunk_bounds(chunker.count, cuts)
+        idx = list(range(len(bounds)))
+        if order is not None:  # engines finish in any order
+            idx = order(idx)
+        results: list[ChunkResult] = []
+        watch = plan.watched()
+        for i in idx:
+            a, b = bounds[i]
+            obj = _roundtrip(chunker.chunk(a, b))
+            # the engines' check: inputs are read-only to iterations
+            items = (lambda obj=obj: chunk_items(obj)) if watch["items"] else None
+            before = checkin.snapshot(inputs, watch["names"], items)
+            result = run_chunk(program, inputs, obj, a)
+            changed = checkin.changes(before, inputs, items)
+            if changed:
+                raise checkin.Changed(changed)
+            results.append(_roundtrip(result))
+        view = {n: ns[n] for n in plan.affected_names if n in ns}
+        update = prepare(plan, results, view)
+        update.commit(ns)
+
+    _in_layers(plan, ns, 0, loop)
     epilogue = plan.compile_epilogue()
     if epilogue is not None:
         exec(epilogue, ns)
@@ -435,6 +463,7 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
     lines: list[str] = []
     if draw(st.booleans()):
         lines.append(draw(st.sampled_from(["out2 = []", "base = base + 1", "k = 2"])))
+    prelude_end = len(lines)
     if draw(st.integers(0, 5)) == 0:
         # list-comprehension form
         cond = draw(st.sampled_from(["", " if i % 3", " if (m := i * 2) > 4"]))
@@ -474,6 +503,16 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
             body.append("facc += y")
         lines.append(header)
         lines.extend("    " + b for b in body)
+    if draw(st.integers(0, 3)) == 0:
+        # the loop inside a `with` block, with statements before and after it
+        # inside the block (the kernel runs those in the context)
+        inner = lines[prelude_end:]
+        if draw(st.booleans()):
+            inner.insert(0, "base = base * 2")
+        if draw(st.booleans()):
+            inner.append("inside = len(out)")
+        lines[prelude_end:] = ["with nullcontext():", *("    " + x for x in inner)]
+        g.kinds.append("with")
     if draw(st.booleans()):
         lines.append("total = acc + len(out) + sum(s)")
     return GenCell("\n".join(lines) + "\n", g.refused, g.kinds, g.mutates)

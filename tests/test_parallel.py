@@ -18,6 +18,7 @@ import torch
 from IPython.core.error import UsageError
 
 import gpucell
+from gpucell.errors import IterationError, NotParallelizable
 
 pytestmark = pytest.mark.cluster
 
@@ -52,7 +53,10 @@ def same(a, b) -> bool:
     if isinstance(a, np.ndarray):
         return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.allclose(a, b)
     if isinstance(a, float):
-        return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+        return a == b or abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    if isinstance(a, torch.nn.Module):
+        sa, sb = a.state_dict(), b.state_dict()
+        return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
     if isinstance(a, dict):
@@ -573,3 +577,116 @@ def test_first_runs_keep_the_chunks_asked_for(ip, cluster, line, sizes):
     assert_serial_equivalent(ip, cell, {}, line=f"--quiet {line}")
     done = [c for c in gpucell.last_run.chunks if c.state == "done"]
     assert {c.stop - c.start for c in done} == sizes
+
+
+WITH_ROWS = {
+    "torch.no_grad() around an evaluation loop": (
+        "import torch\nouts = []\nwith torch.no_grad():\n    n_seen = 0\n"
+        "    for x in batches:\n        outs.append(model(x))\n"
+        "    n_seen = len(outs)\n",
+        {
+            "model": torch.nn.Linear(4, 2),
+            "batches": [torch.ones(3, 4) * i for i in range(7)],
+        },
+    ),
+    "two contexts in one with, and statements after it": (
+        "import numpy as np\nimport torch\nlogs = []\n"
+        "with np.errstate(divide='ignore'), torch.inference_mode():\n"
+        "    for v in vals:\n        logs.append(float(np.log(v)))\n"
+        "done = len(logs)\n",
+        {"vals": [0.0, 1.0, 2.0, 0.0, 4.0]},
+    ),
+    "nested withs with a prelude inside": (
+        "import torch\nout = []\nwith torch.no_grad():\n    k = 3\n"
+        "    with torch.autocast('cpu', enabled=False):\n"
+        "        for i in range(12):\n            out.append(i * k)\n"
+        "        last = i\n",
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(WITH_ROWS))
+def test_loops_inside_with_blocks_give_the_serial_namespace(ip, cluster, row):
+    cell, ns = WITH_ROWS[row]
+    assert_serial_equivalent(ip, cell, dict(ns), "--quiet --schedule static")
+
+
+def test_a_context_is_entered_on_the_engines_around_each_chunk(ip, cluster, capsys):
+    ip.user_ns.update(np=np, vals=[0.0, 1.0, 0.0])
+    cell = (
+        "logs = []\nwith np.errstate(divide='ignore'):\n"
+        "    for v in vals:\n        logs.append(float(np.log(v)))\n"
+    )
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule static", cell)
+    assert ip.user_ns["logs"] == [float("-inf"), 0.0, float("-inf")]
+    assert "divide by zero" not in capsys.readouterr().err  # errstate on the engines
+
+
+def test_catch_warnings_and_a_filter_set_inside_the_with_reach_the_engines(
+    ip, cluster, capsys
+):
+    import warnings
+
+    cell = (
+        "import warnings\nwith warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore')\n    for i in range(4):\n"
+        "        warnings.warn(f'inside {i}')\n"
+    )
+    before = list(warnings.filters)
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule static", cell)
+    assert "inside" not in capsys.readouterr().err
+    assert warnings.filters == before  # the kernel left the context
+
+
+def test_a_with_target_the_loop_reads_is_refused(ip, cluster, tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_text("a\nb\n")
+    ip.user_ns.update(path=str(path), out=[])
+    with pytest.raises(NotParallelizable, match="which a `with ... as fh` around it"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "with open(path) as fh:\n    for i in range(2):\n"
+            "        out.append(fh.readline())\n",
+        )
+    assert ip.user_ns["out"] == []
+    # iterating over the file itself is fine: its lines are read in the kernel
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "with open(path) as fh:\n"
+        "    for line in fh:\n        out.append(line.strip())\n",
+    )
+    assert ip.user_ns["out"] == ["a", "b"]
+
+
+def test_an_error_a_with_would_suppress_stops_the_cell(ip, cluster):
+    ip.user_ns.update(xs=[0, 1, 2, 3], out=[])  # serially: out == []
+    cell = (
+        "import contextlib\nwith contextlib.suppress(ZeroDivisionError):\n"
+        "    for x in xs:\n        out.append(6 // x)\nafter = 1\n"
+    )
+    with pytest.raises(IterationError, match="a `with` around it suppressed the error"):
+        ip.run_cell_magic("gpu_parallel", "--quiet --schedule static", cell)
+    assert ip.user_ns["out"] == [] and "after" not in ip.user_ns
+
+
+def test_a_loop_local_that_cannot_travel_back_does_not_fail_the_loop(
+    ip, cluster, tmp_path, capsys
+):
+    """`f` (a closed file) cannot come back from an engine: the loop's results
+    still merge, `f` keeps its value from before the cell, and one note says so."""
+    path = tmp_path / "x.txt"
+    path.write_text("data")
+    ip.user_ns.update(path=str(path), sizes=[], f="before")
+    cell = (
+        "for i in range(6):\n    f = open(path)\n    sizes.append(len(f.read()) + i)\n"
+        "    f.close()\n"
+    )
+    ip.run_cell_magic("gpu_parallel", "--schedule static", cell)
+    assert ip.user_ns["sizes"] == [4 + i for i in range(6)]
+    assert ip.user_ns["f"] == "before"
+    out = capsys.readouterr().out
+    assert "`f` keeps the value it had before the cell" in out
+    assert "TextIOWrapper" in out

@@ -117,6 +117,8 @@ class PreparedUpdate:
     assign: dict[str, Any] = field(default_factory=dict)
     delete: tuple[str, ...] = ()
     iterations: int = 0
+    # locals whose last value could not travel back: left as they were, said so
+    notes: list[str] = field(default_factory=list)
 
     def commit(self, namespace: MutableMapping[str, Any]) -> None:
         """Apply the update. Touches only validated objects and the given names."""
@@ -403,6 +405,11 @@ def prepare(
             up.assign[name] = importlib.import_module(payload)
         elif kind == "deleted":
             deletes.append(name)
+        elif kind == "unsendable":
+            up.notes.append(
+                f"`{name}` keeps the value it had before the cell: its last value "
+                f"in the loop (a {payload}) cannot travel back from an engine."
+            )
     up.delete = tuple(deletes)
     return up
 

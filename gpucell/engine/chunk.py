@@ -89,6 +89,7 @@ class Recorder:
         self._keyed_index: dict[str, dict[Any, int]] = {}
         self._deleted: set[str] = set()
         self._per_iteration_end = False
+        self.suppressed: BaseException | None = None
 
     @property
     def current(self) -> int | None:
@@ -145,6 +146,10 @@ class Recorder:
                 last[name] = (index, "deleted", None)
         self._deleted.clear()
         self.result.count += 1
+
+    def raised(self, exc: BaseException) -> None:
+        """The loop raised inside a ``with`` around it (which may swallow it)."""
+        self.suppressed = exc
 
     def deleted(self, names: tuple[str, ...]) -> None:
         self._deleted.update(names)
@@ -340,6 +345,15 @@ def run_chunk(
     ns[ITEMS] = items if deadline is None else _until(items, deadline)
     try:
         exec(code, ns)
+        if rec.suppressed is not None:
+            # a `with` around the loop swallowed it; serially the iterations
+            # after it would not have run, so this chunk has no result
+            exc = rec.suppressed
+            if hasattr(exc, "add_note"):
+                exc.add_note(
+                    "gpucell: a `with` around the loop suppressed this exception"
+                )
+            raise exc
     except BaseException as exc:
         if rec.current is not None:
             try:

@@ -121,6 +121,18 @@ def _set_warning_filters(frames: list[Any]) -> None:
         _warning_filters = None
 
 
+def _mark_unsendable(result: Any) -> None:
+    """Replace the loop-locals' last values that do not serialise with a marker
+    naming their type (everything else in the result travels as it is)."""
+    for name, (index, kind, value) in list(result.last_values.items()):
+        if kind != "value":
+            continue
+        try:
+            wire.dumps(value)
+        except Exception:
+            result.last_values[name] = (index, "unsendable", type(value).__name__)
+
+
 def _cuda_target() -> Any:
     if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu":
         return "cuda"
@@ -376,5 +388,14 @@ def run(
         "pid": os.getpid(),
         "cached": loaded["cached"] if loaded is not None else None,
     }
-    frames = wire.dumps((status, payload, timing))
+    try:
+        frames = wire.dumps((status, payload, timing))
+    except Exception:
+        if status != "ok":
+            raise
+        # a loop-local whose last value cannot travel (a closed file, a
+        # generator, a lock) must not fail a loop whose results are fine: the
+        # kernel leaves that name as it was, and says so
+        _mark_unsendable(payload)
+        frames = wire.dumps((status, payload, timing))
     return shm.spill(frames, results_to, f"{engine_id}-{start}-{os.urandom(4).hex()}")

@@ -7,6 +7,8 @@ the only place that writes the user's namespace.
 
 from __future__ import annotations
 
+import ast
+import copy
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,40 +173,132 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
 
     record = LastRun(plan=prep.plan)
     _set_last_run(record)
-    loop = _start_loop(shell, prep)
-    cuda = "cuda" in src or any(map(_names_cuda, loop.inputs.values()))
-    programs = _programs(gc, targets, prep, prepared(True) if cuda else prep, req)
-    cost_key = (src, tuple(sorted(targets)))
-    advice = gc.cost_history.advise(
-        cost_key,
-        iterations=loop.chunker.count,
-        shapes=loop.shapes,
-        plain=not cuda and not req.asks_for_engines(),
-        inline_below=_config.settings().inline_below,
-    )
-    if prep.plan.random_calls and req.seed is None and not req.quiet:
-        calls = ", ".join(f"`{c}` (line {n})" for n, c in prep.plan.random_calls)
+    prelude = prep.code("prelude", prep.plan.compile_prelude)
+    if prelude is not None:
+        shell.ex(prelude)
+
+    def loop_and_merge() -> None:
+        loop = _start_loop(shell, prep)
+        cuda = "cuda" in src or any(map(_names_cuda, loop.inputs.values()))
+        programs = _programs(gc, targets, prep, prepared(True) if cuda else prep, req)
+        cost_key = (src, tuple(sorted(targets)))
+        advice = gc.cost_history.advise(
+            cost_key,
+            iterations=loop.chunker.count,
+            shapes=loop.shapes,
+            plain=not cuda and not req.asks_for_engines(),
+            inline_below=_config.settings().inline_below,
+        )
+        _warn_random(prep.plan, req)
+        results = _run_loop(
+            shell, gc, targets, programs, prep, loop, advice, record, req
+        )
+        if record.status == "ok" and loop.chunker.count:
+            gc.cost_history.learn(
+                cost_key,
+                record,
+                iterations=loop.chunker.count,
+                shapes=loop.shapes,
+                previous=advice,
+            )
+        _merge(ns, prep.plan, results)
+        if not req.quiet:
+            print(record.summary())
+
+    failed: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            loop_and_merge()
+        except BaseException as e:
+            failed.append(e)
+            raise
+
+    _inside_layers(shell, prep, 0, guarded)
+    if failed:
+        # a `with` around the loop swallowed the loop's error: serially the
+        # iterations before it would have kept their results, here nothing was
+        # merged, so going on would be silently different
+        from gpucell.errors import IterationError
+
+        raise IterationError(
+            f"gpucell: the loop failed ({type(failed[0]).__name__}: {failed[0]}) and "
+            "a `with` around it suppressed the error. Serially the iterations "
+            "before the failing one would have kept their results; in parallel "
+            "nothing from the loop was merged, so gpucell stops here instead of "
+            "going on with a different namespace. Handle the error inside the "
+            "loop body (`try: ... except ...:`), or run the cell without "
+            "%%gpu_parallel."
+        ) from failed[0]
+    epilogue = prep.code("epilogue", prep.plan.compile_epilogue)
+    if epilogue is not None:
+        shell.ex(epilogue)
+
+
+def _inside_layers(
+    shell: Any, prep: Prepared, k: int, inner: Callable[[], None]
+) -> None:
+    """Run ``inner`` inside the ``with`` blocks around the loop, from the ``k``-th,
+    entered in the kernel with Python's own semantics (a context that swallows an
+    exception swallows it here too); each block's statements before and after
+    the loop run inside it, as serially."""
+    import contextlib
+
+    layers = prep.plan.layers
+    if k == len(layers):
+        inner()
+        return
+    layer, ns = layers[k], shell.user_ns
+    with contextlib.ExitStack() as stack:
+        for i, item in enumerate(layer.node.items):
+            code = prep.code(
+                f"with {k}.{i}",
+                lambda item=item: compile(
+                    ast.Expression(item.context_expr), prep.plan.filename, "eval"
+                ),
+            )
+            entered = stack.enter_context(eval(code, ns))
+            if item.optional_vars is not None:
+                bind = prep.code(
+                    f"as {k}.{i}", lambda item=item: _binder(item, prep.plan.filename)
+                )
+                ns["__gpucell_entered__"] = entered
+                try:
+                    exec(bind, ns)
+                finally:
+                    ns.pop("__gpucell_entered__", None)
+        before = prep.code(
+            f"before {k}", lambda: prep.plan.compile_statements(layer.before)
+        )
+        if before is not None:
+            shell.ex(before)
+        _inside_layers(shell, prep, k + 1, inner)
+        after = prep.code(
+            f"after {k}", lambda: prep.plan.compile_statements(layer.after)
+        )
+        if after is not None:
+            shell.ex(after)
+
+
+def _binder(item: ast.withitem, filename: str) -> Any:
+    """Code binding a ``with ... as target`` to what the context entered gave."""
+    assert item.optional_vars is not None
+    target = copy.deepcopy(item.optional_vars)
+    value = ast.copy_location(ast.Name("__gpucell_entered__", ast.Load()), target)
+    stmt = ast.copy_location(ast.Assign(targets=[target], value=value), target)
+    module = ast.fix_missing_locations(ast.Module(body=[stmt], type_ignores=[]))
+    return compile(module, filename, "exec")
+
+
+def _warn_random(plan: Any, req: CellRequest) -> None:
+    if plan.random_calls and req.seed is None and not req.quiet:
+        calls = ", ".join(f"`{c}` (line {n})" for n, c in plan.random_calls)
         print(
             f"gpucell: warning: {calls} draw(s) from a global random generator: each "
             "engine's is its own, so the numbers differ from a serial run and with "
             "the number of engines. `%%gpu_parallel --seed S` makes them depend "
             "only on S and the iteration."
         )
-    results = _run_loop(shell, gc, targets, programs, prep, loop, advice, record, req)
-    if record.status == "ok" and loop.chunker.count:
-        gc.cost_history.learn(
-            cost_key,
-            record,
-            iterations=loop.chunker.count,
-            shapes=loop.shapes,
-            previous=advice,
-        )
-    _merge(ns, prep.plan, results)
-    if not req.quiet:
-        print(record.summary())
-    epilogue = prep.code("epilogue", prep.plan.compile_epilogue)
-    if epilogue is not None:
-        shell.ex(epilogue)
 
 
 def _run_without_cluster(shell: Any, src: str, filename: str) -> None:
@@ -231,14 +325,11 @@ class _Loop:
 
 
 def _start_loop(shell: Any, prep: Prepared) -> _Loop:
-    """Run the prelude, evaluate the loop's iterable, gather its inputs."""
+    """Evaluate the loop's iterable and gather its inputs (the prelude ran)."""
     from gpucell.core.analysis import make_chunker
     from gpucell.core.costmodel import shape_of
 
     ns, plan = shell.user_ns, prep.plan
-    prelude = prep.code("prelude", plan.compile_prelude)
-    if prelude is not None:
-        shell.ex(prelude)
     space = plan.iter_space
     leaves = prep.code(
         "leaves",
@@ -361,7 +452,10 @@ def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
     from gpucell.core import merge
 
     current = {n: ns[n] for n in plan.affected_names if n in ns}
-    merge.prepare(plan, results, current).commit(ns)
+    update = merge.prepare(plan, results, current)
+    update.commit(ns)
+    for note in update.notes:
+        print(f"gpucell: note: {note}")
 
 
 def _run_with_display(

@@ -77,14 +77,19 @@ class GpuParallelMagics(Magics):
     def gpu_parallel(self, line: str, cell: str) -> Any:
         """Run the cell's loop in parallel on the cluster's engines.
 
-        The cell's first top-level ``for`` loop (or ``name = [... for ...]``) runs on
-        the engines; the statements before it run first in the kernel, those after
-        it run once the results are merged.  The namespace ends up exactly as if
-        the cell had run serially: ``L.append``/``extend`` gather in order,
-        ``D[k] = v`` writes apply in order, ``acc += x`` / ``max`` / ``min`` reduce,
-        and names assigned in the loop keep their last iteration's value.  A loop
-        that cannot be made serial-equivalent is refused before anything runs,
-        with the variable and line.
+        The cell's first top-level ``for`` loop (or ``name = [... for ...]``,
+        ``{...}``, ``{k: v ...}``, ``sum(e for ...)``, ``max``/``min``/``sorted``
+        of a generator) runs on the engines, also inside top-level ``with``
+        blocks (``with torch.no_grad():``, entered on each engine too); the
+        statements before it run first in the kernel, those after it run once the
+        results are merged.  The namespace ends up exactly as if the cell had run
+        serially: ``L.append``/``extend`` gather in order, ``D[k] = v`` writes
+        apply in order, ``acc += x`` / ``max`` / ``min`` reduce, and names
+        assigned in the loop keep their last iteration's value.  A loop that
+        cannot be made serial-equivalent is refused before anything runs, with
+        the variable and line; inputs are read-only to iterations, and a call
+        that changes one (``est.fit(X, y)``, ``loss.backward()`` on an input
+        model) fails the cell on the engines' check, nothing merged.
 
         Examples::
 

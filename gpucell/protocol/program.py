@@ -61,6 +61,7 @@ class Method:
     KEYED: Final = "keyed"  # D[k] += e
     ADD: Final = "add"  # S.add(e)
     UPDATE: Final = "update"  # S.update(e)
+    RAISED: Final = "raised"  # the loop raised inside a `with` that may swallow it
 
 
 #: every method the program may call; the engine's recorder defines each one
@@ -75,6 +76,7 @@ RECORDER_METHODS: Final = (
     Method.KEYED,
     Method.ADD,
     Method.UPDATE,
+    Method.RAISED,
 )
 
 

@@ -22,6 +22,7 @@ from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
 from gpucell.core.analysis.split import (
+    Layer,
     comprehension_kind,
     comprehension_of,
     line_span,
@@ -32,6 +33,39 @@ from gpucell.core.analysis.split import (
 from gpucell.protocol.program import RESULT
 
 __all__ = ["analyse"]
+
+
+def _engine_contexts(
+    layers: tuple[Layer, ...],
+    loop_reads: dict[str, int],
+    with_targets: set[str],
+    diag: DiagnosticSink,
+) -> list[ast.expr]:
+    """The context expressions each engine enters around its chunks (a ``with``
+    around the loop: ``torch.no_grad()``, ``np.errstate(...)``), outermost first.
+
+    A ``with ... as name`` is entered in the kernel only (an open file, a
+    connection: what it gives cannot travel), so the loop may not read ``name``.
+    """
+    for n in sorted(with_targets & loop_reads.keys()):
+        diag.add(
+            loop_reads[n],
+            0,
+            n,
+            "with-target",
+            f"the loop reads `{n}`, which a `with ... as {n}` around it opened in "
+            f"the kernel; an engine cannot use that object (a file, a connection "
+            f"or a lock does not travel). Read what you need from it before the "
+            f"loop (`data = {n}.read()`, or loop over `{n}` itself: the loop's "
+            f"items are read in the kernel), or run the cell without "
+            f"%%gpu_parallel.",
+        )
+    return [
+        item.context_expr
+        for layer in layers
+        for item in layer.node.items
+        if item.optional_vars is None
+    ]
 
 
 def _shape(kind: str | None, comp: ast.expr) -> str:
@@ -156,10 +190,23 @@ def analyse(
     cell_bound = scope_bindings(list(module.body))
     split = split_cell(module, lambda n: n in known or n in cell_bound)
     diag = DiagnosticSink()
-    prelude_bound = scope_bindings(list(split.prelude))
+    # what runs in the kernel before the loop: the prelude, and inside each
+    # `with` around the loop its `as` targets and the statements before the loop
+    before: list[ast.AST] = [
+        *split.prelude,
+        *(s for layer in split.layers for s in layer.before),
+    ]
+    with_targets = {
+        n.id
+        for layer in split.layers
+        for item in layer.node.items
+        if item.optional_vars is not None
+        for n in target_names(item.optional_vars)
+    }
+    prelude_bound = scope_bindings(before) | with_targets
     prelude_modules = {
         a.asname or a.name.split(".")[0]
-        for s in split.prelude
+        for s in before
         if isinstance(s, (ast.Import, ast.ImportFrom))
         for a in s.names
     }
@@ -177,6 +224,7 @@ def analyse(
         prelude_source=source_of(source, split.prelude),
         prelude_lines=line_span(split.prelude),
         prelude=split.prelude,
+        layers=split.layers,
     )
     if loop is None:
         diag.add(
@@ -186,8 +234,8 @@ def analyse(
             "no-loop",
             "the cell has no top-level `for` loop and no top-level "
             "`name = [... for ...]` list comprehension to run in parallel. Put the "
-            "loop at the top level of the cell (not inside `if`, `with` or a "
-            "function), or run the cell without %%gpu_parallel.",
+            "loop at the top level of the cell or of `with` blocks (not inside "
+            "`if`, `try` or a function), or run the cell without %%gpu_parallel.",
         )
         if raise_errors:
             raise_if_any(diag.sorted())
@@ -256,6 +304,11 @@ def analyse(
         is_builtin=is_builtin,
         module_names=prelude_modules,
     )
+    contexts = _engine_contexts(split.layers, cl.inputs, with_targets, diag)
+    for item in contexts:  # what the engines evaluate to re-enter a context
+        for node in ast.walk(item):
+            if isinstance(node, ast.Name) and not is_builtin(node.id):
+                cl.inputs.setdefault(node.id, node.lineno)
     space = describe_iterable(iterable, shadowed)
     # names the iterable reads are inputs of the kernel, not of the engines
     warnings = DiagnosticSink()
@@ -297,6 +350,7 @@ def analyse(
             loop_node=loop,
             target=target,
             body=body,
+            contexts=contexts,
             locals_=locals_,
             reduction_ops={r.name: r.op for r in reductions},
             keyed_ops=dict(keyed),

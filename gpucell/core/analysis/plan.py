@@ -18,6 +18,7 @@ from gpucell.core.analysis.classify import (
 )
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.core.analysis.iterspace import IterSpace
+from gpucell.core.analysis.split import Layer
 from gpucell.protocol.program import Watch
 
 __all__ = ["LoopPlan", "NameInfo", "Reduction", "EngineProgram"]
@@ -128,6 +129,9 @@ class LoopPlan:
     diagnostics: tuple[Diagnostic, ...] = ()
     warnings: tuple[Diagnostic, ...] = ()
     prelude: tuple[ast.stmt, ...] = field(default=(), repr=False)
+    # the `with` blocks around the loop, outermost first (kernel side: entered
+    # after the prelude, their statements around the loop run inside them)
+    layers: tuple[Layer, ...] = field(default=(), repr=False)
     epilogue: tuple[ast.stmt, ...] = field(default=(), repr=False)
 
     # -- convenience views ----------------------------------------------------
@@ -199,6 +203,11 @@ class LoopPlan:
     def compile_epilogue(self) -> CodeType | None:
         """The epilogue as code with the cell's line numbers (``None`` if empty)."""
         return self._compile(self.epilogue)
+
+    def compile_statements(self, stmts: tuple[ast.stmt, ...]) -> CodeType | None:
+        """Some of the cell's statements (a ``with`` block's around the loop) as
+        code with the cell's line numbers (``None`` if there are none)."""
+        return self._compile(stmts)
 
     def _compile(self, stmts: tuple[ast.stmt, ...]) -> CodeType | None:
         if not stmts:

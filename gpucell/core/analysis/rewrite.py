@@ -23,7 +23,8 @@ its line numbers, so a remote traceback points at the user's cell lines.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+import copy
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from gpucell.core.analysis.scope import target_parts
@@ -256,7 +257,8 @@ def build_program(
     loop_node: ast.stmt,
     target: ast.expr,
     body: list[ast.stmt],
-    locals_: tuple[str, ...],
+    contexts: Sequence[ast.expr] = (),
+    locals_: tuple[str, ...] = (),
     reduction_ops: Mapping[str, str],
     keyed_ops: Mapping[str, str],
     device: bool,
@@ -324,6 +326,26 @@ def build_program(
         ),
         loc,
     )
+    if contexts:
+        # the `with` blocks around the loop, re-entered on the engine around
+        # each chunk (expressions copied: the kernel evaluates the originals)
+        items = [
+            ast.withitem(context_expr=copy.deepcopy(c), optional_vars=None)
+            for c in contexts
+        ]
+        # a context may swallow the loop's exception (contextlib.suppress): the
+        # recorder keeps it, and the engine raises it anyway (serially the later
+        # iterations would not run: this chunk's results must not be merged)
+        exc = "__gpucell_exc__"
+        handler = ast.ExceptHandler(
+            type=name("BaseException"),
+            name=exc,
+            body=[_rec_call(Method.RAISED, [name(exc)], loc), ast.Raise()],
+        )
+        guarded = ast.Try(body=[loop], handlers=[handler], orelse=[], finalbody=[])
+        wrapped: ast.stmt = ast.With(items=items, body=[guarded])
+        wrapped = ast.fix_missing_locations(ast.copy_location(wrapped, loc))
+        return ast.Module(body=[setup, wrapped], type_ignores=[])
     # every node made here got a location from the loop or the node it replaces,
     # so no whole-tree ast.fix_missing_locations pass is needed
     return ast.Module(body=[setup, loop], type_ignores=[])

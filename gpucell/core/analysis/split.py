@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CellSplit", "parse_cell", "split_cell"]
+__all__ = ["CellSplit", "Layer", "parse_cell", "split_cell"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,19 @@ class CellSplit:
     loop: ast.stmt | None
     epilogue: tuple[ast.stmt, ...]
     index: int = -1  # position of the loop among the module's statements
+    # the top-level `with` blocks the loop sits in, outermost first
+    layers: tuple[Layer, ...] = ()
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A ``with`` block around the loop: its items, and the statements of its
+    body before and after the part that holds the loop (run in the kernel,
+    inside the context, as serially)."""
+
+    node: ast.With
+    before: tuple[ast.stmt, ...]
+    after: tuple[ast.stmt, ...]
 
 
 def parse_cell(source: str, filename: str) -> ast.Module:
@@ -105,14 +118,41 @@ def split_cell(
     builtin name the notebook rebinds, so ``sum(...)`` is not the builtin)."""
     body = module.body
     for i, node in enumerate(body):
-        if isinstance(node, (ast.For, ast.AsyncFor)) or comprehension_kind(
-            node, shadowed
-        ):
-            epilogue = list(body[i + 1 :])
-            if isinstance(node, (ast.For, ast.AsyncFor)) and node.orelse:
-                epilogue = list(node.orelse) + epilogue
-            return CellSplit(module, tuple(body[:i]), node, tuple(epilogue), i)
+        found = _find_loop(node, shadowed)
+        if found is None:
+            continue
+        loop, layers, orelse = found
+        epilogue = list(body[i + 1 :])
+        if not layers:
+            epilogue = orelse + epilogue
+        return CellSplit(
+            module, tuple(body[:i]), loop, tuple(epilogue), i, tuple(layers)
+        )
     return CellSplit(module, tuple(body), None, ())
+
+
+def _find_loop(
+    node: ast.stmt, shadowed: Callable[[str], bool]
+) -> tuple[ast.stmt, list[Layer], list[ast.stmt]] | None:
+    """The loop ``node`` is or holds at the top of (nested) ``with`` bodies:
+    ``(loop, layers outermost first, the for's else block)``."""
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return node, [], list(node.orelse)
+    if comprehension_kind(node, shadowed):
+        return node, [], []
+    if isinstance(node, ast.With):
+        for j, inner in enumerate(node.body):
+            found = _find_loop(inner, shadowed)
+            if found is None:
+                continue
+            loop, layers, orelse = found
+            if not layers:  # a for's else block runs inside this with
+                after = (*orelse, *node.body[j + 1 :])
+            else:
+                after = tuple(node.body[j + 1 :])
+            layer = Layer(node, tuple(node.body[:j]), after)
+            return loop, [layer, *layers], []
+    return None
 
 
 def line_span(stmts: tuple[ast.stmt, ...] | list[ast.stmt]) -> tuple[int, int] | None:
