@@ -66,6 +66,7 @@ def fresh_namespace() -> dict[str, Any]:
         "nullcontext": nullcontext,
         "prev": 0,
         "obj": _Obj(),
+        "vals": list(range(20)),
         "tracker": Tracker(),
         "trackers": [Tracker(), Tracker()],
         "bump_all": bump_all,
@@ -286,6 +287,7 @@ class _Gen:
 
     def __init__(self, draw: Callable[[Any], Any]) -> None:
         self.mutates = False
+        self.own = 0
         self.draw = draw
         self.counter = 0
         self.refused = False
@@ -324,7 +326,7 @@ class _Gen:
                 [
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
-                    "walrus", "continue", "refused", "call", "mutate",
+                    "walrus", "continue", "refused", "call", "mutate", "own",
                 ]
             )
         )  # fmt: skip
@@ -418,6 +420,15 @@ class _Gen:
             name = self.fresh()
             avail.append(name)
             return [f"{f} = lambda z: z * 2 + {e}", f"{name} = {f}(k)"]
+        if kind == "own":  # read and write the iteration's own element
+            if "i" not in avail:
+                return [f"out.append({e})"]
+            self.own += 1
+            if self.own > 1 or not top:
+                # a second write (or one repeated by a nested loop) would read
+                # what this iteration wrote: refused, not silently different
+                self.refused = True
+            return [f"vals[i] = vals[i] * 2 + ({e})"]
         if kind == "call":  # a call that only reads an input: the check passes
             return [
                 d(st.sampled_from([f"out.append(tracker.peek() + {e})",

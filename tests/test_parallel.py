@@ -127,6 +127,14 @@ ROWS = {
         "sq = [x * x for x in xs if x % 2]\n",
         {"xs": list(range(50))},
     ),
+    "own element read and written (a list)": (
+        "for i in range(len(a)):\n    a[i] = a[i] * 2 + 1\n",
+        {"a": list(range(23))},
+    ),
+    "own element of a numpy array, by enumerate": (
+        "for i, x in enumerate(a):\n    a[i] = x + a[i] ** 2\n",
+        {"a": np.arange(17.0)},
+    ),
     "dict comprehension (later keys win, first-seen order)": (
         "d = {x % 7: x * x for x in xs if x % 2}\n",
         {"xs": list(range(50))},
@@ -690,3 +698,14 @@ def test_a_loop_local_that_cannot_travel_back_does_not_fail_the_loop(
     out = capsys.readouterr().out
     assert "`f` keeps the value it had before the cell" in out
     assert "TextIOWrapper" in out
+
+
+def test_reading_another_iterations_element_is_still_refused(ip, cluster):
+    ip.user_ns["a"] = [1, 2, 3, 4]
+    for cell in (
+        "for i in range(len(a) - 1):\n    a[i + 1] = a[i] * 2\n",
+        "for i in range(len(a)):\n    a[i] = a[i] * 2\n    a[i] = a[i] + 1\n",
+    ):
+        with pytest.raises(NotParallelizable, match="is combined across iterations"):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["a"] == [1, 2, 3, 4]

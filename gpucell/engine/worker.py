@@ -121,6 +121,65 @@ def _set_warning_filters(frames: list[Any]) -> None:
         _warning_filters = None
 
 
+def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
+    """An engine's first chunk of a cell: program, inputs, checks, filters."""
+    loaded = load(
+        cell,
+        setup["program"],
+        setup["names"],
+        setup["keys"],
+        input_frames,
+        setup["watch"],
+    )
+    _set_warning_filters(setup.get("warnings") or [])
+    if loaded["missing"]:
+        clear()
+        raise RuntimeError(
+            "gpucell: inputs expected in this engine's cache are missing: "
+            f"{', '.join(loaded['missing'])}. The cache was reset; run the cell "
+            "again."
+        )
+    return loaded
+
+
+def _kernel_warning_filters() -> Any:
+    """A ``catch_warnings`` context (entered) holding the kernel's filters: a
+    warning the notebook silenced stays silent here."""
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    if _warning_filters is not None:
+        warnings.filters[:] = _warning_filters
+        for name in ("_filters_mutated", "_filters_mutated_lock_held"):
+            mutated = getattr(warnings, name, None)
+            if mutated is not None:  # drop the per-module "already warned" caches
+                mutated()
+                break
+    return caught
+
+
+def _error_payload(
+    exc: BaseException, stamps: dict[int, float], start: int, chunk_obj: Any
+) -> dict[str, Any]:
+    """An iteration's exception as data the kernel can re-raise with context."""
+    it = getattr(exc, "gpucell_iteration", next(reversed(stamps), start))
+    try:
+        pickled = wire.dumps(exc)
+    except Exception:
+        pickled = None
+    return {
+        "changed": exc.changes if isinstance(exc, checkin.Changed) else None,
+        "readonly": isinstance(exc, ValueError) and "read-only" in str(exc),
+        "type": type(exc).__name__,
+        "module": type(exc).__module__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "iteration": it,
+        "item": _item_repr(chunk_obj, it - start),
+        "exception": pickled,
+        "oom": _oom_note(exc),
+    }
+
+
 def _mark_unsendable(result: Any) -> None:
     """Replace the loop-locals' last values that do not serialise with a marker
     naming their type (everything else in the result travels as it is)."""
@@ -286,22 +345,7 @@ def run(
     """
     loaded = None
     if setup is not None:
-        loaded = load(
-            cell,
-            setup["program"],
-            setup["names"],
-            setup["keys"],
-            input_frames or [],
-            setup["watch"],
-        )
-        _set_warning_filters(setup.get("warnings") or [])
-        if loaded["missing"]:
-            clear()
-            raise RuntimeError(
-                "gpucell: inputs expected in this engine's cache are missing: "
-                f"{', '.join(loaded['missing'])}. The cache was reset; run the cell "
-                "again."
-            )
+        loaded = _set_up(cell, setup, input_frames or [])
     chunk_obj = wire.loads(chunk_frames, cuda_to=_cuda_target())
     if cell != _cell:
         raise RuntimeError(
@@ -319,15 +363,7 @@ def run(
         checkin.freeze(chunk_obj)
         items = lambda: chunk_items(chunk_obj)  # noqa: E731
     checked_in = checkin.snapshot(_inputs, _watch["names"], items)
-    caught = warnings.catch_warnings()
-    caught.__enter__()
-    if _warning_filters is not None:
-        warnings.filters[:] = _warning_filters
-        for name in ("_filters_mutated", "_filters_mutated_lock_held"):
-            mutated = getattr(warnings, name, None)
-            if mutated is not None:  # drop the per-module "already warned" caches
-                mutated()
-                break
+    caught = _kernel_warning_filters()
     try:
         result = run_chunk(
             _program,
@@ -350,24 +386,7 @@ def run(
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
-        it = getattr(exc, "gpucell_iteration", next(reversed(stamps), start))
-        try:
-            pickled = wire.dumps(exc)
-        except Exception:
-            pickled = None
-        payload = {
-            "changed": exc.changes if isinstance(exc, checkin.Changed) else None,
-            "readonly": isinstance(exc, ValueError) and "read-only" in str(exc),
-            "type": type(exc).__name__,
-            "module": type(exc).__module__,
-            "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc)),
-            "iteration": it,
-            "item": _item_repr(chunk_obj, it - start),
-            "exception": pickled,
-            "oom": _oom_note(exc),
-        }
-        status = "error"
+        status, payload = "error", _error_payload(exc, stamps, start, chunk_obj)
     finally:
         caught.__exit__(None, None, None)
         end, compute = time.time(), time.perf_counter() - c0

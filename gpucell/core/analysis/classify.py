@@ -240,6 +240,9 @@ class _Ctx:
         self.watch_items: list[int] = []
         self.watch_all = False
         self.target_names: set[str] = set()
+        # write sinks whose every write and read is its own element `S[i]` (i the
+        # loop's distinct index): S -> i
+        self.own_elements: dict[str, str] = {}
         self.random_calls: list[tuple[int, str]] = []
         self.deleted: set[str] = set()
         self.seen_stored: set[str] = set()
@@ -758,6 +761,18 @@ class _Flow:
     # -- expressions ---------------------------------------------------------------
 
     def expr(self, e: ast.AST, state: State) -> State:  # noqa: C901
+        if (
+            isinstance(e, ast.Subscript)
+            and isinstance(e.ctx, ast.Load)
+            and isinstance(e.value, ast.Name)
+            and isinstance(e.slice, ast.Name)
+            and self.c.own_elements.get(e.value.id) == e.slice.id
+            and not self._shadowed(e.value.id)
+        ):
+            # the iteration's own element, which only this iteration writes: it
+            # reads the value from before the loop, serially as here
+            self.c.inputs.setdefault(e.value.id, e.lineno)
+            return self.expr(e.slice, state)
         if isinstance(e, ast.Name):
             if isinstance(e.ctx, ast.Load):
                 self.load(e, state)
@@ -875,6 +890,113 @@ def _mentions(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
         isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and is_outer(n.id)
         for n in ast.walk(e)
     )
+
+
+#: builtins that consume their argument before the loop starts: a sink named in
+#: them (``range(len(a))``) is read once, as serially, not iterated lazily
+_EAGER = frozenset(
+    {"len", "list", "tuple", "sorted", "set", "frozenset", "dict", "sum", "min", "max"}
+)
+
+
+def _lazy_names(e: ast.AST, is_builtin: Callable[[str], bool]) -> Iterator[ast.Name]:
+    """Names an iterable expression reads lazily (not inside an eager builtin)."""
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id in _EAGER
+        and is_builtin(e.func.id)
+    ):
+        return
+    if isinstance(e, ast.Name):
+        yield e
+        return
+    for child in ast.iter_child_nodes(e):
+        yield from _lazy_names(child, is_builtin)
+
+
+def _own_index(
+    loop_target: ast.expr, loop_iter: ast.expr | None, is_builtin: Callable[[str], bool]
+) -> str | None:
+    """The loop's index name when every iteration has a distinct one: the target
+    of ``range(...)``, or the first name of ``enumerate(...)``'s target."""
+    if loop_iter is None:
+        return None
+    if _is_range(loop_iter, is_builtin) and isinstance(loop_target, ast.Name):
+        return loop_target.id
+    if (
+        isinstance(loop_iter, ast.Call)
+        and isinstance(loop_iter.func, ast.Name)
+        and loop_iter.func.id == "enumerate"
+        and is_builtin("enumerate")
+        and isinstance(loop_target, ast.Tuple)
+        and loop_target.elts
+        and isinstance(loop_target.elts[0], ast.Name)
+    ):
+        return loop_target.elts[0].id
+    return None
+
+
+def _own_elements(
+    writes: dict[str, list[Candidate]],
+    body: list[ast.stmt],
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    bound: set[str],
+    is_builtin: Callable[[str], bool],
+) -> dict[str, str]:
+    """Write sinks ``S`` the iteration reads and writes only at its own element:
+    one statement ``S[i] = ...`` (not inside a nested loop) with ``i`` the loop's
+    distinct, never reassigned index, and every read of ``S`` an ``S[i]`` in that
+    statement's value or before it.  Iteration ``i`` alone touches ``S[i]``, and
+    reads it only before writing it, so it sees the value from before the loop,
+    serially as on an engine."""
+    i = _own_index(loop_target, loop_iter, is_builtin)
+    if i is None or i in bound:  # `bound`: what the body itself assigns
+        return {}
+    in_loops = {
+        id(s)
+        for outer in block_statements(body)
+        if isinstance(outer, (ast.For, ast.AsyncFor, ast.While))
+        for s in block_statements([*outer.body, *outer.orelse])
+    }
+    out = {}
+    for name, cands in writes.items():
+        stmts = {id(c.stmt): c.stmt for c in cands}
+        if len(stmts) != 1:
+            continue
+        (w,) = stmts.values()
+        if id(w) in in_loops or not isinstance(w, ast.Assign):
+            continue
+        keys = [
+            part.slice
+            for t in w.targets
+            for part in target_parts(t)
+            if isinstance(part, ast.Subscript)
+            and isinstance(part.value, ast.Name)
+            and part.value.id == name
+        ]
+        if not keys or not all(isinstance(k, ast.Name) and k.id == i for k in keys):
+            continue
+        # the write's own `S` (a Load inside the Subscript target) is no read
+        inside = {id(n) for n in ast.walk(w.value)} | {
+            id(part.value)
+            for t in w.targets
+            for part in target_parts(t)
+            if isinstance(part, ast.Subscript)
+        }
+        start = (w.lineno, w.col_offset)
+        reads_ok = all(
+            id(node) in inside or (node.lineno, node.col_offset) < start
+            for s in body
+            for node in ast.walk(s)
+            if isinstance(node, ast.Name)
+            and node.id == name
+            and isinstance(node.ctx, ast.Load)
+        )
+        if reads_ok:
+            out[name] = i
+    return out
 
 
 def _is_range(e: ast.AST, is_builtin: Callable[[str], bool]) -> bool:
@@ -1016,6 +1138,14 @@ def classify_body(
             result.keyed[name] = (first.op or "+", line)
     own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
     body_bound = other_bound - set(sinks)
+    own_elements = _own_elements(
+        {n: cs for n, cs in by_name.items() if sinks[n].cls == WRITE},
+        body,
+        loop_target,
+        loop_iter,
+        bindings_of(nodes),
+        is_builtin,
+    )
 
     # alias taint: locals that may hold objects from outside the iteration
     def is_outer(n: str) -> bool:
@@ -1069,6 +1199,7 @@ def classify_body(
         is_builtin=is_builtin,
     )
     ctx.target_names = {n.id for n in target_names(loop_target)}
+    ctx.own_elements = own_elements
     flow = _Flow(ctx)
     entry: State = frozenset(n.id for n in target_names(loop_target))
     for part in target_parts(loop_target):
@@ -1085,8 +1216,8 @@ def classify_body(
     flow.block(body, entry)
 
     if loop_iter is not None:
-        for node in ast.walk(loop_iter):
-            if isinstance(node, ast.Name) and node.id in sinks:
+        for node in _lazy_names(loop_iter, is_builtin):
+            if node.id in sinks and node.id not in own_elements:
                 diag.add(
                     node.lineno,
                     node.col_offset,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
 
 from gpucell.core.analysis.classify import (
     GATHER,
@@ -148,6 +150,101 @@ def _names(cl: Classification, hidden: set[str], result: str | None) -> list[Nam
     return infos
 
 
+def _no_loop(
+    common: dict[str, Any], diag: DiagnosticSink, raise_errors: bool
+) -> LoopPlan:
+    """The plan of a cell without a loop gpucell can run (a refusal)."""
+    diag.add(
+        1,
+        0,
+        "",
+        "no-loop",
+        "the cell has no top-level `for` loop and no top-level "
+        "`name = [... for ...]` list comprehension to run in parallel. Put the "
+        "loop at the top level of the cell or of `with` blocks (not inside "
+        "`if`, `try` or a function), or run the cell without %%gpu_parallel.",
+    )
+    if raise_errors:
+        raise_if_any(diag.sorted())
+    return LoopPlan(
+        **common,
+        kind=None,
+        loop_lines=None,
+        loop_header="",
+        iter_space=None,
+        inputs=(),
+        locals=(),
+        gathers=(),
+        writes=(),
+        reductions=(),
+        keyed=(),
+        unions=(),
+        result_name=None,
+        hidden=(),
+        names=(),
+        prints=(),
+        chunk_ast=None,
+        epilogue_source="",
+        epilogue_lines=None,
+        diagnostics=diag.sorted(),
+    )
+
+
+@dataclass(frozen=True)
+class _LoopParts:
+    """The loop as a ``for``: its target, iterable and body, and how to show it."""
+
+    target: ast.expr
+    iterable: ast.expr
+    body: list[ast.stmt]
+    kind: str
+    header: str
+    hidden: set[str]
+    result_name: str | None
+    result_kind: str | None
+
+
+def _loop_parts(loop: ast.stmt, diag: DiagnosticSink) -> _LoopParts:
+    """A ``for`` loop as it is, or a comprehension assignment as the ``for``
+    loop it stands for (its values gathered into a fresh result)."""
+    result_name: str | None = None
+    hidden: set[str] = set()
+    result_kind: str | None = None
+    if isinstance(loop, ast.Assign):
+        comp = comprehension_of(loop)
+        result_kind = comprehension_kind(loop)
+        target, iterable, body = _listcomp_body(comp)
+        result_name = loop.targets[0].id  # type: ignore[attr-defined]
+        kind = "listcomp"
+        hidden = {n.id for g in comp.generators for n in target_names(g.target)}
+        if any(g.is_async for g in comp.generators):
+            diag.add(
+                loop.lineno,
+                loop.col_offset,
+                result_name,
+                "await",
+                "an `async for` comprehension cannot run in parallel.",
+            )
+        header = f"{result_name} = {_shape(result_kind, comp)}"
+    else:
+        assert isinstance(loop, (ast.For, ast.AsyncFor))
+        target, iterable, body = loop.target, loop.iter, list(loop.body)
+        kind = "for"
+        header = f"for {ast.unparse(target)} in {ast.unparse(iterable)}"
+        if isinstance(loop, ast.AsyncFor):
+            diag.add(
+                loop.lineno,
+                loop.col_offset,
+                "async for",
+                "await",
+                "`async for` cannot run in parallel; use a plain `for` loop.",
+            )
+
+    return _LoopParts(
+        target, iterable, body, kind, header, hidden, result_name, result_kind
+    )
+
+
 def analyse(
     source: str,
     *,
@@ -227,74 +324,13 @@ def analyse(
         layers=split.layers,
     )
     if loop is None:
-        diag.add(
-            1,
-            0,
-            "",
-            "no-loop",
-            "the cell has no top-level `for` loop and no top-level "
-            "`name = [... for ...]` list comprehension to run in parallel. Put the "
-            "loop at the top level of the cell or of `with` blocks (not inside "
-            "`if`, `try` or a function), or run the cell without %%gpu_parallel.",
-        )
-        if raise_errors:
-            raise_if_any(diag.sorted())
-        return LoopPlan(
-            **common,  # type: ignore[arg-type]
-            kind=None,
-            loop_lines=None,
-            loop_header="",
-            iter_space=None,
-            inputs=(),
-            locals=(),
-            gathers=(),
-            writes=(),
-            reductions=(),
-            keyed=(),
-            unions=(),
-            result_name=None,
-            hidden=(),
-            names=(),
-            prints=(),
-            chunk_ast=None,
-            epilogue_source="",
-            epilogue_lines=None,
-            diagnostics=diag.sorted(),
-        )
+        return _no_loop(common, diag, raise_errors)
 
     loop_lines = (loop.lineno, loop.end_lineno or loop.lineno)
-    result_name: str | None = None
-    hidden: set[str] = set()
-    result_kind: str | None = None
-    if isinstance(loop, ast.Assign):
-        comp = comprehension_of(loop)
-        result_kind = comprehension_kind(loop)
-        target, iterable, body = _listcomp_body(comp)
-        result_name = loop.targets[0].id  # type: ignore[attr-defined]
-        kind = "listcomp"
-        hidden = {n.id for g in comp.generators for n in target_names(g.target)}
-        if any(g.is_async for g in comp.generators):
-            diag.add(
-                loop.lineno,
-                loop.col_offset,
-                result_name,
-                "await",
-                "an `async for` comprehension cannot run in parallel.",
-            )
-        header = f"{result_name} = {_shape(result_kind, comp)}"
-    else:
-        assert isinstance(loop, (ast.For, ast.AsyncFor))
-        target, iterable, body = loop.target, loop.iter, list(loop.body)
-        kind = "for"
-        header = f"for {ast.unparse(target)} in {ast.unparse(iterable)}"
-        if isinstance(loop, ast.AsyncFor):
-            diag.add(
-                loop.lineno,
-                loop.col_offset,
-                "async for",
-                "await",
-                "`async for` cannot run in parallel; use a plain `for` loop.",
-            )
+    parts = _loop_parts(loop, diag)
+    target, iterable, body = parts.target, parts.iterable, parts.body
+    kind, header, hidden = parts.kind, parts.header, parts.hidden
+    result_name, result_kind = parts.result_name, parts.result_kind
 
     cl = classify_body(
         body,
