@@ -54,6 +54,8 @@ def same(a, b) -> bool:
         return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.allclose(a, b)
     if isinstance(a, float):
         return a == b or abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    if type(a).__module__.startswith("pandas"):
+        return type(a) is type(b) and a.equals(b)
     if isinstance(a, torch.nn.Module):
         sa, sb = a.state_dict(), b.state_dict()
         return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -709,3 +711,57 @@ def test_reading_another_iterations_element_is_still_refused(ip, cluster):
         with pytest.raises(NotParallelizable, match="is combined across iterations"):
             ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     assert ip.user_ns["a"] == [1, 2, 3, 4]
+
+
+PANDAS_ROWS = {
+    ".at by label from iterrows": (
+        "for idx, row in df.iterrows():\n    df.at[idx, 'c'] = row['a'] * 2\n",
+        None,
+    ),
+    ".loc by label, two columns read": (
+        "for idx, row in df.iterrows():\n    df.loc[idx, 'c'] = row['a'] + row['b']\n",
+        None,
+    ),
+    ".iat by position": (
+        "for i in range(len(df)):\n    df.iat[i, 2] = i * 10.0\n",
+        None,
+    ),
+    ".iloc by enumerate's position": (
+        "for i, (idx, row) in enumerate(df.iterrows()):\n"
+        "    df.iloc[i, 2] = row['a'] + i\n",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(PANDAS_ROWS))
+def test_pandas_row_writes_give_the_serial_frame(ip, cluster, row):
+    pd = pytest.importorskip("pandas")
+    cell, _ = PANDAS_ROWS[row]
+    df = pd.DataFrame(
+        {"a": range(11), "b": [0.5 * i for i in range(11)], "c": [0.0] * 11},
+        index=[f"r{i}" for i in range(11)],
+    )
+    got = assert_serial_equivalent(ip, cell, {"df": df}, "--quiet --schedule static")
+    assert got["df"]["c"].abs().sum() > 0
+
+
+def test_pandas_writes_to_other_rows_or_duplicate_labels_are_refused(ip, cluster):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": [1, 2, 3], "c": [0.0] * 3}, index=["x", "y", "x"])
+    ip.user_ns["df"] = df
+    before = df.copy()
+    with pytest.raises(NotParallelizable, match="duplicate labels"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for idx, row in df.iterrows():\n    df.at[idx, 'c'] = row['a']\n",
+        )
+    ip.user_ns["df"] = df.reset_index(drop=True)
+    with pytest.raises(NotParallelizable, match="iterates over `df`"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for idx, row in df.iterrows():\n    df.at[idx + 1, 'c'] = row['a']\n",
+        )
+    assert df.equals(before)

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
-from gpucell.protocol.program import RESULT
+from gpucell.protocol.program import RESULT, Indexed
 
 __all__ = [
     "ChunkResultLike",
@@ -424,7 +424,28 @@ def _build(kind: str, values: list[Any]) -> Any:
     return getattr(builtins, kind)(values)
 
 
+def _prepare_indexed(
+    name: str, target: Any, entries: list[tuple[Any, Any]]
+) -> Mutation:
+    """``D.at[k] = v`` writes (pandas indexers), tried on a copy first so a bad
+    key fails before anything changes, then applied in iteration order."""
+
+    def write_all(obj: Any) -> None:
+        for k, v in entries:
+            if isinstance(k, Indexed):
+                getattr(obj, k.accessor)[k.key] = v
+            else:
+                obj[k] = v
+
+    copy_of = getattr(target, "copy", None)
+    if callable(copy_of):
+        write_all(copy_of())  # raises here, with nothing changed yet
+    return Mutation(name, "setitem", lambda: write_all(target))
+
+
 def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> Mutation:
+    if any(isinstance(k, Indexed) for k, _v in entries):
+        return _prepare_indexed(name, target, entries)
     if isinstance(target, dict):
         for k, _v in entries:
             hash(k)

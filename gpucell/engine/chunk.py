@@ -28,6 +28,7 @@ from gpucell.protocol.program import (
     ITEMS,
     NOW,
     REC,
+    Indexed,
     gather_name,
     is_cuda_device,
 )
@@ -168,6 +169,11 @@ class Recorder:
         if self.to_host is not None:
             value = self.to_host(value)
         self.result.writes.setdefault(name, []).append((key, value))
+
+    def setindexed(self, value: Any, name: str, accessor: str, key: Any) -> None:
+        if self.to_host is not None:
+            value = self.to_host(value)
+        self.result.writes.setdefault(name, []).append((Indexed(accessor, key), value))
 
     def reduce(self, name: str, value: Any) -> None:
         op = self.red_ops[name]

@@ -337,6 +337,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     )
     values = [eval(code, ns) for code in leaves]
     _refuse_interleaved_generators(plan, values)
+    _refuse_duplicate_labels(plan, ns)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     shapes = (
         tuple(shape_of(v) for v in values),
@@ -433,6 +434,23 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
                 "they would differ. Build the items first (`items = list(...)` in a "
                 "cell of its own, then loop over `items`), or run the cell without "
                 "%%gpu_parallel. Nothing from the loop ran."
+            )
+
+
+def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
+    """Rows written by label (``df.at[idx, "c"] = ...`` in ``df.iterrows()``) are
+    each iteration's own only when no two rows share a label."""
+    from gpucell.errors import NotParallelizable
+
+    for name in plan.writes:
+        index = getattr(ns.get(name), "index", None)
+        if index is not None and getattr(index, "is_unique", True) is False:
+            raise NotParallelizable(
+                f"%%gpu_parallel: `{name}` is written by label and its index has "
+                "duplicate labels, so two iterations may write the same rows (and "
+                "serially a later one could read what an earlier one wrote). Make "
+                f"the index unique (`{name} = {name}.reset_index(drop=True)`), or run "
+                "the cell without %%gpu_parallel. Nothing from the loop ran."
             )
 
 

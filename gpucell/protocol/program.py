@@ -10,10 +10,12 @@ sides, not silently on an engine.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NamedTuple, TypedDict
 
 __all__ = [
     "AS_DEVICE",
+    "INDEXERS",
+    "Indexed",
     "BEGIN",
     "DEVICE",
     "INDEX",
@@ -62,6 +64,7 @@ class Method:
     ADD: Final = "add"  # S.add(e)
     UPDATE: Final = "update"  # S.update(e)
     RAISED: Final = "raised"  # the loop raised inside a `with` that may swallow it
+    SETINDEXED: Final = "setindexed"  # D.at[k] = e (also .loc, .iat, .iloc)
 
 
 #: every method the program may call; the engine's recorder defines each one
@@ -77,7 +80,19 @@ RECORDER_METHODS: Final = (
     Method.ADD,
     Method.UPDATE,
     Method.RAISED,
+    Method.SETINDEXED,
 )
+
+#: attribute indexers whose item writes are indexed writes (pandas' ``D.at[k] = e``)
+INDEXERS: Final = frozenset({"at", "loc", "iat", "iloc"})
+
+
+class Indexed(NamedTuple):
+    """The key of a write through an indexer: ``D.at[k] = v`` is recorded as
+    ``(Indexed("at", k), v)`` and applied as ``getattr(D, "at")[k] = v``."""
+
+    accessor: str
+    key: Any
 
 
 class Spec(TypedDict):

@@ -40,6 +40,7 @@ from gpucell.core.analysis.scope import (
     target_names,
     target_parts,
 )
+from gpucell.protocol.program import INDEXERS
 
 __all__ = [
     "INPUT",
@@ -210,6 +211,16 @@ def match_candidates(
             for part in target_parts(target):
                 if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
                     out.append(Candidate(WRITE, part.value.id, stmt, [part.value]))
+        t0 = stmt.targets[0]
+        if (
+            len(stmt.targets) == 1
+            and isinstance(t0, ast.Subscript)
+            and isinstance(t0.value, ast.Attribute)
+            and t0.value.attr in INDEXERS
+            and isinstance(t0.value.value, ast.Name)
+        ):
+            # D.at[k] = v (pandas .at/.loc/.iat/.iloc): an indexed write of D
+            out.append(Candidate(WRITE, t0.value.value.id, stmt, [t0.value.value]))
     return out
 
 
@@ -926,6 +937,18 @@ def _own_index(
         return loop_target.id
     if (
         isinstance(loop_iter, ast.Call)
+        and isinstance(loop_iter.func, ast.Attribute)
+        and loop_iter.func.attr in ("iterrows", "items")
+        and not loop_iter.args
+        and isinstance(loop_target, ast.Tuple)
+        and loop_target.elts
+        and isinstance(loop_target.elts[0], ast.Name)
+    ):
+        # pandas rows by label: distinct when the index is unique, which the
+        # kernel checks before the loop runs
+        return loop_target.elts[0].id
+    if (
+        isinstance(loop_iter, ast.Call)
         and isinstance(loop_iter.func, ast.Name)
         and loop_iter.func.id == "enumerate"
         and is_builtin("enumerate")
@@ -935,6 +958,14 @@ def _own_index(
     ):
         return loop_target.elts[0].id
     return None
+
+
+def _is_own_key(key: ast.expr, i: str) -> bool:
+    """``i``, or a tuple led by ``i`` (``a[i, 0]``, ``df.at[i, "c"]``): the
+    iteration's own row."""
+    if isinstance(key, ast.Tuple) and key.elts:
+        key = key.elts[0]
+    return isinstance(key, ast.Name) and key.id == i
 
 
 def _own_elements(
@@ -973,17 +1004,18 @@ def _own_elements(
             for t in w.targets
             for part in target_parts(t)
             if isinstance(part, ast.Subscript)
-            and isinstance(part.value, ast.Name)
-            and part.value.id == name
+            and root_name(part.value) is not None
+            and root_name(part.value).id == name  # type: ignore[union-attr]
         ]
-        if not keys or not all(isinstance(k, ast.Name) and k.id == i for k in keys):
+        if not keys or not all(_is_own_key(k, i) for k in keys):
             continue
         # the write's own `S` (a Load inside the Subscript target) is no read
         inside = {id(n) for n in ast.walk(w.value)} | {
-            id(part.value)
+            id(n)
             for t in w.targets
             for part in target_parts(t)
             if isinstance(part, ast.Subscript)
+            for n in ast.walk(part.value)
         }
         start = (w.lineno, w.col_offset)
         reads_ok = all(

@@ -33,6 +33,7 @@ from gpucell.protocol.program import (
     BEGIN,
     DEVICE,
     INDEX,
+    INDEXERS,
     ITEMS,
     NOW,
     REC,
@@ -179,6 +180,26 @@ class _SinkRewriter:
                 v = node.value
                 e = v.right if isinstance(v, ast.BinOp) else cast(ast.Call, v).args[1]
                 return _rec_call(Method.REDUCE, [_const(name, node), e], node)
+        t0 = node.targets[0]
+        if (
+            len(node.targets) == 1
+            and isinstance(t0, ast.Subscript)
+            and isinstance(t0.value, ast.Attribute)
+            and t0.value.attr in INDEXERS
+            and isinstance(t0.value.value, ast.Name)
+            and t0.value.value.id in self.writes
+        ):
+            # D.at[k] = v: recorded, applied through the same indexer at merge
+            return _rec_call(
+                Method.SETINDEXED,
+                [
+                    node.value,
+                    _const(t0.value.value.id, node),
+                    _const(t0.value.attr, node),
+                    t0.slice,
+                ],
+                node,
+            )
         sink_parts = [
             p
             for t in node.targets
