@@ -30,6 +30,7 @@ from gpucell.core.analysis.scope import (
     SAFE_BUILTINS,
     WELL_KNOWN_MODULES,
     bindings_of,
+    indexer_write,
     is_global_random,
     is_inplace_method,
     is_mutating_method,
@@ -40,7 +41,6 @@ from gpucell.core.analysis.scope import (
     target_names,
     target_parts,
 )
-from gpucell.protocol.program import INDEXERS
 
 __all__ = [
     "INPUT",
@@ -211,16 +211,9 @@ def match_candidates(
             for part in target_parts(target):
                 if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
                     out.append(Candidate(WRITE, part.value.id, stmt, [part.value]))
-        t0 = stmt.targets[0]
-        if (
-            len(stmt.targets) == 1
-            and isinstance(t0, ast.Subscript)
-            and isinstance(t0.value, ast.Attribute)
-            and t0.value.attr in INDEXERS
-            and isinstance(t0.value.value, ast.Name)
-        ):
-            # D.at[k] = v (pandas .at/.loc/.iat/.iloc): an indexed write of D
-            out.append(Candidate(WRITE, t0.value.value.id, stmt, [t0.value.value]))
+        indexed = indexer_write(stmt)
+        if indexed is not None:  # D.at[k] = v (pandas): an indexed write of D
+            out.append(Candidate(WRITE, indexed[0].id, stmt, [indexed[0]]))
     return out
 
 

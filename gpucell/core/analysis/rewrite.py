@@ -27,13 +27,12 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from gpucell.core.analysis.scope import target_parts
+from gpucell.core.analysis.scope import indexer_write, target_parts
 from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
     DEVICE,
     INDEX,
-    INDEXERS,
     ITEMS,
     NOW,
     REC,
@@ -180,24 +179,13 @@ class _SinkRewriter:
                 v = node.value
                 e = v.right if isinstance(v, ast.BinOp) else cast(ast.Call, v).args[1]
                 return _rec_call(Method.REDUCE, [_const(name, node), e], node)
-        t0 = node.targets[0]
-        if (
-            len(node.targets) == 1
-            and isinstance(t0, ast.Subscript)
-            and isinstance(t0.value, ast.Attribute)
-            and t0.value.attr in INDEXERS
-            and isinstance(t0.value.value, ast.Name)
-            and t0.value.value.id in self.writes
-        ):
+        indexed = indexer_write(node)
+        if indexed is not None and indexed[0].id in self.writes:
             # D.at[k] = v: recorded, applied through the same indexer at merge
+            target, accessor, key = indexed
             return _rec_call(
                 Method.SETINDEXED,
-                [
-                    node.value,
-                    _const(t0.value.value.id, node),
-                    _const(t0.value.attr, node),
-                    t0.slice,
-                ],
+                [node.value, _const(target.id, node), _const(accessor, node), key],
                 node,
             )
         sink_parts = [

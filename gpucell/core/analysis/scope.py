@@ -11,7 +11,7 @@ import ast
 import builtins
 from collections.abc import Collection, Iterable, Iterator
 
-from gpucell.protocol.program import DEVICE
+from gpucell.protocol.program import DEVICE, INDEXERS
 
 __all__ = [
     "BUILTIN_NAMES",
@@ -19,6 +19,7 @@ __all__ = [
     "MUTATOR_METHODS",
     "WELL_KNOWN_MODULES",
     "SAFE_BUILTINS",
+    "indexer_write",
     "is_global_random",
     "is_mutating_method",
     "is_inplace_method",
@@ -143,6 +144,20 @@ def is_global_random(call: str) -> bool:
     if call.startswith(_GLOBAL_RANDOM_PREFIXES):
         return True
     return call.startswith("torch.") and call.count(".") == 1 and last in _TORCH_RANDOM
+
+
+def indexer_write(stmt: ast.Assign) -> tuple[ast.Name, str, ast.expr] | None:
+    """``D.at[k] = v`` (also ``.loc``, ``.iat``, ``.iloc``): ``(D, "at", k)``."""
+    t = stmt.targets[0]
+    if (
+        len(stmt.targets) == 1
+        and isinstance(t, ast.Subscript)
+        and isinstance(t.value, ast.Attribute)
+        and t.value.attr in INDEXERS
+        and isinstance(t.value.value, ast.Name)
+    ):
+        return t.value.value, t.value.attr, t.slice
+    return None
 
 
 def is_inplace_method(attr: str) -> bool:
