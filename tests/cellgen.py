@@ -67,6 +67,8 @@ def fresh_namespace() -> dict[str, Any]:
         "prev": 0,
         "obj": _Obj(),
         "vals": list(range(20)),
+        "kg": {0: [], 1: [], 2: []},
+        "ks": {"n": 0, "items": []},
         "tracker": Tracker(),
         "trackers": [Tracker(), Tracker()],
         "bump_all": bump_all,
@@ -327,6 +329,7 @@ class _Gen:
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
                     "walrus", "continue", "refused", "call", "mutate", "own",
+                    "kgather",
                 ]
             )
         )  # fmt: skip
@@ -420,6 +423,13 @@ class _Gen:
             name = self.fresh()
             avail.append(name)
             return [f"{f} = lambda z: z * 2 + {e}", f"{name} = {f}(k)"]
+        if kind == "kgather":  # lists under a dict's keys, and counts beside them
+            return [
+                d(st.sampled_from([f"kg[({e}) % 3].append({self.expr(avail)})",
+                                   f"kg[({e}) % 3].extend([{e}, 1])",
+                                   f"ks['n'] += {e}",
+                                   f"ks['items'].append({e})"]))
+            ]  # fmt: skip
         if kind == "own":  # read and write the iteration's own element
             if "i" not in avail:
                 return [f"out.append({e})"]

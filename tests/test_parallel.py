@@ -129,6 +129,15 @@ ROWS = {
         "sq = [x * x for x in xs if x % 2]\n",
         {"xs": list(range(50))},
     ),
+    "lists under a dict's keys, and counts beside them": (
+        "for x in xs:\n    stats['n'] += x\n    stats['items'].append(x * 2)\n"
+        "    groups[x % 3].append(x)\n    groups[x % 3].extend([-x])\n",
+        {
+            "xs": list(range(29)),
+            "stats": {"n": 5, "items": ["kept"]},
+            "groups": {0: [], 1: ["a"], 2: []},
+        },
+    ),
     "own element read and written (a list)": (
         "for i in range(len(a)):\n    a[i] = a[i] * 2 + 1\n",
         {"a": list(range(23))},

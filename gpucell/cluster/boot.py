@@ -72,23 +72,6 @@ def _apply_affinity(spec: str) -> None:
             pass  # cores outside our cgroup: keep the inherited set
 
 
-def _import_in_background(names: list[str]) -> None:
-    """Import the heavy modules the kernel uses (torch, pandas, ...) in a thread
-    while the engine starts, so the first cell does not wait for them.  An
-    interrupt that reaches the engine meanwhile cannot leave one half-imported:
-    the import runs in this thread, and the main thread only waits for it."""
-    import threading
-
-    def run() -> None:
-        for name in names:
-            try:
-                __import__(name)
-            except Exception:  # the cell will say what is missing
-                pass
-
-    threading.Thread(target=run, name="gpucell-preimport", daemon=True).start()
-
-
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m gpucell.cluster.boot <module> [args...]")
@@ -109,9 +92,6 @@ def main(argv: list[str]) -> None:
             __import__(name)
         except ImportError:
             pass
-    background = os.environ.get("GPUCELL_PREIMPORT_BACKGROUND", "")
-    if background:
-        _import_in_background(background.split(","))
     module, rest = argv[0], argv[1:]
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

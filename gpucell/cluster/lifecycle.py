@@ -235,6 +235,18 @@ HEAVY_MODULES = (
 )
 
 
+def _preimport(client: Any, ids: Sequence[int]) -> None:
+    """Engines start importing the kernel's heavy libraries in a thread once they
+    are up (not while they boot: ipykernel's start-up iterates sys.modules, and
+    an import beside it made engines fail to start), without waiting."""
+    heavy = heavy_modules_in_kernel()
+    if heavy and ids:
+        from gpucell.engine.runtime import preimport
+
+        with contextlib.suppress(Exception):  # a head start, never a failure
+            client.direct_view(list(ids)).apply_async(preimport, heavy)
+
+
 def heavy_modules_in_kernel() -> list[str]:
     """The heavy libraries this kernel has imported (a cell will likely use them)."""
     import sys
@@ -255,7 +267,6 @@ def _engine_env(spec: EngineSpec) -> dict[str, str]:
             # imported while the engine waits for the controller anyway; the first
             # message it deserialises would import it otherwise
             "GPUCELL_PREIMPORT": "numpy",
-            "GPUCELL_PREIMPORT_BACKGROUND": ",".join(heavy_modules_in_kernel()),
         }
     )
     if spec.cpu_affinity:
@@ -470,6 +481,7 @@ def start_cluster(
             raise
         raise ClusterError(f"Cluster failed to start: {e!r}. {left}") from e
     engines = {eid: _info_from(eid, d) for eid, d in infos.items()}
+    _preimport(client, list(engines))
     elapsed = time.perf_counter() - t0
     gc = GpuCluster(
         client=client,
@@ -636,12 +648,7 @@ def connect(
         _channel=channel,
     )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
-    heavy = heavy_modules_in_kernel()
-    if heavy:
-        from gpucell.engine.runtime import preimport
-
-        with contextlib.suppress(Exception):  # a head start, never a failure
-            client.direct_view(ids).apply_async(preimport, heavy)
+    _preimport(client, ids)
     _current = gc
     if echo:
         echo(f"gpucell: connected to {gc.description} in {elapsed:.1f} s")

@@ -379,6 +379,18 @@ def prepare(
         claim(name, target)
         up.mutations.extend(_prepare_keyed(name, target, op, entries))
 
+    # keyed gathers: D[k].append(e) / extend, per key in iteration order
+    for name in getattr(plan, "keyed_gathers", ()):
+        runs = [
+            run for r in rs for run in getattr(r, "keyed_gathers", {}).get(name, [])
+        ]
+        if not runs:
+            continue
+        target = _current(current, name)
+        claim(name, target)
+        reduced = [k for k, _ in _keys_of(rs, name)] if name in dict(plan.keyed) else []
+        up.mutations.append(_prepare_keyed_gather(name, target, runs, reduced))
+
     # set unions
     for name in plan.unions:
         ops = _concat(rs, "unions", name)
@@ -483,6 +495,55 @@ def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> M
             target[k] = v
 
     return Mutation(name, "setitem", apply_other)
+
+
+def _keys_of(rs: Sequence[ChunkResultLike], name: str) -> list[tuple[Any, Any]]:
+    """The (key, partial) entries a keyed reduction of ``name`` recorded."""
+    return [e for r in rs if name in r.keyed for e in r.keyed[name][1]]
+
+
+def _prepare_keyed_gather(
+    name: str,
+    target: Any,
+    runs: list[tuple[Any, list[Any]]],
+    reduced: list[Any],
+) -> Mutation:
+    """``D[k].append(e)``: the items for each key, in iteration order, extended
+    onto the list already under that key (which must exist, as serially)."""
+    groups: list[tuple[Any, list[Any]]] = []
+    for key, items in runs:
+        for k, acc in groups:
+            if k is key or k == key:
+                acc.extend(items)
+                break
+        else:
+            groups.append((key, list(items)))
+    for key, _items in groups:
+        if any(key is r or key == r for r in reduced):
+            raise NotParallelizable(
+                f"`{name}[{key!r}]` is both reduced (`+=`) and appended to in the "
+                "loop; serially the two would interleave on one object. Use separate "
+                "keys (or names) for counts and lists. Nothing was merged."
+            )
+        try:
+            lst = target[key]
+        except (KeyError, IndexError) as e:
+            raise type(e)(
+                f"`{name}[{key!r}]` does not exist, so `{name}[{key!r}].append(...)` "
+                "would fail serially too; create it before the loop. Nothing was "
+                "merged."
+            ) from None
+        if not hasattr(lst, "extend"):
+            raise TypeError(
+                f"`{name}[{key!r}]` is a {type(lst).__name__}, which has no extend(); "
+                "nothing was merged."
+            )
+
+    def apply() -> None:
+        for key, items in groups:
+            target[key].extend(items)
+
+    return Mutation(name, "extend", apply)
 
 
 def _combine_keyed(op: str, chunks: list[list[tuple[Any, Any]]]) -> list[list[Any]]:

@@ -170,6 +170,18 @@ class Recorder:
             value = self.to_host(value)
         self.result.writes.setdefault(name, []).append((key, value))
 
+    def keyed_append(self, name: str, key: Any, value: Any) -> None:
+        self.keyed_extend(name, key, [value])
+
+    def keyed_extend(self, name: str, key: Any, values: Any) -> None:
+        if self.to_host is not None:
+            values = [self.to_host(v) for v in values]
+        runs = self.result.keyed_gathers.setdefault(name, [])
+        if runs and runs[-1][0] is key:
+            runs[-1][1].extend(values)
+        else:
+            runs.append((key, list(values)))
+
     def setindexed(self, value: Any, name: str, accessor: str, key: Any) -> None:
         if self.to_host is not None:
             value = self.to_host(value)

@@ -57,6 +57,8 @@ class ChunkResult:
     keyed: dict[str, tuple[str, list[tuple[Any, Any]]]] = field(default_factory=dict)
     unions: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     last_values: dict[str, tuple[int, str, Any]] = field(default_factory=dict)
+    # name -> [(key, [items])]: D[k].append/extend, in iteration order
+    keyed_gathers: dict[str, list[tuple[Any, list[Any]]]] = field(default_factory=dict)
 
 
 def chunk_items(obj: tuple[Any, ...]) -> Iterable[Any]:

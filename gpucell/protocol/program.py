@@ -65,6 +65,8 @@ class Method:
     UPDATE: Final = "update"  # S.update(e)
     RAISED: Final = "raised"  # the loop raised inside a `with` that may swallow it
     SETINDEXED: Final = "setindexed"  # D.at[k] = e (also .loc, .iat, .iloc)
+    KEYED_APPEND: Final = "keyed_append"  # D[k].append(e)
+    KEYED_EXTEND: Final = "keyed_extend"  # D[k].extend(e)
 
 
 #: every method the program may call; the engine's recorder defines each one
@@ -81,6 +83,8 @@ RECORDER_METHODS: Final = (
     Method.UPDATE,
     Method.RAISED,
     Method.SETINDEXED,
+    Method.KEYED_APPEND,
+    Method.KEYED_EXTEND,
 )
 
 #: attribute indexers whose item writes are indexed writes (pandas' ``D.at[k] = e``)

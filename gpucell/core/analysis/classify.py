@@ -49,6 +49,7 @@ __all__ = [
     "WRITE",
     "REDUCTION",
     "KEYED",
+    "KEYED_GATHER",
     "UNION",
     "Classification",
     "classify_body",
@@ -61,6 +62,7 @@ GATHER = "ordered gather"
 WRITE = "indexed write"
 REDUCTION = "reduction"
 KEYED = "keyed reduction"
+KEYED_GATHER = "keyed gather"
 UNION = "set union"
 
 #: operators accepted in reductions, by AST class
@@ -116,6 +118,7 @@ class Classification:
     keyed: dict[str, tuple[str, int]] = field(default_factory=dict)
     unions: dict[str, int] = field(default_factory=dict)
     deleted_locals: set[str] = field(default_factory=set)
+    keyed_gathers: dict[str, int] = field(default_factory=dict)
     prints: list[int] = field(default_factory=list)
     # inputs a call could change in place (receivers, arguments, callees), with
     # the lines: the engines check them before and after each chunk
@@ -168,6 +171,18 @@ def match_candidates(
                     out.append(Candidate(GATHER, f.value.id, stmt, [f.value]))
                 elif f.attr == "add" and nargs == 1 or f.attr == "update" and nargs:
                     out.append(Candidate(UNION, f.value.id, stmt, [f.value]))
+        elif (
+            isinstance(f, ast.Attribute)
+            and f.attr in ("append", "extend")
+            and isinstance(f.value, ast.Subscript)
+            and isinstance(f.value.value, ast.Name)
+            and len(call.args) == 1
+            and not call.keywords
+            and not isinstance(call.args[0], ast.Starred)
+        ):
+            # D[k].append(e): the list under each key gathers in iteration order
+            d = f.value.value
+            out.append(Candidate(KEYED_GATHER, d.id, stmt, [d]))
     elif isinstance(stmt, ast.AugAssign):
         op = BIN_OPS.get(type(stmt.op))
         t = stmt.target
@@ -1122,6 +1137,15 @@ def classify_body(
     for name, cs in by_name.items():
         classes = {c.cls for c in cs}
         first = cs[0]
+        if classes == {KEYED, KEYED_GATHER}:
+            # counts and lists under different keys of one dict (stats["n"] += 1,
+            # stats["items"].append(x)); a key used both ways fails the merge
+            classes = {KEYED}
+            first = next(c for c in cs if c.cls == KEYED)
+            result.keyed_gathers[name] = next(
+                c.stmt.lineno for c in cs if c.cls == KEYED_GATHER
+            )
+            cs = [c for c in cs if c.cls == KEYED]
         if len(classes) > 1:
             kinds = " and ".join(sorted(classes))
             diag.add(
@@ -1161,6 +1185,8 @@ def classify_body(
             result.reductions[name] = (first.op or "+", first.augmented, line)
         elif cls == KEYED:
             result.keyed[name] = (first.op or "+", line)
+        elif cls == KEYED_GATHER:
+            result.keyed_gathers[name] = line
     own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
     body_bound = other_bound - set(sinks)
     own_elements = _own_elements(

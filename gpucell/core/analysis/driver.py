@@ -11,6 +11,7 @@ from gpucell.core.analysis.classify import (
     GATHER,
     INPUT,
     KEYED,
+    KEYED_GATHER,
     LOCAL,
     REDUCTION,
     UNION,
@@ -146,6 +147,9 @@ def _names(cl: Classification, hidden: set[str], result: str | None) -> list[Nam
         infos.append(NameInfo(n, KEYED, line, f"{n}[k] {op}= ..."))
     for n, line in cl.unions.items():
         infos.append(NameInfo(n, UNION, line, "union of all additions"))
+    for n, line in cl.keyed_gathers.items():
+        if n not in cl.keyed:  # (beside a keyed reduction it is listed there)
+            infos.append(NameInfo(n, KEYED_GATHER, line, f"{n}[k].append(...)"))
     infos.sort(key=lambda i: (i.line, i.name))
     return infos
 
@@ -397,6 +401,7 @@ def analyse(
             keyed=cl.keyed,
             unions=cl.unions,
             deleted=cl.deleted_locals,
+            keyed_gathers=cl.keyed_gathers,
         )
     elif raise_errors:
         raise_if_any(diagnostics)
@@ -413,6 +418,7 @@ def analyse(
         writes=tuple(cl.writes),
         reductions=reductions,
         keyed=keyed,
+        keyed_gathers=tuple(cl.keyed_gathers),
         unions=tuple(cl.unions),
         result_name=result_name,
         result_kind=result_kind,

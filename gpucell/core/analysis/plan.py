@@ -11,6 +11,7 @@ from gpucell.core.analysis.classify import (
     GATHER,
     INPUT,
     KEYED,
+    KEYED_GATHER,
     LOCAL,
     REDUCTION,
     UNION,
@@ -122,6 +123,8 @@ class LoopPlan:
     # what the comprehension builds from its gathered values: "list", "set",
     # "dict" ((key, value) pairs), or a consuming builtin ("sum", "max", ...)
     result_kind: str | None = None
+    # D[k].append(e) / extend: the lists under D's keys gather in iteration order
+    keyed_gathers: tuple[str, ...] = ()
     watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
     watch_items: tuple[int, ...] = ()
     watch_all: bool = False
@@ -170,6 +173,7 @@ class LoopPlan:
             *self.writes,
             *(r.name for r in self.reductions),
             *(k for k, _ in self.keyed),
+            *self.keyed_gathers,
             *self.unions,
         ]
         return tuple(n for n in names if not n.startswith("__gpucell_"))
@@ -216,4 +220,4 @@ class LoopPlan:
         return compile(module, self.filename, "exec", dont_inherit=True)
 
 
-CLASS_ORDER = (INPUT, LOCAL, GATHER, WRITE, REDUCTION, KEYED, UNION)
+CLASS_ORDER = (INPUT, LOCAL, GATHER, WRITE, REDUCTION, KEYED, KEYED_GATHER, UNION)

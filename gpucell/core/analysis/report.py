@@ -13,6 +13,7 @@ _CLASS_NOTE = {
     "indexed write": "item writes applied in iteration order",
     "reduction": "partials per chunk, combined in chunk order",
     "keyed reduction": "per-key partials, combined in chunk order",
+    "keyed gather": "items per key, in iteration order",
     "set union": "union of all additions",
 }
 
@@ -59,6 +60,7 @@ def format_plan(plan: LoopPlan) -> str:
         back += [f"{n} (writes)" for n in plan.writes]
         back += [f"{r.name} ({r.op} reduction)" for r in plan.reductions]
         back += [f"{n} (keyed {op})" for n, op in plan.keyed]
+        back += [f"{n} (lists per key)" for n in plan.keyed_gathers]
         back += [f"{n} (union)" for n in plan.unions]
         back += [f"{n} (last value)" for n in plan.locals]
         out.append(f"comes back: {', '.join(back) or 'nothing'}")

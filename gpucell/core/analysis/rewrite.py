@@ -87,7 +87,9 @@ class _SinkRewriter:
         keyed: Iterable[str],
         unions: Iterable[str],
         deleted: Iterable[str],
+        keyed_gathers: Iterable[str] = (),
     ) -> None:
+        self.keyed_gathers = set(keyed_gathers)
         self.gathers = set(gathers)
         self.writes = set(writes)
         self.reductions = set(reductions)
@@ -129,6 +131,23 @@ class _SinkRewriter:
 
     def visit_Expr(self, node: ast.Expr) -> Any:
         v = node.value
+        if (
+            isinstance(v, ast.Call)
+            and isinstance(v.func, ast.Attribute)
+            and v.func.attr in (Method.APPEND, Method.EXTEND)
+            and isinstance(v.func.value, ast.Subscript)
+            and isinstance(v.func.value.value, ast.Name)
+            and v.func.value.value.id in self.keyed_gathers
+        ):
+            # D[k].append(e) -> the recorder, per key in iteration order
+            method = (
+                Method.KEYED_APPEND
+                if v.func.attr == Method.APPEND
+                else Method.KEYED_EXTEND
+            )
+            d = v.func.value
+            name = d.value.id  # type: ignore[attr-defined]
+            return _rec_call(method, [_const(name, node), d.slice, *v.args], node)
         if (
             isinstance(v, ast.Call)
             and isinstance(v.func, ast.Attribute)
@@ -277,6 +296,7 @@ def build_program(
     keyed: Iterable[str],
     unions: Iterable[str],
     deleted: Iterable[str],
+    keyed_gathers: Iterable[str] = (),
 ) -> ast.Module:
     """The chunk program as an ``ast.Module`` with the cell's line numbers.
 
@@ -290,6 +310,7 @@ def build_program(
         keyed=keyed,
         unions=unions,
         deleted=deleted,
+        keyed_gathers=keyed_gathers,
     )
     new_body = rw.block(list(body))
     loc = loop_node
