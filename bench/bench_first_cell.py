@@ -5,9 +5,12 @@ libraries the kernel already has (torch, pandas, ...): the first cell should not
 wait for them.  Each variant runs in a fresh interpreter:
 
   preimport   torch imported in the kernel before %gpu_cluster start (engines
-              import it while they boot)
+              import it in a task of their own as soon as they are up)
   cold        torch imported only after the start (engines import it on the
               first cell, as before)
+
+Both wait PAUSE seconds (3) between the start and the first cell, as a person
+does; a first cell sent at once waits for the import either way.
 
 Columns: start = the start call; first = the first cell (a small torch loop);
 rerun = the same cell again; serial = the loop in the kernel.
@@ -28,6 +31,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "first_cell.json"
 MARK = "BENCH_JSON "
+PAUSE = 3.0
 CELL = (
     "outs = []\nfor x in batches:\n    with torch.no_grad():\n"
     "        outs.append(float(model(x).sum()))\n"
@@ -49,6 +53,7 @@ def one(variant: str) -> dict[str, float]:
     t0 = time.perf_counter()
     ip.run_line_magic("gpu_cluster", "start -n 2 --gpus none")
     start = time.perf_counter() - t0
+    time.sleep(PAUSE)
     ip.run_cell(SETUP)
     t0 = time.perf_counter()
     ip.run_cell_magic("gpu_parallel", "--quiet", CELL)

@@ -43,7 +43,7 @@ log = []
 
 
 @pytest.fixture
-def nb(ip, cluster):
+def nb(ip, private_cluster):
     """The shell with a fresh 'notebook' defined in it (functions in __main__)."""
     for k in ("est", "models", "w", "b", "model", "batches", "xs", "scores", "out"):
         ip.user_ns.pop(k, None)

@@ -33,7 +33,9 @@ def _reset(ip, ns: dict) -> None:
     ],
 )
 @given(cell=cells())
-def test_generated_cells_through_the_cluster(ip, cluster, cell: GenCell) -> None:
+def test_generated_cells_through_the_cluster(
+    ip, private_cluster, cell: GenCell
+) -> None:
     ns = fresh_namespace()
     _reset(ip, ns)
     before = dict(ip.user_ns)

@@ -236,9 +236,10 @@ HEAVY_MODULES = (
 
 
 def _preimport(client: Any, ids: Sequence[int]) -> None:
-    """Engines start importing the kernel's heavy libraries in a thread once they
-    are up (not while they boot: ipykernel's start-up iterates sys.modules, and
-    an import beside it made engines fail to start), without waiting."""
+    """Engines import the kernel's heavy libraries as a task of their own once
+    they are up (not in a thread while they boot: ipykernel's start-up iterates
+    sys.modules, and torch imported from two threads at once can be left half
+    initialised); the kernel does not wait for it."""
     heavy = heavy_modules_in_kernel()
     if heavy and ids:
         from gpucell.engine.runtime import preimport

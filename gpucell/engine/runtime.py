@@ -158,19 +158,30 @@ def host_facts() -> dict[str, Any]:
 
 
 def preimport(names: list[str]) -> None:
-    """Start importing ``names`` (the heavy libraries the kernel uses) in a
-    thread of this engine and return at once, so a connected cluster's first
-    cell does not wait for them (engines gpucell starts do this at boot)."""
+    """Import ``names`` (the heavy libraries the kernel uses) now, as a task of
+    its own queued ahead of a cell's chunks, so a first cell that comes a little
+    later does not wait for them.
+
+    In this (the main) thread, not a background one: torch imported from two
+    threads at once can leave one of them a partially initialised module.  An
+    interrupt meanwhile is held off until the import is done, so a cancelled
+    first cell cannot leave a library half-imported on this engine for good.
+    """
     import importlib
+    import signal
     import threading
 
     missing = [n for n in names if n not in sys.modules]
-    if missing:
-        threading.Thread(
-            target=lambda: [_try(importlib.import_module, n) for n in missing],
-            name="gpucell-preimport",
-            daemon=True,
-        ).start()
+    if not missing:
+        return
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        for name in missing:
+            _try(importlib.import_module, name)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _try(fn: Any, *args: Any) -> Any:

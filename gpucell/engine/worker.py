@@ -121,6 +121,23 @@ def _set_warning_filters(frames: list[Any]) -> None:
         _warning_filters = None
 
 
+def _hold_interrupts() -> Any:
+    """Ignore SIGINT (main thread only); what to restore."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _release_interrupts(previous: Any) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
     """An engine's first chunk of a cell: program, inputs, checks, filters."""
     loaded = load(
@@ -388,14 +405,21 @@ def run(
     except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
         status, payload = "error", _error_payload(exc, stamps, start, chunk_obj)
     finally:
-        caught.__exit__(None, None, None)
-        end, compute = time.time(), time.perf_counter() - c0
-        # ipykernel's flush waits for its I/O thread (about a millisecond on a
-        # busy host): only a stream that was written to needs it
-        for tagged in (sys.stdout, sys.stderr):
-            if getattr(tagged, "written", True):
-                tagged.flush()
-        sys.stdout, sys.stderr = out, err
+        # the chunk is over: an interrupt (a cancelled run signals every engine
+        # with unfinished work) must not land inside ipykernel's output flush,
+        # where it can leave the stream unable to deliver later output
+        held = _hold_interrupts()
+        try:
+            caught.__exit__(None, None, None)
+            end, compute = time.time(), time.perf_counter() - c0
+            # ipykernel's flush waits for its I/O thread (about a millisecond on
+            # a busy host): only a stream that was written to needs it
+            for tagged in (sys.stdout, sys.stderr):
+                if getattr(tagged, "written", True):
+                    tagged.flush()
+            sys.stdout, sys.stderr = out, err
+        finally:
+            _release_interrupts(held)
     timing = {
         "start": t0,
         "end": end,
