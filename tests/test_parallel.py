@@ -142,6 +142,10 @@ ROWS = {
         "for i in range(len(a)):\n    a[i] = a[i] * 2 + 1\n",
         {"a": list(range(23))},
     ),
+    "own row of a 2-D array, another column read": (
+        "for i in range(len(m)):\n    m[i, 0] = m[i, 1] * 2 + m[i, 0]\n",
+        {"m": np.arange(30.0).reshape(15, 2)},
+    ),
     "own element of a numpy array, by enumerate": (
         "for i, x in enumerate(a):\n    a[i] = x + a[i] ** 2\n",
         {"a": np.arange(17.0)},
@@ -733,6 +737,14 @@ PANDAS_ROWS = {
     ),
     ".iat by position": (
         "for i in range(len(df)):\n    df.iat[i, 2] = i * 10.0\n",
+        None,
+    ),
+    ".at read and written on the row's own label": (
+        "for idx, row in df.iterrows():\n    df.at[idx, 'c'] = df.at[idx, 'a'] * 2\n",
+        None,
+    ),
+    ".loc over df.index, reading the own row": (
+        "for idx in df.index:\n    df.loc[idx, 'c'] = df.loc[idx, 'a'] + 1\n",
         None,
     ),
     ".iloc by enumerate's position": (

@@ -41,6 +41,7 @@ from gpucell.core.analysis.scope import (
     target_names,
     target_parts,
 )
+from gpucell.protocol.program import INDEXERS
 
 __all__ = [
     "INPUT",
@@ -779,19 +780,26 @@ class _Flow:
 
     # -- expressions ---------------------------------------------------------------
 
+    def _own_read(self, e: ast.AST) -> ast.Name | None:
+        """``S[i]``, ``S[i, ...]`` or ``S.at[i, ...]`` (any indexer) read, ``S``
+        written only at the loop's own index ``i``: the sink's name node."""
+        if not (isinstance(e, ast.Subscript) and isinstance(e.ctx, ast.Load)):
+            return None
+        base = e.value
+        if isinstance(base, ast.Attribute) and base.attr in INDEXERS:
+            base = base.value
+        if not isinstance(base, ast.Name) or self._shadowed(base.id):
+            return None
+        i = self.c.own_elements.get(base.id)
+        return base if i is not None and _is_own_key(e.slice, i) else None
+
     def expr(self, e: ast.AST, state: State) -> State:  # noqa: C901
-        if (
-            isinstance(e, ast.Subscript)
-            and isinstance(e.ctx, ast.Load)
-            and isinstance(e.value, ast.Name)
-            and isinstance(e.slice, ast.Name)
-            and self.c.own_elements.get(e.value.id) == e.slice.id
-            and not self._shadowed(e.value.id)
-        ):
-            # the iteration's own element, which only this iteration writes: it
-            # reads the value from before the loop, serially as here
-            self.c.inputs.setdefault(e.value.id, e.lineno)
-            return self.expr(e.slice, state)
+        own = self._own_read(e)
+        if own is not None:
+            # the iteration's own element (or row), which only this iteration
+            # writes: it reads the value from before the loop, serially as here
+            self.c.inputs.setdefault(own.id, e.lineno)  # type: ignore[attr-defined]
+            return self.expr(e.slice, state)  # type: ignore[attr-defined]
         if isinstance(e, ast.Name):
             if isinstance(e.ctx, ast.Load):
                 self.load(e, state)
@@ -942,6 +950,14 @@ def _own_index(
     if loop_iter is None:
         return None
     if _is_range(loop_iter, is_builtin) and isinstance(loop_target, ast.Name):
+        return loop_target.id
+    if (
+        isinstance(loop_iter, ast.Attribute)
+        and loop_iter.attr == "index"
+        and isinstance(loop_target, ast.Name)
+    ):
+        # a frame's labels (`for idx in df.index`): distinct when the index is
+        # unique, which the kernel checks before the loop runs
         return loop_target.id
     if (
         isinstance(loop_iter, ast.Call)
