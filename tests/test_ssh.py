@@ -23,7 +23,8 @@ from IPython.core.error import UsageError
 import gpucell.cluster.lifecycle as gc_mod
 from gpucell.errors import ClusterError
 
-# every test here starts a real sshd and a real ipcluster's engine processes
+# the tests here start a real sshd and a real ipcluster's engine processes (the
+# last only checks arguments, but is marked with the module it belongs to)
 pytestmark = pytest.mark.cluster
 
 SSHD = "/usr/sbin/sshd"

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from fake_nvml import FakeNvml, a100s
+from fake_nvml import FakeNvml, FakePynvml, a100s
 
 from gpucell.devices.nvml import GpuInfo, GpuUsage, NvmlUnavailable, PynvmlApi
 from gpucell.devices.sampling import LocalTelemetry
@@ -263,6 +263,61 @@ def test_real_pynvml_never_raises_into_telemetry():
     else:  # pragma: no cover - on a GPU host
         assert s.utilization is not None and s.memory_total
     api.close()
+
+
+@pytest.fixture
+def pynvml_fake(monkeypatch) -> FakePynvml:
+    """``import pynvml`` gives a fake over two idle A100s (counts init/shutdown)."""
+    fake = FakePynvml(FakeNvml(a100s(2, cores_per_gpu=2)))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def test_pynvml_api_holds_nvml_from_first_sample_until_closed(pynvml_fake):
+    nv = pynvml_fake
+    api = PynvmlApi()
+    assert nv.inits == 0  # nothing opened before the first sample
+    api.usage(0), api.usage(1), api.usage(0)
+    assert (nv.initialised, nv.inits, nv.handles) == (1, 1, 2)  # kept, not reopened
+    gpus = api.gpus()  # discovery opens and closes a session of its own
+    assert [g.cpu_affinity for g in gpus] == [(0, 1), (2, 3)]
+    assert nv.initialised == 1 and api.usage(1).memory_total == 80 * 2**30
+    api.close()
+    assert nv.initialised == 0 and nv.shutdowns == 2
+    api.close()  # twice is harmless
+    assert nv.shutdowns == 2
+    # closed is not broken: the next sample opens NVML again, with fresh handles
+    assert api.usage(0).utilization == 0.0
+    assert nv.initialised == 1 and nv.handles == 5
+    api.close()
+    assert nv.initialised == 0
+
+
+def test_cluster_telemetry_close_releases_the_kernels_nvml(pynvml_fake):
+    from types import SimpleNamespace
+
+    pid = os.getpid()
+    engines = {
+        i: SimpleNamespace(
+            id=i, pid=pid, host="here", kind="gpu", index=i, name="A100", local=True
+        )
+        for i in range(2)
+    }
+    tele = for_cluster(SimpleNamespace(engines=engines))
+    assert [s.state for s in tele.sample()] == ["ok", "ok"]
+    assert pynvml_fake.initialised == 1
+    tele.close()
+    assert pynvml_fake.initialised == 0
+    tele.close()
+    assert pynvml_fake.shutdowns == 1
+    # an NVML session passed in is the caller's: the source leaves it open
+    api = PynvmlApi()
+    tele = for_cluster(SimpleNamespace(engines=engines), nvml=api)
+    tele.sample()
+    tele.close()
+    assert pynvml_fake.initialised == 1
+    api.close()
+    assert pynvml_fake.initialised == 0
 
 
 # ---- engine-published samples ------------------------------------------------------

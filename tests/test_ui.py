@@ -863,3 +863,59 @@ def test_local_telemetry_closes_only_the_nvml_it_opened() -> None:
     opened.close = lambda: calls.append(1)
     own.close()
     assert calls == [1]
+
+
+@dataclass
+class LocalInfo(Info):
+    """An engine of this host (its telemetry is measured by the kernel)."""
+
+    pid: int = os.getpid()
+    local: bool = True
+
+
+def test_monitor_and_selector_shut_nvml_down_however_they_stop(monkeypatch) -> None:
+    """Through the real chain (for_cluster -> LocalTelemetry -> PynvmlApi) over a
+    fake ``pynvml``: NVML stays initialised while a display refreshes and is shut
+    down when it stops: closed, its widget closed, never started, cluster gone."""
+    from fake_nvml import FakeNvml, FakePynvml, a100s
+
+    from gpucell.kernel.telemetry import for_cluster
+    from gpucell.ui.monitor import DeviceMonitor
+    from gpucell.ui.select import DeviceSelector
+
+    nv = FakePynvml(FakeNvml(a100s(2)))
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    gc = StandIn(2)
+    gc.engines = {i: LocalInfo(i, index=i) for i in range(2)}
+
+    def wait_until_stopped(display: Any) -> None:
+        deadline = time.monotonic() + 5
+        while display.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not display.running
+
+    for make in (DeviceMonitor, DeviceSelector):
+        display = make(gc, for_cluster(gc), period=0.02, alive=lambda: True)
+        time.sleep(0.1)
+        assert display.running and nv.initialised == 1
+        display.close()
+        assert nv.initialised == 0, make
+
+        display = make(gc, for_cluster(gc), period=0.02, alive=lambda: True)
+        assert nv.initialised == 1
+        display.widget.close()  # closed directly, not through the display
+        wait_until_stopped(display)
+        assert nv.initialised == 0, make
+
+        display = make(gc, for_cluster(gc), start=False)
+        assert nv.initialised == 1  # the first refresh sampled
+        display.close()
+        assert nv.initialised == 0, make
+
+        up = [True]
+        display = make(gc, for_cluster(gc), period=0.02, alive=lambda up=up: up[0])
+        up[0] = False  # the cluster stopped
+        wait_until_stopped(display)
+        assert nv.initialised == 0, make
+        display.close()
+        assert nv.shutdowns == nv.inits

@@ -48,8 +48,10 @@ def close_source(telemetry: Any) -> None:
 class Refresher:
     """Calls ``tick()`` every ``period`` seconds on a daemon thread.
 
-    Stops when :meth:`stop` is called or ``alive()`` turns false (then
-    ``on_end()`` runs once).  Exceptions from ``tick`` are counted, not raised: a
+    Stops when :meth:`stop` is called, ``alive()`` turns false (then ``on_end()``
+    runs once) or a widget given to :meth:`stop_when_closed` is closed; however it
+    stops, ``release()`` runs once (the telemetry's NVML session), also when the
+    thread was never started.  Exceptions from ``tick`` are counted, not raised: a
     monitor that cannot sample shows stale figures rather than a traceback on a
     thread nobody reads.
     """
@@ -70,6 +72,8 @@ class Refresher:
         self.on_end = on_end
         self.errors = 0
         self._stop = threading.Event()
+        self._released = False
+        self._release_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> Refresher:
@@ -84,11 +88,18 @@ class Refresher:
         try:
             self._loop()
         finally:
-            if self.release is not None:
-                try:
-                    self.release()
-                except Exception:
-                    self.errors += 1
+            self._release()
+
+    def _release(self) -> None:
+        with self._release_lock:
+            if self._released:
+                return
+            self._released = True
+        if self.release is not None:
+            try:
+                self.release()
+            except Exception:
+                self.errors += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
@@ -106,8 +117,20 @@ class Refresher:
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        if self._thread.ident is None:  # never started: no thread will release
+            self._release()
+        elif self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+    def stop_when_closed(self, widget: Any) -> None:
+        """Stop when ``widget`` is closed (``widget.close()``), not only through
+        :meth:`stop`: a closed display must not keep sampling, or keep NVML open."""
+
+        def closed(change: dict[str, Any]) -> None:
+            if change["new"] is None:  # ipywidgets drops the comm on close()
+                self.stop()
+
+        widget.observe(closed, names="comm")
 
 
 class DeviceMonitor:
@@ -150,7 +173,11 @@ class DeviceMonitor:
         self.table = DeviceTable(stats_title="power · temperature")
         self.widget = w.VBox([self.title, self.table.box], tooltip="")
         self._hosts = ""
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:
+            close_source(telemetry)  # no display, so nothing else would
+            raise
         self._refresher = Refresher(
             self.refresh,
             period,
@@ -159,6 +186,7 @@ class DeviceMonitor:
             name="gpucell-monitor",
             release=lambda: close_source(telemetry),
         )
+        self._refresher.stop_when_closed(self.widget)
         if start:
             self._refresher.start()
 

@@ -126,7 +126,11 @@ class DeviceSelector:
         self.title = w.HTML(tooltip="")
         self.note = w.HTML(tooltip="")
         self.widget = w.VBox([self.title, self.header, *rows, self.note], tooltip="")
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:
+            close_source(telemetry)  # no display, so nothing else would
+            raise
         self._refresher = Refresher(
             self.refresh,
             period,
@@ -135,6 +139,7 @@ class DeviceSelector:
             name="gpucell-select",
             release=lambda: close_source(telemetry),
         )
+        self._refresher.stop_when_closed(self.widget)
         if start:
             self._refresher.start()
 
