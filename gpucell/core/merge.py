@@ -86,6 +86,7 @@ class ChunkResultLike(Protocol):
     keyed: dict[str, tuple[str, list[tuple[Any, Any]]]]
     unions: dict[str, list[tuple[str, Any]]]
     last_values: dict[str, tuple[int, str, Any]]
+    keyed_gathers: dict[str, list[tuple[Any, list[Any]]]]
 
 
 @dataclass
@@ -381,9 +382,7 @@ def prepare(
 
     # keyed gathers: D[k].append(e) / extend, per key in iteration order
     for name in getattr(plan, "keyed_gathers", ()):
-        runs = [
-            run for r in rs for run in getattr(r, "keyed_gathers", {}).get(name, [])
-        ]
+        runs = _concat(rs, "keyed_gathers", name)
         if not runs:
             continue
         target = _current(current, name)

@@ -29,7 +29,7 @@ from typing import Any
 
 from gpucell.protocol.fold import is_numpy, is_torch
 
-__all__ = ["Changed", "changes", "freeze", "snapshot", "token"]
+__all__ = ["Changed", "changes", "code_names", "freeze", "snapshot", "token"]
 
 #: items of containers (all levels together) tokenised before giving up
 MAX_ITEMS = 100_000
@@ -81,11 +81,12 @@ def _torch_module(m: Any, budget: _Budget) -> Hashable:
     return ("module", id(m), params, buffers, training)
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> set[str]:
+    """Global names a code object (and the code nested in it) reads."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
+            names |= code_names(const)
     return names
 
 
@@ -96,7 +97,7 @@ def _function(fn: types.FunctionType, budget: _Budget, seen: set[int]) -> Hashab
         return ("function", id(fn))
     seen.add(id(fn))
     g = fn.__globals__
-    used = sorted(n for n in _code_names(fn.__code__) if n in g)
+    used = sorted(n for n in code_names(fn.__code__) if n in g)
     parts = [(n, _token(g[n], budget, seen)) for n in used]
     for i, cell in enumerate(fn.__closure__ or ()):
         try:

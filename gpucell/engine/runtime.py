@@ -8,9 +8,14 @@ connected to is assigned one later with :func:`assign_device`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from gpucell.protocol.devices import THREAD_ENV_VARS as _THREAD_VARS
@@ -157,6 +162,21 @@ def host_facts() -> dict[str, Any]:
     return {"host": socket.gethostname(), "cores": cores, "gpus": local_gpus()}
 
 
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT ignored while the block runs (main thread only; elsewhere a no-op):
+    for work an interrupt must not cut in half, such as an import or
+    ipykernel's output flush, which a half-done step can leave broken."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def preimport(names: list[str]) -> None:
     """Import ``names`` (the heavy libraries the kernel uses) now, as a task of
     its own queued ahead of a cell's chunks, so a first cell that comes a little
@@ -167,25 +187,10 @@ def preimport(names: list[str]) -> None:
     interrupt meanwhile is held off until the import is done, so a cancelled
     first cell cannot leave a library half-imported on this engine for good.
     """
-    import importlib
-    import signal
-    import threading
-
-    missing = [n for n in names if n not in sys.modules]
-    if not missing:
-        return
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
-        for name in missing:
-            _try(importlib.import_module, name)
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
-
-
-def _try(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception:  # the cell that needs it will say what is missing
-        return None
+    with interrupts_held():
+        for name in names:
+            if name not in sys.modules:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # the cell that needs it will say what is missing
+                    pass

@@ -29,6 +29,7 @@ from typing import Any
 
 from gpucell.engine import checkin, tohost
 from gpucell.engine.chunk import run_chunk
+from gpucell.engine.runtime import interrupts_held
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import chunk_items
 from gpucell.protocol.program import Setup, Watch
@@ -119,23 +120,6 @@ def _set_warning_filters(frames: list[Any]) -> None:
         _warning_filters = wire.loads(frames) if frames else None
     except Exception:  # a filter's category class that cannot load here
         _warning_filters = None
-
-
-def _hold_interrupts() -> Any:
-    """Ignore SIGINT (main thread only); what to restore."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _release_interrupts(previous: Any) -> None:
-    import signal
-
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
@@ -408,8 +392,7 @@ def run(
         # the chunk is over: an interrupt (a cancelled run signals every engine
         # with unfinished work) must not land inside ipykernel's output flush,
         # where it can leave the stream unable to deliver later output
-        held = _hold_interrupts()
-        try:
+        with interrupts_held():
             caught.__exit__(None, None, None)
             end, compute = time.time(), time.perf_counter() - c0
             # ipykernel's flush waits for its I/O thread (about a millisecond on
@@ -418,8 +401,6 @@ def run(
                 if getattr(tagged, "written", True):
                     tagged.flush()
             sys.stdout, sys.stderr = out, err
-        finally:
-            _release_interrupts(held)
     timing = {
         "start": t0,
         "end": end,

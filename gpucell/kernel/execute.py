@@ -416,6 +416,7 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
     loop runs (the prelude has run, as it would serially)."""
     import types
 
+    from gpucell.engine.checkin import code_names
     from gpucell.errors import NotParallelizable
 
     changed = set(plan.affected_names) | set(plan.locals)
@@ -423,7 +424,7 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
         code = getattr(value, "gi_code", None)
         if not isinstance(value, types.GeneratorType) or code is None:
             continue
-        reads = _code_names(code) & changed
+        reads = code_names(code) & changed
         if reads:
             names = ", ".join(f"`{n}`" for n in sorted(reads))
             raise NotParallelizable(
@@ -452,17 +453,6 @@ def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
                 f"the index unique (`{name} = {name}.reset_index(drop=True)`), or run "
                 "the cell without %%gpu_parallel. Nothing from the loop ran."
             )
-
-
-def _code_names(code: Any) -> set[str]:
-    """Global names a code object (and the code nested in it) reads."""
-    import types
-
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
 
 
 def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
