@@ -808,3 +808,20 @@ def test_format_plan_is_short_and_complete() -> None:
     assert "ships to engines: model" in text
     assert "refusals: none" in text
     assert len(text.splitlines()) < 20
+
+
+def test_labels_are_the_own_index_only_of_the_frame_they_come_from() -> None:
+    """Another object's labels may repeat (a Series with duplicate labels):
+    writing `a[idx]` in `for idx in s.index` would let two iterations touch one
+    element, so it is refused; the frame's own labels are checked unique at run
+    time."""
+    with pytest.raises(NotParallelizable):
+        analyse(
+            "for idx in s.index:\n    a[idx] = a[idx] * 2\n", known_names={"s", "a"}
+        )
+    with pytest.raises(NotParallelizable):
+        analyse("for k, v in s.items():\n    a[k] = a[k] + v\n", known_names={"s", "a"})
+    assert analyse(
+        "for idx in df.index:\n    df.loc[idx, 'c'] = df.loc[idx, 'a'] + 1\n",
+        known_names={"df"},
+    ).ok

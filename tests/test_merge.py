@@ -254,3 +254,14 @@ def test_torch_inplace_reduction() -> None:
     ns = {"acc": acc, "xs": torch.arange(8.0).reshape(4, 2)}
     run_parallel_local("for x in xs:\n    acc += x\n", ns, (0.5,))
     assert ns["acc"] is acc and acc.tolist() == [12.0, 16.0]
+
+
+def test_keyed_gathers_into_one_list_under_two_keys_are_refused() -> None:
+    shared: list[int] = []
+    ns = {"xs": list(range(6)), "groups": {0: shared, 1: shared}}
+    plan, results = chunks(
+        "for x in xs:\n    groups[x % 2].append(x)\n", ns, [(0, 3), (3, 6)]
+    )
+    with pytest.raises(NotParallelizable, match="same list as another key's"):
+        merge(plan, results, ns)
+    assert shared == []

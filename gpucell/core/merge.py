@@ -532,6 +532,12 @@ def _prepare_keyed_gather(
                 "would fail serially too; create it before the loop. Nothing was "
                 "merged."
             ) from None
+        if any(target[k] is lst for k, _ in groups if k is not key and k != key):
+            raise NotParallelizable(
+                f"`{name}[{key!r}]` is the same list as another key's, so serially "
+                "the appends under both keys would interleave on it. Give each key "
+                "its own list before the loop. Nothing was merged."
+            )
         if not hasattr(lst, "extend"):
             raise TypeError(
                 f"`{name}[{key!r}]` is a {type(lst).__name__}, which has no extend(); "

@@ -984,6 +984,20 @@ def _own_index(
     return None
 
 
+def _labels_owner(loop_iter: ast.expr | None) -> str | None:
+    """``X`` when the loop iterates over ``X``'s labels (``X.index``,
+    ``X.iterrows()``, ``X.items()``), else ``None`` (positions: distinct)."""
+    node = loop_iter
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr not in ("iterrows", "items"):
+            return None
+        node = node.func
+    elif not (isinstance(node, ast.Attribute) and node.attr == "index"):
+        return None
+    base = node.value if isinstance(node, ast.Attribute) else None
+    return base.id if isinstance(base, ast.Name) else "<expression>"
+
+
 def _is_own_key(key: ast.expr, i: str) -> bool:
     """``i``, or a tuple led by ``i`` (``a[i, 0]``, ``df.at[i, "c"]``): the
     iteration's own row."""
@@ -1009,6 +1023,10 @@ def _own_elements(
     i = _own_index(loop_target, loop_iter, is_builtin)
     if i is None or i in bound:  # `bound`: what the body itself assigns
         return {}
+    # labels (`X.index`, `X.iterrows()`, `X.items()`) are distinct only when X's
+    # index is unique, which the kernel checks for the written sink: so they are
+    # the own index of X alone, never of another name written with them
+    labels_of = _labels_owner(loop_iter)
     in_loops = {
         id(s)
         for outer in block_statements(body)
@@ -1017,6 +1035,8 @@ def _own_elements(
     }
     out = {}
     for name, cands in writes.items():
+        if labels_of is not None and labels_of != name:
+            continue
         stmts = {id(c.stmt): c.stmt for c in cands}
         if len(stmts) != 1:
             continue
