@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 import gpucell
 from gpucell.devices.discovery import discover
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import gpu_proof  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cluster]
 
@@ -35,3 +41,12 @@ def test_each_engine_has_its_own_gpu_as_cuda0(no_active_cluster):
         assert all(v[2] == "cuda" for v in got.values())
     finally:
         gpucell.stop()
+
+
+@pytest.mark.parametrize(
+    "check", gpu_proof.CHECKS, ids=[c.path.replace(" ", "-") for c in gpu_proof.CHECKS]
+)
+def test_gpu_proof_check_passes(ip, no_active_cluster, check):
+    """The checks of `python bench/gpu_proof.py OUTDIR`, one test each."""
+    r = gpu_proof.run_check(check)
+    assert r.status == gpu_proof.PASS, f"{r.figure}: {r.reason}"
