@@ -66,3 +66,19 @@ class InputChanged(GpucellError, RuntimeError):
     later iterations would have seen it): the message names the input, the
     iterations and the lines that could have done it, and how to rewrite.
     """
+
+
+class ResumeRefused(GpucellError, ValueError):
+    """``--resume`` found kept results of this cell that do not belong to this
+    run (the cell, an input, the loop's items or the seed changed): the message
+    names what changed.  Nothing from the loop ran."""
+
+
+class ClusterStopped(EnginesLost):
+    """The cluster was stopped (``%gpu_cluster stop``, ``gpucell.stop()`` from
+    another thread) while a cell ran on it; nothing was merged."""
+
+
+class ControllerLost(ClusterError):
+    """The cluster's controller process is gone (killed, crashed): no engine can
+    be reached through it.  ``%gpu_cluster stop`` then ``start`` recovers."""

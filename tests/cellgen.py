@@ -67,6 +67,7 @@ def fresh_namespace() -> dict[str, Any]:
         "prev": 0,
         "obj": _Obj(),
         "vals": list(range(20)),
+        "grid": [[j, j + 1] for j in range(20)],
         "kg": {0: [], 1: [], 2: []},
         "ks": {"n": 0, "items": []},
         "tracker": Tracker(),
@@ -430,15 +431,18 @@ class _Gen:
                                    f"ks['n'] += {e}",
                                    f"ks['items'].append({e})"]))
             ]  # fmt: skip
-        if kind == "own":  # read and write the iteration's own element
+        if kind == "own":  # read and write the iteration's own element or row
             if "i" not in avail:
                 return [f"out.append({e})"]
             self.own += 1
-            if self.own > 1 or not top:
-                # a second write (or one repeated by a nested loop) would read
-                # what this iteration wrote: refused, not silently different
-                self.refused = True
-            return [f"vals[i] = vals[i] * 2 + ({e})"]
+            # repeated, nested in a loop, or read back after the write: each
+            # engine writes a private copy of the row (see ownrows.py)
+            return [
+                d(st.sampled_from([f"vals[i] = vals[i] * 2 + ({e})",
+                                   f"vals[i] += {e}",
+                                   f"grid[i][0] = grid[i][1] + ({e})",
+                                   f"grid[i][1] += grid[i][0] * ({e})"]))
+            ]  # fmt: skip
         if kind == "call":  # a call that only reads an input: the check passes
             return [
                 d(st.sampled_from([f"out.append(tracker.peek() + {e})",

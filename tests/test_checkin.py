@@ -236,3 +236,21 @@ def test_a_generator_that_reads_what_the_body_changes_is_refused(nb):
         "gpu_parallel", "--quiet", "for k in squares(5):\n    out.append(k)\n"
     )
     assert nb.user_ns["out"] == [0, 1, 4, 9, 16]
+
+
+def test_moving_an_input_to_another_device_is_not_a_change():
+    """``model.cuda()`` on a GPU engine moves the engine's copy: its placement,
+    not a change of the kernel's model (here the meta device stands in)."""
+    model = torch.nn.Linear(3, 2)
+    before = checkin.snapshot({"model": model}, ["model"], None)
+    model.to("meta")
+    assert checkin.changes(before, {"model": model}, None) == []
+    # a change that is not a move is still one
+    other = torch.nn.Linear(3, 2)
+    before = checkin.snapshot({"m": other}, ["m"], None)
+    other.double()  # new dtype on the same device
+    assert [n for n, _ in checkin.changes(before, {"m": other}, None)] == ["m"]
+    t = torch.zeros(3)
+    before = checkin.snapshot({"t": t}, ["t"], None)
+    t.add_(1)
+    assert [n for n, _ in checkin.changes(before, {"t": t}, None)] == ["t"]

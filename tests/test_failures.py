@@ -54,6 +54,27 @@ def test_interrupt_cancels_within_two_seconds_and_engines_go_idle(ip, cluster):
     assert all(os.path.exists(f"/proc/{e.pid}") for e in cluster.engines.values())
 
 
+def test_an_interrupt_during_the_merge_waits_until_the_namespace_is_whole(ip, cluster):
+    """The stop button pressed while the merge writes: serially the loop is over,
+    so every result is written (none torn) and the interrupt comes after."""
+    ip.run_cell(
+        "import os, signal\n"
+        "class Tripwire(list):\n"
+        "    def extend(self, items):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)  # lands mid-merge\n"
+        "        super().extend(items)\n"
+    )
+    ip.run_cell("out = Tripwire()\ntotal = 0")
+    with pytest.raises(KeyboardInterrupt, match="waited until it was done"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(8):\n    out.append(i)\n    total += i\n",
+        )
+    assert list(ip.user_ns["out"]) == list(range(8))
+    assert ip.user_ns["total"] == 28
+
+
 def test_timeout_cancels_and_says_so(ip, cluster):
     ip.user_ns.update({"time": time, "out": ["untouched"]})
     t0 = time.monotonic()

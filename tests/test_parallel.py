@@ -10,6 +10,7 @@ import copy
 import io
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -684,6 +685,32 @@ def test_a_with_target_the_loop_reads_is_refused(ip, cluster, tmp_path):
     assert ip.user_ns["out"] == ["a", "b"]
 
 
+def test_a_lock_around_the_loop_is_refused_by_name_and_released(ip, cluster):
+    lock = threading.Lock()
+    ip.user_ns.update(lock=lock, out=[])
+    with pytest.raises(NotParallelizable, match=r"`with lock:` \(line 2\)") as info:
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "with lock:\n    for i in range(4):\n        out.append(i)\n",
+        )
+    assert "a lock guards only the kernel" in str(info.value)
+    assert ip.user_ns["out"] == [] and not lock.locked()
+
+
+def test_the_dry_run_shows_the_with_blocks_and_their_statements(ip, cluster, capsys):
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--dry-run",
+        "import torch\nouts = []\nwith torch.no_grad():\n    k = 2\n"
+        "    for i in range(3):\n        outs.append(i * k)\n    n = len(outs)\n",
+    )
+    text = capsys.readouterr().out
+    assert "with torch.no_grad() (line 4): entered in the kernel; engines" in text
+    assert "inside it, before the loop (kernel): line 5" in text
+    assert "inside it, after the loop (kernel):  line 8" in text
+
+
 def test_an_error_a_with_would_suppress_stops_the_cell(ip, cluster):
     ip.user_ns.update(xs=[0, 1, 2, 3], out=[])  # serially: out == []
     cell = (
@@ -717,13 +744,15 @@ def test_a_loop_local_that_cannot_travel_back_does_not_fail_the_loop(
 
 def test_reading_another_iterations_element_is_still_refused(ip, cluster):
     ip.user_ns["a"] = [1, 2, 3, 4]
-    for cell in (
-        "for i in range(len(a) - 1):\n    a[i + 1] = a[i] * 2\n",
-        "for i in range(len(a)):\n    a[i] = a[i] * 2\n    a[i] = a[i] + 1\n",
-    ):
-        with pytest.raises(NotParallelizable, match="is combined across iterations"):
-            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    cell = "for i in range(len(a) - 1):\n    a[i + 1] = a[i] * 2\n"
+    with pytest.raises(NotParallelizable, match="is combined across iterations"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     assert ip.user_ns["a"] == [1, 2, 3, 4]
+    # two writes of the own element, the second reading the first: each engine
+    # writes a private copy (an own-row write), so this one is accepted
+    cell = "for i in range(len(a)):\n    a[i] = a[i] * 2\n    a[i] = a[i] + 1\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["a"] == [3, 5, 7, 9]
 
 
 PANDAS_ROWS = {

@@ -399,3 +399,36 @@ def test_trial_chunks_cut_anywhere_still_cover_the_loop_once(n, engines, cuts):
     assert covers(s.chunks, n)
     spans = sorted((c.start, c.stop) for c in s.chunks if c.state == "done")
     assert sum(b - a for a, b in spans) == n
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"mode": "guided"},
+        {"mode": "static"},
+        {"mode": "dynamic", "chunksize": 3},
+        {"mode": "guided", "hint": 0.01, "uniform": True},  # would go static
+        {"mode": "guided", "profile": [0.01] * 50},
+    ],
+)
+def test_a_resumed_schedule_hands_out_only_the_missing_iterations(kw):
+    kept = [(0, 10), (14, 30), (45, 50)]
+    s = Schedule(50, [0, 1], kept=kept, **kw)
+    assert s.done_iterations == 31
+    handed: list[int] = []
+    while not s.finished:
+        chunks = s.fill()
+        assert chunks
+        for c in chunks:
+            handed.extend(range(c.start, c.stop))
+            s.complete(c.id, 0.01 * c.size)
+    assert sorted(handed) == [*range(10, 14), *range(30, 45)]
+    assert s.pending_ranges() == []
+
+
+def test_missing_ranges_of_overlapping_and_unsorted_done_ranges():
+    from gpucell.core.schedule import missing_ranges
+
+    assert missing_ranges(10, [(4, 6), (0, 2), (5, 7)]) == [(2, 4), (7, 10)]
+    assert missing_ranges(3, []) == [(0, 3)]
+    assert missing_ranges(3, [(0, 3)]) == []

@@ -81,6 +81,9 @@ class GpuCluster:
     specs: tuple[EngineSpec, ...] = ()
     selected: tuple[int, ...] | None = None  # default targets of later cells
     warnings: list[str] = field(default_factory=list)
+    # set first thing by stop(): a cell running meanwhile (in another thread)
+    # reports a stopped cluster, not dying engines
+    stopping: bool = False
     # engine id -> {input name: fingerprint} of what that engine caches
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
     # what each cell's last run on these engines cost (inline, static, profile)
@@ -105,6 +108,34 @@ class GpuCluster:
             from gpucell.cluster import shm_channel
 
             shm_channel.sweep(self._channel)
+
+    @property
+    def controller_pid(self) -> int | None:
+        """The controller's pid when this kernel started it (on this host)."""
+        ctl = getattr(self.cluster, "controller", None) if self.owned else None
+        pid = getattr(ctl, "pid", None)
+        return pid if isinstance(pid, int) and pid > 0 else None
+
+    def controller_alive(self) -> bool:
+        """False once the controller this kernel started has exited (one /proc
+        read).  A controller elsewhere is not watched here."""
+        from gpucell.devices.host import pid_running
+
+        pid = self.controller_pid
+        return pid is None or pid_running(pid)
+
+    def check_controller(self) -> None:
+        """Raise :class:`ControllerLost` (before any call that would wait on it
+        for ever) when the controller is gone."""
+        if not self.controller_alive():
+            from gpucell.errors import ControllerLost
+
+            raise ControllerLost(
+                f"the cluster's controller (pid {self.controller_pid}) is gone, so "
+                "no engine can be reached. `%gpu_cluster stop` then "
+                "`%gpu_cluster start` starts a new cluster (a cell's finished "
+                "chunks are kept: `%%gpu_parallel --resume`)."
+            )
 
     @property
     def ids(self) -> list[int]:
@@ -134,6 +165,7 @@ class GpuCluster:
 
     def refresh(self) -> list[EngineInfo]:
         """Engine states now: dead if unregistered, busy if it has work queued."""
+        self.check_controller()
         alive = set(self.client.ids)
         try:
             queues = self.client.queue_status(verbose=False)
@@ -159,6 +191,7 @@ class GpuCluster:
     def stop(self) -> None:
         """Stop what we started; only disconnect from a cluster we merely joined,
         taking back what gpucell left on its engines."""
+        self.stopping = True
         if not self.owned:
             self._leave_engines()
         try:

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
-from gpucell.protocol.program import RESULT, Indexed
+from gpucell.protocol.program import RESULT, Indexed, Row
 
 __all__ = [
     "ChunkResultLike",
@@ -454,7 +454,50 @@ def _prepare_indexed(
     return Mutation(name, "setitem", lambda: write_all(target))
 
 
+def _prepare_rows(name: str, target: Any, entries: list[tuple[Any, Any]]) -> Mutation:
+    """``S[i][k] = v`` writes under each iteration's own row, applied to the row
+    in place (its identity kept, as serially), in iteration order.  Each row is
+    tried on a copy first, so a bad key or value fails before anything
+    changes."""
+    rows: dict[int, Any] = {}
+    checked: list[tuple[Any, Any, Any]] = []
+    for k, v in entries:
+        if not isinstance(k, Row):
+            raise TypeError(f"`{name}`: mixed row and item writes")
+        try:
+            row = target[k.index]
+        except (KeyError, IndexError, TypeError) as e:
+            raise type(e)(
+                f"`{name}[{k.index!r}]` does not exist in the kernel: {e}"
+            ) from None
+        if is_numpy(row) or is_torch(row):
+            v = _check_array_write(row, k.key, v)
+        else:
+            trial = rows.get(id(row))
+            if trial is None:
+                trial = rows[id(row)] = (
+                    type(row)(row) if type(row) in (list, dict) else None
+                )
+            if trial is None:
+                if not hasattr(row, "__setitem__"):
+                    raise TypeError(
+                        f"`{name}[{k.index!r}]` is a {type(row).__name__}, which "
+                        "does not support item assignment"
+                    )
+            else:
+                trial[k.key] = v  # raises here, with nothing changed yet
+        checked.append((row, k.key, v))
+
+    def apply_rows() -> None:
+        for row, key, value in checked:
+            row[key] = value
+
+    return Mutation(name, "setitem", apply_rows)
+
+
 def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> Mutation:
+    if any(isinstance(k, Row) for k, _v in entries):
+        return _prepare_rows(name, target, entries)
     if any(isinstance(k, Indexed) for k, _v in entries):
         return _prepare_indexed(name, target, entries)
     if isinstance(target, dict):

@@ -52,6 +52,9 @@ class LastRun:
     status: RunStatus = "running"
     shared_bytes: int = 0  # bytes of inputs (per engine) and results via /dev/shm
     inline: bool = False  # run in the kernel: too little work to send (inline.py)
+    # (start, stop) ranges kept from an unfinished earlier run (--resume): their
+    # results were merged with this run's, their chunks ran before it
+    resumed: tuple[tuple[int, int], ...] = ()
 
     def done_chunks(self) -> int:
         """Chunks that came back with a result."""
@@ -201,6 +204,9 @@ class LastRun:
             f"gpucell: {self.iterations} iterations on {n} engine"
             f"{'s' if n != 1 else ''} in {self.wall:.2f} s"
         )
+        if self.resumed:
+            kept = sum(b - a for a, b in self.resumed)
+            s += f", {kept} of them kept from the unfinished run"
         if self.status == "ok" and self.wall > 0:
             extra = f"{len(self.chunks)} chunks, {self.schedule}"
             # what was measured, said as such: the engines' summed busy time is

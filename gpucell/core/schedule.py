@@ -51,7 +51,13 @@ from gpucell.core.states import (
     move,
 )
 
-__all__ = ["Chunk", "Schedule"]
+__all__ = ["Chunk", "Schedule", "missing_ranges"]
+
+
+#: iterations of a chunk lost with its engine are re-run one per chunk (so an
+#: iteration that kills its engine is named when it kills a second one) when
+#: the lost run is at most this long; longer ones re-run in ordinary chunks
+ISOLATE_MAX = 256
 
 
 @dataclass
@@ -133,6 +139,11 @@ class Schedule:
         chunks cost little to send: the unreached part travels twice.)  Off for
         static, dynamic, fixed-``chunksize`` and profiled schedules: their chunks
         are what was asked for.
+    kept
+        ``(start, stop)`` ranges already done by an earlier, unfinished run of
+        the same cell (``--resume``): only the other iterations are handed out,
+        and they count as done.  A resumed schedule is guided or dynamic over
+        what is missing (no static split, profile or trials).
     profile
         Seconds of each iteration ``0..n-1`` in an earlier run of the same cell:
         guided chunks are then cut by cost and the costliest go out first (see
@@ -154,6 +165,7 @@ class Schedule:
     heterogeneous: bool = False
     profile: Sequence[float] | None = field(default=None, repr=False)
     trial: bool = False
+    kept: Sequence[tuple[int, int]] = ()
     profiled: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
@@ -168,6 +180,9 @@ class Schedule:
     _running: dict[int, dict[int, Chunk]] = field(default_factory=dict)
     _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
     _max_pace: float = 0.0  # the slowest seconds per iteration of any done chunk
+    _kept_iterations: int = 0  # done by an earlier run (``kept``)
+    # iterations to re-run on one engine first (an out-of-memory retry)
+    _pinned: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     # profiled: cost prefix sums, iterations costliest first, which are assigned
     _prefix: list[float] = field(default_factory=list, repr=False)
     _order: list[int] = field(default_factory=list, repr=False)
@@ -185,6 +200,8 @@ class Schedule:
         self._alive = list(self.engines)
         self._running = {e: {} for e in self.engines}
         self._done = {e: [0, 0.0] for e in self.engines}
+        if self.kept:  # resumed: no profile (its costs cover the whole loop)
+            self.profile = None
         self._stats = {e: _EngineStats() for e in self.engines}
         if self.hint is not None and self.hint > 0 and not self.heterogeneous:
             # (different devices each need measuring: the hint is one pace)
@@ -201,6 +218,14 @@ class Schedule:
             and not self.chunksize
             and not self.profiled
         )
+        if self.kept:
+            missing = missing_ranges(self.n, self.kept)
+            self._kept_iterations = self.n - sum(b - a for a, b in missing)
+            self._free = [(a, b, 0) for a, b in missing]
+            self._cursor = self.n
+            if self.mode == "static":
+                self.mode = "guided"
+            self.trial = False
         if self.mode == "static":
             k = len(self._alive)
             for i, e in enumerate(self._alive):
@@ -221,7 +246,8 @@ class Schedule:
 
     @property
     def done_iterations(self) -> int:
-        return int(sum(d[0] for d in self._done.values()))
+        """Iterations done, those kept from an earlier run included."""
+        return self._kept_iterations + int(sum(d[0] for d in self._done.values()))
 
     def outstanding(self, engine: int) -> list[Chunk]:
         return list(self._running.get(engine, {}).values())
@@ -243,6 +269,10 @@ class Schedule:
         if engine not in self._alive or not self._has_unassigned(engine):
             return False
         depth = self.depth if self._plenty_left() else 1
+        if any(c.attempt > 0 for c in self.outstanding(engine)):
+            # a re-run of iterations whose engine died runs alone on its engine:
+            # if this one dies too, the chunk that killed it is known
+            return False
         if self._pace(engine) is None:
             # one calibration chunk at a time: queueing a second before the first
             # is measured would commit work at a guessed size (and, for cheap
@@ -284,6 +314,10 @@ class Schedule:
         """Assign ``engine`` its next chunk (or ``None`` if nothing is left)."""
         if engine not in self._alive:
             return None
+        pinned = self._pinned.get(engine)
+        if pinned:
+            start, stop, attempt = pinned.pop(0)
+            return self._new(start, stop, engine, attempt)
         if self.mode == "static":
             own = self._static.get(engine, [])
             if own:
@@ -295,6 +329,8 @@ class Schedule:
         trial = self._trial_for(engine)
         if self._free:
             start, stop, attempt = self._free.pop(0)
+            if attempt > 0 and stop - start <= ISOLATE_MAX:
+                size = 1  # one iteration at a time: a second death names it
             if stop - start > size:
                 self._free.insert(0, (start + size, stop, attempt))
                 stop = start + size
@@ -363,6 +399,19 @@ class Schedule:
             self._running.get(c.engine, {}).pop(c.id, None)
         return c
 
+    def requeue(self, chunk_id: int, engine: int) -> Chunk:
+        """A running chunk failed in a way worth one more try (its engine ran
+        out of device memory): it ends ``failed`` and its iterations go to
+        ``engine`` next (to any engine if that one is gone)."""
+        c = self.end(chunk_id, FAILED)
+        entry = (c.start, c.stop, c.attempt)
+        if engine in self._alive:
+            self._pinned.setdefault(engine, []).append(entry)
+        else:
+            self._free.append(entry)
+            self._free.sort()
+        return c
+
     def observe_overhead(self, seconds: float) -> None:
         """Update the per-chunk dispatch cost (round trip minus compute)."""
         if seconds > 0:
@@ -385,20 +434,14 @@ class Schedule:
                 self._seek, self._back = 0, self.n - 1
         for start, stop in self._static.pop(engine, []):
             self._free.append((start, stop, 0))
+        self._free.extend(self._pinned.pop(engine, []))
         self._free.sort()
         return lost
 
     def pending_ranges(self) -> list[tuple[int, int]]:
         """Iterations not yet done (for error messages about lost work)."""
-        done = sorted((c.start, c.stop) for c in self.chunks if c.state == DONE)
-        out, at = [], 0
-        for a, b in done:
-            if a > at:
-                out.append((at, a))
-            at = max(at, b)
-        if at < self.n:
-            out.append((at, self.n))
-        return out
+        done = [(c.start, c.stop) for c in self.chunks if c.state == DONE]
+        return missing_ranges(self.n, [*done, *self.kept])
 
     # -- internals -------------------------------------------------------------
 
@@ -411,10 +454,11 @@ class Schedule:
         return c
 
     def _remaining(self) -> int:
-        return (self.n - self._cursor) + sum(b - a for a, b, _ in self._free)
+        pinned = sum(b - a for q in self._pinned.values() for a, b, _ in q)
+        return (self.n - self._cursor) + sum(b - a for a, b, _ in self._free) + pinned
 
     def _has_unassigned(self, engine: int) -> bool:
-        if self._free or self._cursor < self.n:
+        if self._free or self._cursor < self.n or self._pinned.get(engine):
             return True
         return bool(self._static.get(engine))
 
@@ -614,6 +658,18 @@ class Schedule:
         budget -= p[seed] - p[lo]
         hi = bisect_right(p, p[hi] + budget, hi, b + 1) - 1
         return lo, hi
+
+
+def missing_ranges(n: int, done: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` ranges of ``range(n)`` that ``done`` does not cover."""
+    out, at = [], 0
+    for a, b in sorted(done):
+        if a > at:
+            out.append((at, min(a, n)))
+        at = max(at, b)
+    if at < n:
+        out.append((at, n))
+    return [(a, b) for a, b in out if b > a]
 
 
 def covers(chunks: Iterable[Chunk], n: int) -> bool:

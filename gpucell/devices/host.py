@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-__all__ = ["identity", "shares_pids"]
+__all__ = ["identity", "pid_running", "shares_pids"]
 
 
 def _read(path: str) -> str:
@@ -50,3 +50,19 @@ def shares_pids(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
     if a.get("boot_id") and b.get("boot_id") and a.get("pidns") and b.get("pidns"):
         return a["boot_id"] == b["boot_id"] and a["pidns"] == b["pidns"]
     return bool(a.get("host")) and a.get("host") == b.get("host")
+
+
+def pid_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (one /proc read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):  # no /proc (macOS): ask the OS
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False

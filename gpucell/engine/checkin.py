@@ -70,7 +70,24 @@ def _tensor(t: Any) -> Hashable:
         where = (t.data_ptr(), tuple(t.shape))
     except Exception:  # sparse and other layouts without one data pointer
         where = (id(t),)
-    return ("tensor", where, t._version, g)
+    return ("tensor", where, t._version, g, str(t.device), str(t.dtype))
+
+
+def _same(was: Hashable, now: Hashable) -> bool:
+    """Tokens equal, but for tensors moved to another device (``model.cuda()``
+    on a GPU engine): the engine's own placement of its copy, not a change of
+    what the kernel holds (a move makes a new tensor: its pointer and version
+    counter start anew, so only shape and dtype can be compared)."""
+    if was == now:
+        return True
+    if not (isinstance(was, tuple) and isinstance(now, tuple)):
+        return False
+    if len(was) != len(now):
+        return False
+    if was and was[0] == "tensor" and now[0] == "tensor" and len(was) == 6:
+        moved = was[4] != now[4]
+        return moved and was[1][1:] == now[1][1:] and was[5] == now[5]
+    return all(_same(a, b) for a, b in zip(was, now, strict=True))
 
 
 def _torch_module(m: Any, budget: _Budget) -> Hashable:
@@ -219,7 +236,7 @@ def changes(
         if _unchecked(was):
             continue
         now = _items(items) if name == "" and items else token(inputs[name])
-        if now != was and not _unchecked(now):
+        if not _same(was, now) and not _unchecked(now):
             out.append((name, _what(was, now)))
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import functools
 import itertools
 import linecache
@@ -20,7 +21,7 @@ from types import CodeType, ModuleType
 from typing import Any
 
 from gpucell.protocol.chunks import ChunkResult, chunk_items
-from gpucell.protocol.fold import fold, own
+from gpucell.protocol.fold import fold, is_numpy, is_torch, own
 from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
@@ -29,6 +30,7 @@ from gpucell.protocol.program import (
     NOW,
     REC,
     Indexed,
+    Row,
     gather_name,
     is_cuda_device,
 )
@@ -36,6 +38,19 @@ from gpucell.protocol.program import (
 __all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
 
 _MISSING = object()
+
+
+def private_copy(row: Any) -> Any:
+    """A copy of a row the iteration may write without touching the original:
+    one level deep (its writes are one level deep), writable even when the
+    shipped input is read-only."""
+    if is_numpy(row):
+        return row.copy()
+    if is_torch(row):
+        return row.clone()
+    if type(row) in (list, dict, set, bytearray):
+        return type(row)(row)
+    return copy.copy(row)
 
 
 def resolve_device(device: Any = None) -> Any:
@@ -86,6 +101,7 @@ class Recorder:
         self.red_ops: dict[str, str] = {}
         self.keyed_ops: dict[str, str] = {}
         self._partials: dict[str, Any] = {}
+        self._unhashable_keys: dict[int, list[Any]] = {}
         self._keyed: dict[str, list[list[Any]]] = {}
         self._keyed_index: dict[str, dict[Any, int]] = {}
         self._deleted: set[str] = set()
@@ -186,6 +202,39 @@ class Recorder:
         if self.to_host is not None:
             value = self.to_host(value)
         self.result.writes.setdefault(name, []).append((Indexed(accessor, key), value))
+
+    def own_copy(self, seq: Any, index: Any) -> Any:
+        """The iteration's private copy of its row ``seq[index]``: its reads see
+        its own writes (as serially) while the shipped input stays as it was.
+        A row that does not exist yet (a dict's new key) starts as missing."""
+        try:
+            row = seq[index]
+        except (KeyError, IndexError):
+            return _MISSING
+        return private_copy(row)
+
+    def touch(self, keys: dict[Any, None], key: Any) -> None:
+        try:
+            keys[key] = None
+        except TypeError:  # a slice or a list of positions: kept, in order
+            self._unhashable_keys.setdefault(id(keys), []).append(key)
+
+    def own_done(self, name: str, index: Any, row: Any, written: Any) -> None:
+        """Record what the iteration wrote in its row: the final value of each
+        key it wrote (``written``: the keys), or the whole element (``True``)."""
+        if written is True:
+            if row is not _MISSING:
+                self.setitem(row, name, index)
+            return
+        if not written and id(written) not in self._unhashable_keys:
+            return
+        keys = [*written, *self._unhashable_keys.pop(id(written), ())]
+        out = self.result.writes.setdefault(name, [])
+        for key in keys:
+            value = row[key]
+            if self.to_host is not None:
+                value = self.to_host(value)
+            out.append((Row(index, key), value))
 
     def reduce(self, name: str, value: Any) -> None:
         op = self.red_ops[name]

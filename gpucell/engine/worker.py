@@ -303,6 +303,16 @@ def describe_oom(
     )
 
 
+def _release_cuda_cache() -> None:
+    """Give the caching allocator's free blocks back to the device."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
 def _oom_note(exc: BaseException) -> str | None:
     torch = sys.modules.get("torch")
     oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
@@ -388,6 +398,8 @@ def run(
         raise
     except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
         status, payload = "error", _error_payload(exc, stamps, start, chunk_obj)
+        if payload["oom"]:
+            _release_cuda_cache()  # the kernel may retry here: start it clean
     finally:
         # the chunk is over: an interrupt (a cancelled run signals every engine
         # with unfinished work) must not land inside ipykernel's output flush,

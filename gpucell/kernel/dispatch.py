@@ -41,13 +41,16 @@ from gpucell.core.states import (
     EngineState,
     RunStatus,
 )
+from gpucell.devices.host import pid_running
 from gpucell.errors import (
     CellTimeout,
+    ClusterStopped,
     EnginesLost,
     InputChanged,
     InputNotSendable,
     IterationError,
 )
+from gpucell.kernel.interrupts import interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
 from gpucell.protocol import fingerprint, shm, wire
 from gpucell.protocol.program import Setup, Watch
@@ -83,23 +86,7 @@ def _engine_alive(gc: GpuCluster, eid: int) -> bool:
         return False
     if info is None or not info.local:
         return True
-    return _pid_running(info.pid)
-
-
-def _pid_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (one /proc read)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError):  # no /proc (macOS): ask the OS
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
+    return pid_running(info.pid)
 
 
 #: seconds a trial chunk runs before it stops starting iterations: long enough
@@ -224,8 +211,12 @@ class Run:
         progress_period: float = 0.3,
         telemetry: Any = None,
         watch: Watch | None = None,
+        kept: Sequence[tuple[int, int]] = (),
+        on_chunk: Callable[[int, int, Any], None] | None = None,
     ) -> None:
         self.gc = gc
+        self.kept = tuple(kept)
+        self.on_chunk = on_chunk
         self.watch: Watch = watch or {"names": [], "items": False}
         self.programs = programs
         self.inputs = inputs
@@ -240,6 +231,18 @@ class Run:
         self.cell = uuid.uuid4().hex
         self.status: RunStatus = "running"
         self.alive = [e for e in targets if _engine_alive(gc, e)]
+        gone = [e for e in targets if e not in self.alive]
+        for eid in gone:
+            gc.mark_dead(eid)  # died since the last cell: status says so now
+        if gone and self.alive:
+            which = ", ".join(map(str, gone))
+            msg = (
+                f"engine{'s' if len(gone) > 1 else ''} {which} died since the last "
+                f"cell; running on {len(self.alive)} of {len(targets)} selected "
+                "engines (`%gpu_cluster status`)"
+            )
+            record.warnings.append(msg)
+            echo(f"gpucell: warning: {msg}")
         if not self.alive:
             raise EnginesLost(
                 "No live engine among the selected ones; check `%gpu_cluster status` "
@@ -248,6 +251,8 @@ class Run:
         record.engines = tuple(self.alive)
         record.iterations = n
         self.inflight: dict[Any, Flight] = {}
+        self.losses: list[tuple[int, int, int]] = []  # (start, stop, engine) lost
+        self.oom_tries: dict[tuple[int, int], int] = {}
         self.results: dict[int, Any] = {}  # chunk start -> its result
         self.ends: dict[int, float] = {}  # engine -> its last chunk's end (its clock)
         # engine -> (program, input names, fingerprints), input frames: travels
@@ -268,6 +273,7 @@ class Run:
             )
             > 1,
             trial=True,
+            kept=self.kept,
         )
         if self.sched.trial and not _cheap_to_resend(chunk_of, n):
             # (probed only for schedules that would send trial chunks at all)
@@ -403,9 +409,19 @@ class Run:
             # what the engine caches now, as it says (never assumed)
             gc.input_cache[chunk.engine] = dict(timing["cached"])
         if status == "error":
+            if payload.get("oom") and self._retry_out_of_memory(chunk, payload):
+                record.chunks.append(_record(chunk, gc, timing, FAILED))
+                return
             sched.end(chunk.id, FAILED)
             record.chunks.append(_record(chunk, gc, timing, FAILED))
             _raise_iteration_error(payload, chunk, gc, record)
+        # a finished chunk is recorded whole: its result, its schedule state,
+        # its provenance and its kept copy (an interrupt waits until then)
+        with interrupts_deferred("a finished chunk was recorded"):
+            self._finished(flight, chunk, payload, timing)
+
+    def _finished(self, flight: Flight, chunk: Any, payload: Any, timing: Any) -> None:
+        gc, record, sched = self.gc, self.record, self.sched
         self.results[chunk.start] = payload
         done = timing.get("done", chunk.size)  # fewer when a trial stopped early
         # a profiled schedule compares each chunk's time with the profile's cost
@@ -425,11 +441,91 @@ class Run:
             sched.observe_overhead(timing["start"] - self.ends[chunk.engine])
         self.ends[chunk.engine] = timing["end"]
         record.chunks.append(_record(chunk, gc, timing, DONE))
+        if self.on_chunk is not None:
+            try:  # kept for --resume (and written to --checkpoint)
+                self.on_chunk(chunk.start, chunk.stop, payload)
+            except Exception as e:
+                msg = f"could not keep iterations {chunk.start}-{chunk.stop - 1}: {e}"
+                record.warnings.append(msg)
+                self.echo(f"gpucell: warning: {msg}")
+
+    def _retry_out_of_memory(self, chunk: Any, payload: dict[str, Any]) -> bool:
+        """Device memory ran out in an iteration: once more on the same engine
+        (its cache was emptied), then once on the engine with the most free
+        device memory, before the cell fails with the error."""
+        key = (chunk.start, chunk.stop)
+        tries = self.oom_tries.get(key, 0)
+        others = [e for e in self.sched.alive if e != chunk.engine]
+        if tries >= 2 or (tries == 1 and not others):
+            return False
+        target = chunk.engine if tries == 0 else self._most_free_memory(others)
+        self.oom_tries[key] = tries + 1
+        self.sched.requeue(chunk.id, target)
+        where = "the same engine" if target == chunk.engine else f"engine {target}"
+        msg = (
+            f"iteration {payload.get('iteration')} ran out of device memory on "
+            f"engine {chunk.engine}; retrying iterations {chunk.start}-"
+            f"{chunk.stop - 1} on {where}"
+        )
+        self.record.warnings.append(msg)
+        self.echo(f"gpucell: warning: {msg}")
+        return True
+
+    def _most_free_memory(self, engines: list[int]) -> int:
+        """The engine whose device has the most free memory now (the last
+        telemetry sample), else the first."""
+        best, most = engines[0], -1.0
+        sample = getattr(self.telemetry, "latest", None)
+        for eid in engines:
+            free = None
+            if callable(sample):
+                try:
+                    s = sample(eid)
+                    free = None if s is None else s.memory_total - s.memory_used
+                except Exception:
+                    free = None
+            if free is not None and free > most:
+                best, most = eid, float(free)
+        return best
+
+    def _name_a_killer(self, lost: list[Any], eid: int) -> None:
+        """A re-run iteration, alone on its engine, ended that engine too: it is
+        the cause, and running it again would end the next one."""
+        for c in lost:
+            if c.size != 1 or c.attempt < 1:
+                continue
+            before = [
+                e for a, b, e in self.losses[:-1] if a <= c.start < b and e != eid
+            ]
+            if before:
+                self.record.errors.append(f"iteration {c.start} ended its engines")
+                raise EnginesLost(
+                    f"iteration {c.start} ended engine {before[0]} and then engine "
+                    f"{eid}: it is not retried again (it would end the next one). "
+                    "Nothing was merged; the chunks that finished are kept, so "
+                    "`%%gpu_parallel --resume` runs only the rest once it is "
+                    "fixed. Run that iteration alone (serially) to see why: out of "
+                    "memory, a crash in a library, os._exit..."
+                )
+
+    def _check_stopping(self) -> None:
+        if getattr(self.gc, "stopping", False):
+            self.inflight.clear()  # the cluster's tasks went with it
+            raise ClusterStopped(
+                "%%gpu_parallel: the cluster was stopped while the cell ran "
+                f"(after {self.sched.done_iterations} of {self.n} iterations): "
+                "nothing was merged. Start a cluster and run the cell again "
+                "(`--resume` runs only the iterations that did not finish)."
+            )
 
     def on_lost(self, eid: int) -> None:
         """Engine ``eid`` died: its chunks go back to the schedule for the others."""
+        self._check_stopping()
         lost = self.sched.lose_engine(eid)
         self.gc.mark_dead(eid)
+        for c in lost:
+            self.losses.append((c.start, c.stop, eid))
+        self._name_a_killer(lost, eid)
         for ar in [a for a, f in self.inflight.items() if f.chunk.engine == eid]:
             self.inflight.pop(ar)
         for c in lost:
@@ -523,6 +619,7 @@ class Run:
                 while not sched.finished:
                     if deadline is not None and time.perf_counter() > deadline:
                         raise _Interrupted("timeout")
+                    self._check_stopping()
                     done, _ = concurrent.futures.wait(
                         list(self.inflight), timeout=0.05, return_when="FIRST_COMPLETED"
                     )
@@ -534,6 +631,9 @@ class Run:
                     now = time.perf_counter()
                     if now - last_check > 0.2 or not self.inflight:
                         last_check = now
+                        check = getattr(self.gc, "check_controller", None)
+                        if check is not None:
+                            check()
                         for eid in sched.alive:
                             if not _engine_alive(self.gc, eid):
                                 self.on_lost(eid)

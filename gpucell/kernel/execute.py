@@ -34,6 +34,8 @@ class CellRequest:
     retries: int = 2
     dry_run: bool = False
     quiet: bool = False
+    resume: bool = False
+    checkpoint: str | None = None
 
     def asks_for_engines(self) -> bool:
         """Explicit engines, schedule, chunk size, seed or timeout: the cell must
@@ -178,7 +180,18 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         shell.ex(prelude)
 
     def loop_and_merge() -> None:
+        from gpucell.kernel.keep import Keeping
+
         loop = _start_loop(shell, prep)
+        keeping = Keeping(
+            src,
+            loop.inputs,
+            loop.chunker,
+            resume=req.resume,
+            checkpoint=req.checkpoint,
+            seed=req.seed,
+        )
+        kept = keeping.start()
         cuda = "cuda" in src or any(map(_names_cuda, loop.inputs.values()))
         programs = _programs(gc, targets, prep, prepared(True) if cuda else prep, req)
         cost_key = (src, tuple(sorted(targets)))
@@ -190,10 +203,27 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             inline_below=_config.settings().inline_below,
         )
         _warn_random(prep.plan, req)
-        results = _run_loop(
-            shell, gc, targets, programs, prep, loop, advice, record, req
-        )
-        if record.status == "ok" and loop.chunker.count:
+        try:
+            results = _run_loop(
+                shell,
+                gc,
+                targets,
+                programs,
+                prep,
+                loop,
+                advice,
+                record,
+                req,
+                keeping,
+                kept,
+            )
+        except BaseException as e:
+            keeping.failed(type(e).__name__)
+            raise
+        if kept:
+            results = keeping.results()
+            record.resumed = tuple(kept)
+        if record.status == "ok" and loop.chunker.count and not kept:
             gc.cost_history.learn(
                 cost_key,
                 record,
@@ -201,7 +231,15 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
                 shapes=loop.shapes,
                 previous=advice,
             )
-        _merge(ns, prep.plan, results)
+        try:
+            _merge(ns, prep.plan, results)
+        except BaseException as e:
+            # every chunk finished: keep them all, so a fixed namespace (the
+            # error says what) merges with --resume without running anything
+            if not kept and results:
+                keeping.failed(type(e).__name__)
+            raise
+        keeping.merged()
         if not req.quiet:
             print(record.summary())
 
@@ -339,6 +377,9 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     _refuse_interleaved_generators(plan, values)
     _refuse_duplicate_labels(plan, ns)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
+    _refuse_inputs_shared_with_sinks(plan, ns, inputs, values)
+    _refuse_contexts_that_cannot_travel(plan, ns)
+    _refuse_rows_that_are_not_own(plan, ns)
     shapes = (
         tuple(shape_of(v) for v in values),
         tuple((k, shape_of(v)) for k, v in sorted(inputs.items())),
@@ -376,15 +417,18 @@ def _run_loop(
     advice: Any,
     record: Any,
     req: CellRequest,
+    keeping: Any = None,
+    kept: list[tuple[int, int]] | None = None,
 ) -> list[Any]:
-    """Every iteration, in the kernel (when advised) or on the engines."""
+    """Every iteration, in the kernel (when advised) or on the engines; with
+    ``kept``, only those an earlier run did not finish."""
     from gpucell.kernel.dispatch import Options
     from gpucell.kernel.inline import run_in_kernel
 
     if loop.chunker.count == 0:
         record.status = "ok"
         return []
-    if advice.inline:
+    if advice.inline and not kept and req.checkpoint is None:
         program = prep.code("program", prep.plan.engine_program)
         return run_in_kernel(program, loop.inputs, loop.chunker, record)
     options = Options(
@@ -406,6 +450,8 @@ def _run_loop(
         options,
         record,
         req.quiet,
+        kept=kept or (),
+        on_chunk=keeping.add if keeping is not None else None,
     )
 
 
@@ -438,6 +484,144 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
             )
 
 
+def _refuse_inputs_shared_with_sinks(
+    plan: Any, ns: dict[str, Any], inputs: dict[str, Any], values: list[Any]
+) -> None:
+    """An input that is, holds or shares memory with an object the loop changes
+    (``y = out`` in an earlier cell): serially iterations see earlier ones'
+    changes through it, on an engine it is a copy from before the loop."""
+    from gpucell.core.aliasing import shared_with_sinks
+    from gpucell.errors import NotParallelizable
+
+    growing = [
+        *plan.gathers,
+        *plan.unions,
+        *(k for k, _ in plan.keyed),
+        *plan.keyed_gathers,
+        *(r.name for r in plan.reductions),
+    ]
+    sinks = {n: ns[n] for n in (*growing, *plan.writes) if n in ns}
+    found = shared_with_sinks(
+        sinks, inputs, frozenset(getattr(plan, "deep_writes", ()))
+    )
+    iterable = {n: ns[n] for n in growing if n in ns}
+    found += [
+        s._replace(input="the loop's iterable")
+        for v in values
+        for s in shared_with_sinks(iterable, {"": v})
+    ]
+    if not found:
+        return
+    lines = {info.name: info.line for info in plan.names}
+    s = found[0]
+    named = s.input != "the loop's iterable"
+    reader = f"`{s.input}`" if named else s.input
+    copy_hint = (
+        f"`{s.input} = copy.copy({s.input})`" if named else "`items = list(...)`"
+    )
+    raise NotParallelizable(
+        f"%%gpu_parallel: {reader} {s.how} `{s.sink}`, which the loop changes "
+        f"(line {lines.get(s.sink, plan.loop_lines[0])}). Serially each iteration "
+        f"would see through {reader} what the iterations before it changed; on an "
+        "engine it is a copy from before the loop, so the results would differ. "
+        f"Make a copy before the loop ({copy_hint}), or run the cell without "
+        "%%gpu_parallel. Nothing from the loop ran."
+    )
+
+
+def _refuse_contexts_that_cannot_travel(plan: Any, ns: dict[str, Any]) -> None:
+    """Engines re-enter each ``with`` item around the loop; one whose object
+    cannot travel (a lock, an open file, a transaction) is refused by name,
+    before anything is sent (the kernel is inside it now, as serially)."""
+    from gpucell.errors import NotParallelizable
+    from gpucell.protocol import wire
+
+    for layer in plan.layers:
+        for item in layer.node.items:
+            if item.optional_vars is not None:
+                continue
+            for node in ast.walk(item.context_expr):
+                if not isinstance(node, ast.Name) or node.id not in ns:
+                    continue
+                value = ns[node.id]
+                try:
+                    wire.dumps(value)
+                except Exception as e:
+                    raise NotParallelizable(
+                        f"%%gpu_parallel: `with {ast.unparse(item.context_expr)}:` "
+                        f"(line {layer.node.lineno}) is entered again on every "
+                        f"engine around its share of the loop, but `{node.id}` (a "
+                        f"{type(value).__name__}) cannot travel to an engine ({e}), "
+                        "and a copy would not be the same context anyway (a lock "
+                        "guards only the kernel, a file or transaction is open only "
+                        "there). Keep the `with` around the statements that need it "
+                        "and put the loop outside it, create the context inside the "
+                        "loop body (each iteration gets its own), or run the cell "
+                        "without %%gpu_parallel. Nothing from the loop ran."
+                    ) from None
+
+
+def _first_stride(array: Any) -> int:
+    from gpucell.protocol.fold import is_torch
+
+    return int(array.stride(0) if is_torch(array) else array.strides[0])
+
+
+def _refuse_rows_that_are_not_own(plan: Any, ns: dict[str, Any]) -> None:
+    """Own-row writes (``C[i][j] += ...``) are serial-equivalent only when no two
+    rows are one object (``[[0] * m] * n`` makes n names for one list: serially
+    a write to one row shows in all) and, for whole-element writes, when the
+    elements are values (a list element changed by ``+=`` keeps its identity
+    serially, which a copy from an engine would not)."""
+    from gpucell.core.aliasing import first_mutable_element, first_shared_element
+    from gpucell.errors import NotParallelizable
+    from gpucell.protocol.fold import is_numpy, is_torch
+
+    for row in plan.own_rows:
+        target = ns.get(row.name)
+        if target is None:
+            continue
+        where = f"`{row.name}` (line {row.line})"
+        problem = None
+        if row.mode == "row":
+            kind = type(target).__name__
+            if not isinstance(target, (list, dict)) and not (
+                is_numpy(target) or is_torch(target)
+            ):
+                problem = (
+                    f"{where} is a {kind}; gpucell writes the rows of lists, dicts, "
+                    "numpy arrays and tensors"
+                )
+            elif (is_numpy(target) or is_torch(target)) and (
+                target.ndim == 0 or _first_stride(target) == 0
+            ):
+                problem = f"{where} repeats one row in memory (a broadcast view)"
+            else:
+                pair = first_shared_element(target)
+                if pair is not None:
+                    a, b = pair
+                    problem = (
+                        f"`{row.name}[{a!r}]` and `{row.name}[{b!r}]` are the same "
+                        "object (as `[[0] * m] * n` makes them), so serially a write "
+                        "to one row shows in the other. Build the rows separately "
+                        "(`[[0] * m for _ in range(n)]`)"
+                    )
+        elif isinstance(target, (list, dict)):
+            key = first_mutable_element(target)
+            if key is not None:
+                problem = (
+                    f"{where} holds a {type(target[key]).__name__} at "
+                    f"`{row.name}[{key!r}]`, and the loop assigns whole elements "
+                    "and reads them back; serially such an element keeps its "
+                    "identity, which a copy from an engine would not"
+                )
+        if problem is not None:
+            raise NotParallelizable(
+                f"%%gpu_parallel: {problem}. Or run the cell without "
+                "%%gpu_parallel. Nothing from the loop ran."
+            )
+
+
 def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
     """Rows written by label (``df.at[idx, "c"] = ...`` in ``df.iterrows()``) are
     each iteration's own only when no two rows share a label."""
@@ -458,10 +642,14 @@ def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
 def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
     """All or nothing: validate every result against the namespace, then write."""
     from gpucell.core import merge
+    from gpucell.kernel.interrupts import interrupts_deferred
 
     current = {n: ns[n] for n in plan.affected_names if n in ns}
-    update = merge.prepare(plan, results, current)
-    update.commit(ns)
+    update = merge.prepare(plan, results, current)  # an interrupt here changes nothing
+    with interrupts_deferred(
+        "the merge wrote the loop's results (the namespace holds them all)"
+    ):
+        update.commit(ns)
     for note in update.notes:
         print(f"gpucell: note: {note}")
 
@@ -475,6 +663,8 @@ def _run_with_display(
     options: Any,
     record: Any,
     quiet: bool,
+    kept: Any = (),
+    on_chunk: Any = None,
 ) -> list[Any]:
     """The dispatcher's run, watched by the live display (widget or text line)."""
     from gpucell.kernel.dispatch import run_chunks
@@ -509,6 +699,8 @@ def _run_with_display(
                 if record.plan is not None and _config.settings().check_inputs
                 else None
             ),
+            kept=kept,
+            on_chunk=on_chunk,
         )
     finally:
         display.close(last[0])

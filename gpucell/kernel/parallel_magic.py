@@ -71,6 +71,19 @@ class GpuParallelMagics(Magics):
         default=2,
         help="Times a chunk is re-run after its engine died (default 2).",
     )
+    @argument(
+        "--resume",
+        action="store_true",
+        help="Run only the iterations an unfinished earlier run of this cell "
+        "did not finish (kept in memory, or in --checkpoint DIR), then merge all.",
+    )
+    @argument(
+        "--checkpoint",
+        action=_Once,
+        metavar="DIR",
+        help="Also keep finished chunks in DIR, so --resume works after a "
+        "kernel restart (removed once the results are merged).",
+    )
     @argument("--dry-run", action="store_true", help="Show the plan; run nothing.")
     @argument("--quiet", action="store_true", help="No summary line.")
     @cell_magic
@@ -106,6 +119,8 @@ class GpuParallelMagics(Magics):
 
             %%gpu_parallel --dry-run      # show the plan only
 
+            %%gpu_parallel --resume       # after an interrupt: only the rest
+
         After a run, ``gpucell.last_run`` records where each iteration ran.
         """
         from gpucell.kernel.execute import CellRequest, run_cell
@@ -139,6 +154,8 @@ class GpuParallelMagics(Magics):
             retries=args.retries,
             dry_run=args.dry_run,
             quiet=args.quiet,
+            resume=args.resume,
+            checkpoint=args.checkpoint,
         )
         try:
             run_cell(self.shell, cell, req)

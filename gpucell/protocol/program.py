@@ -16,6 +16,9 @@ __all__ = [
     "AS_DEVICE",
     "INDEXERS",
     "Indexed",
+    "Row",
+    "own_name",
+    "own_keys_name",
     "BEGIN",
     "DEVICE",
     "INDEX",
@@ -67,6 +70,9 @@ class Method:
     SETINDEXED: Final = "setindexed"  # D.at[k] = e (also .loc, .iat, .iloc)
     KEYED_APPEND: Final = "keyed_append"  # D[k].append(e)
     KEYED_EXTEND: Final = "keyed_extend"  # D[k].extend(e)
+    OWN_COPY: Final = "own_copy"  # the iteration's private copy of its row S[i]
+    TOUCH: Final = "touch"  # a key of the private row was written
+    OWN_DONE: Final = "own_done"  # the iteration's row writes, at its end
 
 
 #: every method the program may call; the engine's recorder defines each one
@@ -85,6 +91,9 @@ RECORDER_METHODS: Final = (
     Method.SETINDEXED,
     Method.KEYED_APPEND,
     Method.KEYED_EXTEND,
+    Method.OWN_COPY,
+    Method.TOUCH,
+    Method.OWN_DONE,
 )
 
 #: attribute indexers whose item writes are indexed writes (pandas' ``D.at[k] = e``)
@@ -97,6 +106,25 @@ class Indexed(NamedTuple):
 
     accessor: str
     key: Any
+
+
+class Row(NamedTuple):
+    """The key of a write one level under the iteration's own row:
+    ``S[i][k] = v`` (or ``S[i, k] = v``) is recorded as ``(Row(i, k), v)`` and
+    applied as ``S[i][k] = v``."""
+
+    index: Any
+    key: Any
+
+
+def own_name(name: str) -> str:
+    """The engine-side name of the iteration's private copy of ``name[i]``."""
+    return f"__gpucell_own_{name}__"
+
+
+def own_keys_name(name: str) -> str:
+    """The engine-side name of the keys the iteration wrote in its row."""
+    return f"__gpucell_keys_{name}__"
 
 
 class Spec(TypedDict):

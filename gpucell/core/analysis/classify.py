@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gpucell.core.analysis.diagnostics import DiagnosticSink
+from gpucell.core.analysis.ownrows import OwnRow, find_own_rows, metadata_only
 from gpucell.core.analysis.scope import (
     COMPREHENSIONS,
     ENGINE_PROVIDED,
@@ -120,6 +121,8 @@ class Classification:
     unions: dict[str, int] = field(default_factory=dict)
     deleted_locals: set[str] = field(default_factory=set)
     keyed_gathers: dict[str, int] = field(default_factory=dict)
+    # writes whose iteration reads its own row back (see ownrows.py)
+    own_rows: dict[str, OwnRow] = field(default_factory=dict)
     prints: list[int] = field(default_factory=list)
     # inputs a call could change in place (receivers, arguments, callees), with
     # the lines: the engines check them before and after each chunk
@@ -1075,6 +1078,46 @@ def _own_elements(
     return out
 
 
+def _own_rows(
+    body: list[ast.stmt],
+    nodes: list[ast.AST],
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    bound: set[str],
+    is_builtin: Callable[[str], bool],
+) -> dict[str, OwnRow]:
+    """Sinks written and read back under the loop's own position index (from
+    ``range`` or ``enumerate``; labels can repeat across objects), never the
+    iterable itself (its items would not see the writes on an engine)."""
+    if _labels_owner(loop_iter) is not None:
+        return {}
+    i = _own_index(loop_target, loop_iter, is_builtin)
+    if i is None or i in bindings_of(nodes):
+        return {}
+    iterated = (
+        {
+            n.id
+            for n in _lazy_names(loop_iter, is_builtin)
+            if not metadata_only(loop_iter, n.id)
+        }
+        if loop_iter
+        else set()
+    )
+    names = (
+        {
+            n.id
+            for st in body
+            for n in ast.walk(st)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        - bound
+        - iterated
+        - {i}
+    )
+    rows = find_own_rows(body, i, sorted(names), is_builtin)
+    return {n: r for n, r in rows.items() if not (r.mode == "value" and r.simple)}
+
+
 def _is_range(e: ast.AST, is_builtin: Callable[[str], bool]) -> bool:
     return (
         isinstance(e, ast.Call)
@@ -1163,10 +1206,11 @@ def classify_body(
         nodes, exclude=own_store_ids
     )
 
+    own_rows = _own_rows(body, nodes, loop_target, loop_iter, other_bound, is_builtin)
     sinks: dict[str, Candidate] = {}
     by_name: dict[str, list[Candidate]] = {}
     for c in cands:
-        if c.name in other_bound:
+        if c.name in other_bound or c.name in own_rows:
             continue
         by_name.setdefault(c.name, []).append(c)
     result = Classification()
@@ -1224,6 +1268,12 @@ def classify_body(
         elif cls == KEYED_GATHER:
             result.keyed_gathers[name] = line
     own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
+    own |= {
+        id(node)
+        for st in body
+        for node in ast.walk(st)
+        if isinstance(node, ast.Name) and node.id in own_rows
+    }
     body_bound = other_bound - set(sinks)
     own_elements = _own_elements(
         {n: cs for n, cs in by_name.items() if sinks[n].cls == WRITE},
@@ -1316,6 +1366,10 @@ def classify_body(
                     f"(`for x in list({node.id}):`) or collect into another name.",
                 )
 
+    for name, row in own_rows.items():
+        result.writes[name] = row.line
+        ctx.inputs.setdefault(name, row.line)  # engines copy the rows they write
+    result.own_rows = own_rows
     result.inputs = {
         n: line
         for n, line in ctx.inputs.items()

@@ -402,6 +402,7 @@ def analyse(
             unions=cl.unions,
             deleted=cl.deleted_locals,
             keyed_gathers=cl.keyed_gathers,
+            own_rows=cl.own_rows,
         )
     elif raise_errors:
         raise_if_any(diagnostics)
@@ -419,6 +420,7 @@ def analyse(
         reductions=reductions,
         keyed=keyed,
         keyed_gathers=tuple(cl.keyed_gathers),
+        own_rows=tuple(cl.own_rows.values()),
         unions=tuple(cl.unions),
         result_name=result_name,
         result_kind=result_kind,

@@ -19,6 +19,7 @@ from gpucell.core.analysis.classify import (
 )
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.core.analysis.iterspace import IterSpace
+from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.split import Layer
 from gpucell.protocol.program import Watch
 
@@ -125,6 +126,9 @@ class LoopPlan:
     result_kind: str | None = None
     # D[k].append(e) / extend: the lists under D's keys gather in iteration order
     keyed_gathers: tuple[str, ...] = ()
+    # writes whose iteration reads its own row back: engines write a private
+    # copy of the row, the kernel applies the final values (ownrows.py)
+    own_rows: tuple[OwnRow, ...] = ()
     watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
     watch_items: tuple[int, ...] = ()
     watch_all: bool = False
@@ -164,6 +168,11 @@ class LoopPlan:
         for info in self.names:
             out.setdefault(info.cls, []).append(info.name)
         return {k: tuple(v) for k, v in out.items()}
+
+    @property
+    def deep_writes(self) -> tuple[str, ...]:
+        """Sinks whose elements (rows) the loop changes in place."""
+        return tuple(r.name for r in self.own_rows if r.mode == "row")
 
     @property
     def affected_names(self) -> tuple[str, ...]:

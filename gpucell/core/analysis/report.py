@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from gpucell.core.analysis.plan import CLASS_ORDER, LoopPlan
 
 __all__ = ["format_plan"]
@@ -25,6 +27,40 @@ def _span(span: tuple[int, int] | None) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
+def _stmt_span(stmts: tuple[ast.stmt, ...]) -> str:
+    end = max(getattr(s, "end_lineno", None) or s.lineno for s in stmts)
+    return _span((stmts[0].lineno, end))
+
+
+def _layers(plan: LoopPlan) -> list[str]:
+    """The ``with`` blocks around the loop, outermost first: where each context
+    is entered, and which of its statements run in the kernel around the loop."""
+    out = []
+    for layer in plan.layers:
+        items = ", ".join(ast.unparse(i) for i in layer.node.items)
+        engines = [
+            ast.unparse(i.context_expr)
+            for i in layer.node.items
+            if i.optional_vars is None
+        ]
+        where = (
+            f"entered in the kernel; engines re-enter {', '.join(engines)} around "
+            "each chunk"
+            if engines
+            else "entered in the kernel only"
+        )
+        out.append(f"with {items} (line {layer.node.lineno}): {where}")
+        if layer.before:
+            out.append(
+                f"  inside it, before the loop (kernel): {_stmt_span(layer.before)}"
+            )
+        if layer.after:
+            out.append(
+                f"  inside it, after the loop (kernel):  {_stmt_span(layer.after)}"
+            )
+    return out
+
+
 def format_plan(plan: LoopPlan) -> str:
     """Render a plan (or its refusals) as plain text for ``--dry-run``."""
     out: list[str] = []
@@ -36,6 +72,7 @@ def format_plan(plan: LoopPlan) -> str:
         out.append(f"  {plan.loop_header}")
     out.append(f"prelude  (kernel, before): {_span(plan.prelude_lines)}")
     out.append(f"epilogue (kernel, after):  {_span(plan.epilogue_lines)}")
+    out.extend(_layers(plan))
     if plan.iter_space is not None:
         out.append(f"iteration space: {plan.iter_space.describe()}")
     by_class = plan.names_by_class()

@@ -27,6 +27,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
+from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.scope import indexer_write, target_parts
 from gpucell.protocol.program import (
     AS_DEVICE,
@@ -40,6 +41,8 @@ from gpucell.protocol.program import (
     Spec,
     gather_name,
     is_cuda_device,
+    own_keys_name,
+    own_name,
 )
 
 __all__ = ["build_program", "rewrite_cuda"]
@@ -273,6 +276,169 @@ class _SinkRewriter:
         return [node, _rec_call(Method.DELETED, [_const(tuple(names), node)], node)]
 
 
+class _OwnRowRewriter(ast.NodeTransformer):
+    """``S[i]`` -> the iteration's private row ``__gpucell_own_S__`` (``S[i, k]``
+    -> ``__gpucell_own_S__[k]``), and each write to it followed by a note of
+    the key written (see ownrows.py).  Keys and values are evaluated once, in
+    the order Python evaluates the original statement."""
+
+    def __init__(self, rows: Mapping[str, OwnRow]) -> None:
+        self.rows = rows
+        self._tmp = 0
+
+    def _name(self, n: str, ctx: ast.expr_context, loc: ast.AST) -> ast.Name:
+        return ast.copy_location(ast.Name(n, ctx), loc)
+
+    def visit_Subscript(self, node: ast.Subscript) -> Any:
+        v = node.value
+        row = self.rows.get(v.id) if isinstance(v, ast.Name) else None
+        if row is None:
+            return self.generic_visit(node)
+        key = node.slice
+        if isinstance(key, ast.Name) and key.id == row.index:
+            return self._name(own_name(row.name), node.ctx, node)
+        if isinstance(key, ast.Tuple) and key.elts:  # S[i, k...] -> own[k...]
+            rest = [self.visit(e) for e in key.elts[1:]]
+            inner: ast.expr = (
+                rest[0]
+                if len(rest) == 1
+                else ast.copy_location(ast.Tuple(rest, ast.Load()), key)
+            )
+            own = self._name(own_name(row.name), ast.Load(), node)
+            return ast.copy_location(ast.Subscript(own, inner, node.ctx), node)
+        return self.generic_visit(node)
+
+    def _target(self, t: ast.expr) -> tuple[str, ast.expr] | None:
+        """(row name, rewritten target) when ``t`` writes an own row."""
+        new = self.visit(t)
+        for name in self.rows:
+            own = own_name(name)
+            if isinstance(new, ast.Name) and new.id == own:
+                return name, new
+            if (
+                isinstance(new, ast.Subscript)
+                and isinstance(new.value, ast.Name)
+                and new.value.id == own
+            ):
+                return name, new
+        return None
+
+    def _tmp_name(self, what: str, loc: ast.AST) -> tuple[ast.Name, ast.Name]:
+        self._tmp += 1
+        n = f"__gpucell_{what}{self._tmp}__"
+        return self._name(n, ast.Store(), loc), self._name(n, ast.Load(), loc)
+
+    def _written(self, name: str, key: ast.expr | None, loc: ast.stmt) -> ast.stmt:
+        keys = own_keys_name(name)
+        if key is None:  # the whole element: a flag
+            return ast.copy_location(
+                ast.Assign([self._name(keys, ast.Store(), loc)], _const(True, loc)),
+                loc,
+            )
+        return _rec_call(Method.TOUCH, [self._name(keys, ast.Load(), loc), key], loc)
+
+    def _write(
+        self, node: ast.Assign | ast.AugAssign, target: ast.expr
+    ) -> list[ast.stmt] | None:
+        hit = self._target(target)
+        if hit is None:
+            return None
+        name, new = hit
+        out: list[ast.stmt] = []
+        value = self.visit(node.value)
+        if isinstance(node, ast.Assign):
+            v_store, v_load = self._tmp_name("v", node)
+            out.append(ast.copy_location(ast.Assign([v_store], value), node))
+            value = v_load
+        key_load: ast.expr | None = None
+        if isinstance(new, ast.Subscript):
+            k_store, key_load = self._tmp_name("k", node)
+            out.append(ast.copy_location(ast.Assign([k_store], new.slice), node))
+            new = ast.copy_location(
+                ast.Subscript(new.value, key_load, ast.Store()), new
+            )
+        if isinstance(node, ast.Assign):
+            out.append(ast.copy_location(ast.Assign([new], value), node))
+        else:
+            aug_target = cast("ast.Name | ast.Subscript", new)
+            out.append(
+                ast.copy_location(ast.AugAssign(aug_target, node.op, value), node)
+            )
+        out.append(self._written(name, key_load, node))
+        return out
+
+    def visit_Assign(self, node: ast.Assign) -> Any:
+        if len(node.targets) == 1:
+            done = self._write(node, node.targets[0])
+            if done is not None:
+                return done
+        return self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> Any:
+        done = self._write(node, node.target)
+        return done if done is not None else self.generic_visit(node)
+
+    def wrap(self, body: list[ast.stmt], loc: ast.AST) -> list[ast.stmt]:
+        """Each row's private copy before the body; its writes recorded after
+        (also after ``continue``)."""
+        before: list[ast.stmt] = []
+        after: list[ast.stmt] = []
+        for name, row in self.rows.items():
+            index = self._name(row.index, ast.Load(), loc)
+            copy_call = ast.copy_location(
+                ast.Call(
+                    func=ast.copy_location(
+                        ast.Attribute(
+                            self._name(REC, ast.Load(), loc),
+                            Method.OWN_COPY,
+                            ast.Load(),
+                        ),
+                        loc,
+                    ),
+                    args=[self._name(name, ast.Load(), loc), index],
+                    keywords=[],
+                ),
+                loc,
+            )
+            before.append(
+                ast.copy_location(
+                    ast.Assign(
+                        [self._name(own_name(name), ast.Store(), loc)], copy_call
+                    ),
+                    loc,
+                )
+            )
+            start: ast.expr = (
+                ast.copy_location(ast.Dict([], []), loc)
+                if row.mode == "row"
+                else _const(False, loc)
+            )
+            before.append(
+                ast.copy_location(
+                    ast.Assign(
+                        [self._name(own_keys_name(name), ast.Store(), loc)], start
+                    ),
+                    loc,
+                )
+            )
+            after.append(
+                _rec_call(
+                    Method.OWN_DONE,
+                    [
+                        _const(name, loc),
+                        self._name(row.index, ast.Load(), loc),
+                        self._name(own_name(name), ast.Load(), loc),
+                        self._name(own_keys_name(name), ast.Load(), loc),
+                    ],
+                    loc,
+                )
+            )
+        guarded = ast.copy_location(
+            ast.Try(body=body, handlers=[], orelse=[], finalbody=after), loc
+        )
+        return [*before, guarded]
+
+
 def _spec_expr(spec: Spec, loc: ast.AST) -> ast.expr:
     expr = ast.parse(repr(dict(spec)), mode="eval").body
     for n in ast.walk(expr):
@@ -297,15 +463,20 @@ def build_program(
     unions: Iterable[str],
     deleted: Iterable[str],
     keyed_gathers: Iterable[str] = (),
+    own_rows: Mapping[str, OwnRow] | None = None,
 ) -> ast.Module:
     """The chunk program as an ``ast.Module`` with the cell's line numbers.
 
     ``body`` and ``target`` are rewritten in place: pass a tree the analysis does
     not keep (re-parsing the cell is much cheaper than ``copy.deepcopy``).
     """
+    rows = _OwnRowRewriter(own_rows or {})
+    if rows.rows:
+        body = [rows.visit(st) for st in body]
+        body = [x for st in body for x in (st if isinstance(st, list) else [st])]
     rw = _SinkRewriter(
         gathers=gathers,
-        writes=writes,
+        writes=set(writes) - set(rows.rows),
         reductions=reductions,
         keyed=keyed,
         unions=unions,
@@ -340,6 +511,8 @@ def build_program(
         loc,
     )
     per_iteration: list[ast.stmt] = new_body
+    if rows.rows:
+        per_iteration = rows.wrap(per_iteration, loc)
     if deletes:
         end = _rec_call(Method.END, [name(INDEX)], loc)
         per_iteration = [

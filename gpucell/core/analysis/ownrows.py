@@ -1,0 +1,237 @@
+"""Own rows: a sink the iteration reads and writes only under its own index.
+
+``C[i][j] += A[i][k] * B[k][j]`` in loops over ``j`` and ``k``, ``x[i][0] = ...``,
+``m[i, j] = m[i, j - 1] + 1``, or ``out[i] = 0`` followed by ``out[i] += ...``:
+iteration ``i`` alone touches ``S[i]``, but it also reads what it wrote, so
+replaying recorded writes is not enough.  Each engine gives the iteration a
+private copy of its row, rewrites every ``S[i]`` to it (reads see the
+iteration's own writes, as serially), and records the final value of every key
+the iteration wrote; the kernel applies them to the row in place, in iteration
+order.  Two modes:
+
+- ``row``: every write is one level under the row (``S[i][k] = v``, ``S[i, k] += v``);
+  the kernel writes ``S[i][k]`` for each key written;
+- ``value``: every write is the element itself (``S[i] = v``, ``S[i] += v``); the
+  kernel writes ``S[i] = final``.
+
+The detector is strict: any other use of ``S`` (a method call on a row, a row
+passed to a function that could change it, ``S`` without its own index, a
+deeper write) leaves ``S`` to the ordinary rules, which refuse it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from gpucell.core.analysis.scope import SAFE_BUILTINS
+
+__all__ = ["OwnRow", "find_own_rows", "metadata_only", "own_chain"]
+
+#: attributes of a row that only read it (numpy and torch metadata)
+READ_ATTRS = frozenset({"shape", "dtype", "ndim", "size"})
+
+Mode = Literal["row", "value"]
+
+
+@dataclass(frozen=True)
+class OwnRow:
+    """``name`` is written only at ``name[index]`` (``mode``: see module doc)."""
+
+    name: str
+    index: str
+    mode: Mode
+    line: int
+    augmented: bool
+    #: one write statement, outside nested loops, every read before it: the
+    #: plain own-element rule (or a keyed reduction) covers it already
+    simple: bool = False
+
+
+def own_chain(node: ast.Subscript, name: str, index: str) -> tuple[int, ...] | None:
+    """Depth of the chain whose base subscript ``node`` is ``name[index]`` or
+    ``name[index, ...]``: ``(levels,)`` of the first subscript, or ``None``."""
+    if not (isinstance(node.value, ast.Name) and node.value.id == name):
+        return None
+    key = node.slice
+    if isinstance(key, ast.Name) and key.id == index:
+        return (1,)
+    if (
+        isinstance(key, ast.Tuple)
+        and key.elts
+        and isinstance(key.elts[0], ast.Name)
+        and key.elts[0].id == index
+        and not any(isinstance(e, ast.Starred) for e in key.elts)
+    ):
+        return (len(key.elts),)
+    return None
+
+
+def _metadata_read(node: ast.Name, parent: ast.AST | None) -> bool:
+    """``S.shape`` (``ndim``, ``dtype``, ``size``) or ``len(S)``: what writes to
+    elements of ``S`` cannot change."""
+    if isinstance(parent, ast.Attribute):
+        return parent.value is node and parent.attr in READ_ATTRS
+    return (
+        isinstance(parent, ast.Call)
+        and isinstance(parent.func, ast.Name)
+        and parent.func.id == "len"
+        and parent.args == [node]
+        and not parent.keywords
+    )
+
+
+def metadata_only(expr: ast.AST, name: str) -> bool:
+    """Does ``expr`` read ``name`` only through :func:`_metadata_read`?"""
+    parents = _parents([expr])
+    return all(
+        _metadata_read(n, parents.get(id(n)))
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Name) and n.id == name
+    )
+
+
+def _parents(body: Iterable[ast.AST]) -> dict[int, ast.AST]:
+    out: dict[int, ast.AST] = {}
+    for s in body:
+        for node in ast.walk(s):
+            for child in ast.iter_child_nodes(node):
+                out[id(child)] = node
+    return out
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    """Does ``node`` (a comprehension, lambda or def) bind ``name`` itself?"""
+    if isinstance(node, ast.comprehension):
+        return any(
+            isinstance(n, ast.Name) and n.id == name for n in ast.walk(node.target)
+        )
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return any(_binds(g, name) for g in node.generators)
+    if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return True  # a nested scope: rows are not followed into it
+    return False
+
+
+def _use_ok(
+    top: ast.expr,
+    parent: ast.AST | None,
+    is_builtin: Callable[[str], bool],
+) -> bool:
+    """Is a read of the chain ``top`` one that cannot change the row?"""
+    if isinstance(parent, ast.Attribute):
+        return parent.attr in READ_ATTRS
+    if isinstance(parent, ast.Call):
+        if parent.func is top:
+            return False
+        f = parent.func
+        if isinstance(f, ast.Name):
+            return f.id in SAFE_BUILTINS and is_builtin(f.id)
+        return (
+            isinstance(f, ast.Attribute)
+            and isinstance(f.value, ast.Name)
+            and f.value.id == "math"
+        )
+    if isinstance(parent, (ast.keyword, ast.Starred)):
+        return False
+    return not isinstance(
+        parent, (ast.Delete, ast.With, ast.withitem, ast.NamedExpr, ast.Await)
+    )
+
+
+def _candidate(
+    name: str,
+    index: str,
+    body: list[ast.stmt],
+    parents: dict[int, ast.AST],
+    is_builtin: Callable[[str], bool],
+) -> OwnRow | None:
+    writes: list[tuple[int, bool, ast.stmt]] = []
+    reads: list[tuple[int, int]] = []
+    for s in body:
+        for node in ast.walk(s):
+            if not (isinstance(node, ast.Name) and node.id == name):
+                continue
+            base = parents.get(id(node))
+            if _metadata_read(node, base) and not (
+                isinstance(parents.get(id(base)), ast.Call)
+                and getattr(parents.get(id(base)), "func", None) is base
+            ):
+                continue
+            if not isinstance(base, ast.Subscript) or base.value is not node:
+                return None
+            depth = own_chain(base, name, index)
+            if depth is None:
+                return None
+            levels, top = depth[0], base
+            up = parents.get(id(top))
+            while isinstance(up, ast.Subscript) and up.value is top:
+                levels, top = levels + 1, up
+                up = parents.get(id(top))
+            # i must mean the loop's index here: not a comprehension's or a
+            # nested function's own name
+            scope: ast.AST | None = base
+            while scope is not None:
+                if _binds(scope, index) or isinstance(scope, ast.Lambda):
+                    return None
+                scope = parents.get(id(scope))
+            if isinstance(top.ctx, ast.Store):
+                if isinstance(up, ast.Assign) and up.targets == [top]:
+                    writes.append((levels, False, up))
+                elif isinstance(up, ast.AugAssign) and up.target is top:
+                    writes.append((levels, True, up))
+                else:
+                    return None
+            elif isinstance(top.ctx, ast.Del) or not _use_ok(top, up, is_builtin):
+                return None
+            else:
+                reads.append((node.lineno, node.col_offset))
+    if not writes:
+        return None
+    depths = {d for d, _aug, _s in writes}
+    if depths == {2}:
+        mode: Mode = "row"
+    elif depths == {1}:
+        mode = "value"
+    else:
+        return None
+    first = min(s.lineno for _d, _a, s in writes)
+    stmts = {id(s): s for _d, _a, s in writes}
+    simple = False
+    if len(stmts) == 1:
+        (w,) = stmts.values()
+        inside = {
+            (n.lineno, n.col_offset) for n in ast.walk(w) if isinstance(n, ast.Name)
+        }
+        above: ast.AST | None = parents.get(id(w))
+        looped = False
+        while above is not None:
+            looped = looped or isinstance(above, (ast.For, ast.AsyncFor, ast.While))
+            above = parents.get(id(above))
+        simple = not looped and all(
+            r in inside or r < (w.lineno, w.col_offset) for r in reads
+        )
+    return OwnRow(
+        name, index, mode, first, any(a for _d, a, _s in writes), simple=simple
+    )
+
+
+def find_own_rows(
+    body: list[ast.stmt],
+    index: str | None,
+    candidates: Collection[str],
+    is_builtin: Callable[[str], bool],
+) -> dict[str, OwnRow]:
+    """The own-row sinks among ``candidates`` (names the body neither binds nor
+    iterates over), given the loop's distinct index ``index``."""
+    if index is None:
+        return {}
+    parents = _parents(body)
+    found = {}
+    for name in candidates:
+        row = _candidate(name, index, body, parents, is_builtin)
+        if row is not None:
+            found[name] = row
+    return found

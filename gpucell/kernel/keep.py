@@ -1,0 +1,326 @@
+"""Where kept chunk results live: kernel memory, and ``--checkpoint DIR`` on disk.
+
+Memory: the last few cells that did not finish, by their text (the newest
+replaces an older entry of the same cell).  Disk: one folder per cell under
+``DIR`` (``cell-<digest>``) holding ``cell.json`` (the cell's text and its
+key: what the results depend on) and one file per finished chunk.  Every file
+is written whole or not at all (temporary file, fsync, rename, fsync of the
+folder), carries a digest of its bytes, and a file whose bytes do not match is
+reported and its iterations run again, never merged.  The folder is removed
+once the cell's results are merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from gpucell.core.resume import CellKey, Kept
+
+__all__ = ["Checkpoint", "cell_key", "forget", "kept_for", "remember"]
+
+#: cells whose unfinished work stays in kernel memory (oldest dropped first)
+MAX_KEPT_CELLS = 4
+
+_KEPT: OrderedDict[str, Kept] = OrderedDict()
+
+_MAGIC = b"GPUCELL-CHUNK-1\n"
+
+
+def content_digest(value: Any) -> str | None:
+    """A digest of ``value``'s content (not its identity): the same after a
+    kernel restart for the same data.  ``None`` when it cannot be serialised."""
+    from gpucell.protocol import wire
+
+    try:
+        frames = wire.dumps(value)
+    except Exception:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for f in frames:
+        mv = memoryview(f).cast("B")
+        h.update(mv.nbytes.to_bytes(8, "little"))
+        h.update(mv)
+    return h.hexdigest()
+
+
+def cell_digest(src: str) -> str:
+    return hashlib.blake2b(src.encode(), digest_size=16).hexdigest()
+
+
+def cell_key(
+    src: str, inputs: dict[str, Any], chunker: Any, seed: int | None
+) -> CellKey:
+    """What the cell's chunk results depend on."""
+    n = chunker.count
+    return CellKey(
+        cell=cell_digest(src),
+        inputs=tuple((k, content_digest(v)) for k, v in sorted(inputs.items())),
+        items=content_digest(chunker.chunk(0, n)) if n else "",
+        count=n,
+        seed=seed,
+    )
+
+
+def kept_for(src: str) -> Kept | None:
+    return _KEPT.get(cell_digest(src))
+
+
+def latest_kept() -> Kept | None:
+    """The most recently kept unfinished run, of any cell."""
+    return next(reversed(_KEPT.values()), None)
+
+
+def remember(src: str, kept: Kept) -> None:
+    d = cell_digest(src)
+    _KEPT.pop(d, None)
+    _KEPT[d] = kept
+    while len(_KEPT) > MAX_KEPT_CELLS:
+        _KEPT.popitem(last=False)
+
+
+def forget(src: str) -> None:
+    _KEPT.pop(cell_digest(src), None)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class Checkpoint:
+    """One cell's folder under ``--checkpoint DIR``."""
+
+    def __init__(self, root: str | os.PathLike[str], src: str) -> None:
+        self.root = Path(root).expanduser()
+        self.src = src
+        self.folder = self.root / f"cell-{cell_digest(src)}"
+
+    def open(self, key: CellKey) -> None:
+        """Create the folder and say what it belongs to (kept chunks of an
+        earlier key are removed: they cannot be merged with this one)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        manifest = self.folder / "cell.json"
+        old = self._key()
+        if old is not None and old != key:
+            for p in self.folder.glob("chunk-*.bin"):
+                p.unlink()
+        text = json.dumps(
+            {"format": 1, "key": key.as_json(), "source": self.src}, indent=1
+        )
+        _write_atomic(manifest, text.encode())
+
+    def _key(self) -> CellKey | None:
+        try:
+            data = json.loads((self.folder / "cell.json").read_text())
+            return CellKey.from_json(data["key"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, start: int, stop: int, result: Any) -> None:
+        from gpucell.protocol import wire
+
+        body = b"".join(_frame(f) for f in wire.dumps(result))
+        digest = hashlib.blake2b(body, digest_size=32).hexdigest().encode()
+        path = self.folder / f"chunk-{start:012d}-{stop:012d}.bin"
+        _write_atomic(path, _MAGIC + digest + b"\n" + body)
+
+    def load(self) -> tuple[Kept | None, list[str]]:
+        """The kept chunks on disk, and a note for each damaged file (whose
+        iterations will run again)."""
+        from gpucell.protocol import wire
+
+        key = self._key()
+        if key is None:
+            return None, []
+        kept, notes = Kept(key, reason="checkpoint"), []
+        for path in sorted(self.folder.glob("chunk-*.bin")):
+            try:
+                _, a, b = path.stem.split("-")
+                start, stop = int(a), int(b)
+                raw = path.read_bytes()
+                if not raw.startswith(_MAGIC):
+                    raise ValueError("not a gpucell chunk file")
+                digest, _, body = raw[len(_MAGIC) :].partition(b"\n")
+                if hashlib.blake2b(body, digest_size=32).hexdigest().encode() != digest:
+                    raise ValueError("its bytes do not match its digest (truncated?)")
+                kept.add(start, stop, wire.loads(_unframe(body)))
+            except Exception as e:
+                notes.append(f"{path.name} is damaged ({e}); its iterations run again")
+        return kept, notes
+
+    def newest(self) -> Kept | None:
+        """The key of the newest other cell folder under the root (its chunks
+        are not loaded: only compared, to say what changed)."""
+        folders = sorted(
+            (p for p in self.root.glob("cell-*") if (p / "cell.json").exists()),
+            key=lambda p: (p / "cell.json").stat().st_mtime,
+        )
+        if not folders:
+            return None
+        other = Checkpoint(self.root, "")
+        other.folder = folders[-1]
+        key = other._key()
+        return Kept(key, done={-1: (-1, None)}) if key is not None else None
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            self.root.rmdir()  # only if nothing else is in it
+        except OSError:
+            pass
+
+
+def _frame(f: Any) -> bytes:
+    mv = memoryview(f).cast("B")
+    return mv.nbytes.to_bytes(8, "little") + mv.tobytes()
+
+
+def _unframe(body: bytes) -> list[bytes]:
+    out, at = [], 0
+    while at < len(body):
+        n = int.from_bytes(body[at : at + 8], "little")
+        at += 8
+        if at + n > len(body):
+            raise ValueError("a frame runs past the end of the file")
+        out.append(body[at : at + n])
+        at += n
+    return out
+
+
+class Keeping:
+    """One cell run's keeping: what an earlier run left (``--resume``), every
+    chunk that finishes now (``add``), and what to do when the run ends."""
+
+    def __init__(
+        self,
+        src: str,
+        inputs: dict[str, Any],
+        chunker: Any,
+        *,
+        resume: bool,
+        checkpoint: str | None,
+        seed: int | None,
+        echo: Any = print,
+    ) -> None:
+        self.src, self.inputs, self.chunker = src, inputs, chunker
+        self.resume, self.seed, self.echo = resume, seed, echo
+        self.checkpoint = Checkpoint(checkpoint, src) if checkpoint else None
+        self.count = chunker.count
+        self.kept = Kept(None)
+        self.prior = 0  # iterations an earlier run had finished
+
+    def key(self) -> CellKey:
+        if self.kept.key is None:
+            self.kept.key = cell_key(self.src, self.inputs, self.chunker, self.seed)
+        return self.kept.key
+
+    def start(self) -> list[tuple[int, int]]:
+        """Before anything is sent: the ranges already done (``--resume``),
+        after checking that they belong to this cell and inputs; opens the
+        checkpoint folder.  Raises :class:`ResumeRefused` naming what changed."""
+        from gpucell.core.resume import describe_ranges
+        from gpucell.errors import ResumeRefused
+
+        earlier: Kept | None = None
+        if self.resume:
+            earlier = kept_for(self.src)
+            if earlier is None and self.checkpoint is not None:
+                earlier, notes = self.checkpoint.load()
+                for note in notes:
+                    self.echo(f"gpucell: warning: checkpoint: {note}")
+            if earlier is None:
+                # not this text: the newest unfinished run, which --resume is
+                # about, if the cell was edited since (refused below, saying so)
+                earlier = latest_kept() or (
+                    self.checkpoint.newest() if self.checkpoint is not None else None
+                )
+            if earlier is None or not earlier.done:
+                self.echo(
+                    "gpucell: note: --resume: nothing is kept for this cell; "
+                    "running every iteration."
+                )
+                earlier = None
+            else:
+                assert earlier.key is not None
+                changed = self.key().differences(earlier.key)
+                if changed:
+                    raise ResumeRefused(
+                        "%%gpu_parallel --resume: the kept results do not belong "
+                        f"to this run: {'; '.join(changed)}. Run the cell without "
+                        "--resume to start over (the kept results are then "
+                        "dropped). Nothing from the loop ran."
+                    )
+        if self.checkpoint is not None:
+            self.checkpoint.open(self.key())
+        if earlier is None:
+            return []
+        for start, (stop, result) in earlier.done.items():
+            self.kept.add(start, stop, result)
+            if self.checkpoint is not None:
+                self.checkpoint.write(start, stop, result)
+        self.prior = self.kept.iterations
+        missing = self.kept.missing(self.count)
+        self.echo(
+            f"gpucell: resuming: {self.prior} of {self.count} iterations are kept; "
+            f"running {describe_ranges(missing) or 'none'}."
+        )
+        return self.kept.ranges()
+
+    def add(self, start: int, stop: int, result: Any) -> None:
+        self.kept.add(start, stop, result)
+        if self.checkpoint is not None:
+            self.checkpoint.write(start, stop, result)
+
+    def results(self) -> list[Any]:
+        """Every chunk result, kept and new, in iteration order."""
+        return [r for _a, r in self.kept.results()]
+
+    def failed(self, reason: str) -> None:
+        """The run ended early: keep what finished, and say how to go on."""
+        from gpucell.core.resume import describe_ranges
+
+        if not self.kept.done:
+            return
+        self.key()
+        self.kept.reason = reason
+        remember(self.src, self.kept)
+        missing = self.kept.missing(self.count)
+        where = (
+            f" (also in {self.checkpoint.folder})"
+            if self.checkpoint is not None
+            else ""
+        )
+        self.echo(
+            f"gpucell: {self.kept.iterations} of {self.count} iterations finished and "
+            f"are kept{where}; `%%gpu_parallel --resume` runs only "
+            f"{describe_ranges(missing) or 'the merge'}."
+        )
+
+    def merged(self) -> None:
+        """The results are in the namespace: nothing to keep any more."""
+        forget(self.src)
+        if self.checkpoint is not None:
+            self.checkpoint.remove()

@@ -1,0 +1,124 @@
+"""How a cell ends when the cluster changes under it (issue 14's drills), on
+clusters of the test's own: a stop from another thread, an engine killed
+between cells."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import gpucell
+import gpucell.cluster.lifecycle as gc_mod
+from gpucell.errors import ClusterStopped
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def own_cluster(cluster) -> Iterator[gc_mod.GpuCluster]:
+    saved = gc_mod._current
+    gc_mod._current = None
+    try:
+        yield gpucell.start_cluster(2, gpus="none")
+    finally:
+        if gc_mod._current is not None:
+            gpucell.stop()
+        gc_mod._current = saved
+
+
+def test_a_stop_from_another_thread_is_reported_as_a_stop(ip, own_cluster):
+    ip.user_ns["out"] = []
+    cell = "import time\nfor i in range(60):\n    time.sleep(0.05)\n    out.append(i)\n"
+    threading.Timer(1.0, gpucell.stop).start()
+    t0 = time.monotonic()
+    with pytest.raises(ClusterStopped, match="the cluster was stopped while the cell"):
+        ip.run_cell_magic("gpu_parallel", "--quiet --schedule dynamic", cell)
+    assert time.monotonic() - t0 < 15
+    assert ip.user_ns["out"] == []
+    assert "Every engine died" not in str(gpucell.last_run.errors)
+
+
+def test_an_engine_killed_between_cells_is_dead_at_once_and_said(
+    ip, own_cluster, capsys
+):
+    victim = own_cluster.engines[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    ip.user_ns["out"] = []
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(6):\n    out.append(i * 2)\n"
+    )
+    assert ip.user_ns["out"] == [i * 2 for i in range(6)]
+    said = capsys.readouterr().out
+    assert "engine 1 died since the last cell; running on 1 of 2" in said
+    assert gpucell.last_run.engines == (0,)
+    assert own_cluster.engines[1].state == "dead"
+
+
+def test_an_iteration_that_ends_its_engine_twice_is_named_and_not_retried(ip, cluster):
+    saved = gc_mod._current
+    gc_mod._current = None
+    try:
+        c = gpucell.start_cluster(3, gpus="none")
+        ip.user_ns["out"] = []
+        cell = (
+            "import os, time\nfor i in range(12):\n    time.sleep(0.02)\n"
+            "    if i == 7:\n        os._exit(3)\n    out.append(i)\n"
+        )
+        with pytest.raises(
+            gpucell.errors.EnginesLost,
+            match=r"iteration 7 ended engine \d and then engine \d: it is not retried",
+        ) as info:
+            ip.run_cell_magic(
+                "gpu_parallel", "--quiet --chunksize 3 --schedule dynamic", cell
+            )
+        assert "--resume" in str(info.value)
+        assert ip.user_ns["out"] == []
+        live = c.live_ids()
+        assert len(live) == 1  # not retried on the last live engine
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(4):\n    out.append(i)\n"
+        )
+        assert ip.user_ns["out"] == [0, 1, 2, 3]
+    finally:
+        if gc_mod._current is not None:
+            gpucell.stop()
+        gc_mod._current = saved
+
+
+def test_a_killed_controller_fails_the_cell_fast_and_status_answers(
+    ip, own_cluster, capsys
+):
+    from IPython.core.error import UsageError
+
+    ip.user_ns["out"] = []
+    pid = own_cluster.controller_pid
+    assert pid is not None
+    threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+    cell = (
+        "import time\nfor i in range(200):\n    time.sleep(0.05)\n    out.append(i)\n"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match="controller .* is gone"):
+        ip.run_cell_magic("gpu_parallel", "--quiet --schedule dynamic", cell)
+    assert time.monotonic() - t0 < 10
+    assert ip.user_ns["out"] == []
+    # between cells: status answers at once, saying what happened
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="controller .* is gone"):
+        ip.run_line_magic("gpu_cluster", "status")
+    assert time.monotonic() - t0 < 2
+    # and a new cluster recovers
+    t0 = time.monotonic()
+    gpucell.stop()
+    assert time.monotonic() - t0 < 15
+    gpucell.start_cluster(2, gpus="none")
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(4):\n    out.append(i)\n"
+    )
+    assert ip.user_ns["out"] == [0, 1, 2, 3]

@@ -1,0 +1,149 @@
+"""Own rows: an iteration that writes and reads back under its own index.
+
+``C[i][j] += A[i][k] * B[k][j]``, ``x[i][0] = ...``, ``m[i, j] = m[i, j - 1] + 1``,
+``out[i] = 0`` then ``out[i] += ...`` in a nested loop: each compared with the
+serial cell on a real cluster, rows kept as the same objects, and the unsafe
+shapes (shared rows, the iterable itself, a row handed to a method) refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_parallel import assert_serial_equivalent
+
+from gpucell.errors import NotParallelizable
+
+pytestmark = pytest.mark.cluster
+
+ROWS = {
+    "matrix product, nested loops, +=": (
+        "for i in range(len(A)):\n    for j in range(len(B[0])):\n"
+        "        for k in range(len(B)):\n            C[i][j] += A[i][k] * B[k][j]\n",
+        {
+            "A": [[i + j for j in range(4)] for i in range(9)],
+            "B": [[i * j - 1 for j in range(3)] for i in range(4)],
+            "C": [[0] * 3 for _ in range(9)],
+        },
+    ),
+    "x[i][0] from the same row": (
+        "for i in range(len(x)):\n    x[i][0] = x[i][1] * 2\n",
+        {"x": [[i, i + 1, i + 2] for i in range(11)]},
+    ),
+    "a row that reads its own earlier writes": (
+        "for i in range(len(m)):\n    for j in range(1, len(m[i])):\n"
+        "        m[i][j] = m[i][j - 1] + m[i][j]\n",
+        {"m": [[i, 1, 2, 3, 4] for i in range(10)]},
+    ),
+    "numpy rows with a 2-D key": (
+        "for i in range(n.shape[0]):\n    for j in range(1, n.shape[1]):\n"
+        "        n[i, j] = n[i, j - 1] * 0.5 + n[i, j]\n",
+        {"n": np.arange(40.0).reshape(8, 5)},
+    ),
+    "torch rows, enumerate": (
+        "for i, s in enumerate(scales):\n    t[i][0] = s\n    t[i][1] = t[i][0] * 3\n",
+        {"t": torch.zeros(7, 2), "scales": [float(v) for v in range(7)]},
+    ),
+    "dict rows": (
+        "for i in range(len(recs)):\n    recs[i]['sq'] = recs[i]['v'] ** 2\n"
+        "    recs[i]['v'] += 1\n",
+        {"recs": [{"v": v} for v in range(9)]},
+    ),
+    "an element set then accumulated (matrix-vector)": (
+        "for i in range(len(y)):\n    y[i] = 0.0\n    for j in range(len(v)):\n"
+        "        y[i] += M[i][j] * v[j]\n",
+        {
+            "y": [None] * 6,
+            "M": [[float(i - j) for j in range(4)] for i in range(6)],
+            "v": [1.0, 2.0, 3.0, 4.0],
+        },
+    ),
+    "continue inside the row loop": (
+        "for i in range(len(g)):\n    for j in range(len(g[i])):\n"
+        "        if g[i][j] < 0:\n            continue\n        g[i][j] *= 10\n",
+        {"g": [[(-1) ** (i + j) * j for j in range(4)] for i in range(8)]},
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_own_row_writes_give_the_serial_namespace(ip, cluster, row):
+    cell, ns = ROWS[row]
+    assert_serial_equivalent(ip, cell, dict(ns), "--quiet --schedule static")
+
+
+def test_rows_are_changed_in_place_not_replaced(ip, cluster):
+    ip.run_cell("rows = [[0, 0] for _ in range(6)]\nkeep = rows[3]")
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "for i in range(len(rows)):\n    rows[i][1] = i\n"
+        "    rows[i][0] = rows[i][1] + 1\n",
+    )
+    assert ip.user_ns["rows"] == [[i + 1, i] for i in range(6)]
+    assert ip.user_ns["keep"] is ip.user_ns["rows"][3]
+
+
+def test_rows_that_are_one_object_are_refused(ip, cluster):
+    ip.run_cell("grid = [[0] * 3] * 4")
+    with pytest.raises(
+        NotParallelizable, match=r"`grid\[0\]` and `grid\[1\]` are the same"
+    ):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(4):\n    grid[i][0] = i\n"
+        )
+    assert ip.user_ns["grid"] == [[0] * 3] * 4
+
+
+def test_an_input_that_is_a_row_is_refused(ip, cluster):
+    ip.run_cell("grid = [[0, 0] for _ in range(4)]\nfirst = grid[0]")
+    with pytest.raises(NotParallelizable, match=r"`first` is `grid\[0\]`"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(4):\n    grid[i][0] = first[0] + i\n",
+        )
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        # the iterable's items are the rows: on an engine they would not see
+        # the iteration's writes
+        "for i, row in enumerate(grid):\n    grid[i][0] = 1\n    out.append(row[0])\n",
+        # a method call on a row changes it where the copy cannot follow
+        "for i in range(4):\n    grid[i].append(i)\n    grid[i][0] = 1\n",
+        # another iteration's row
+        "for i in range(1, 4):\n    grid[i][0] = grid[i - 1][0] + 1\n",
+        # three levels deep
+        "for i in range(4):\n    deep[i][0][0] = i\n",
+    ],
+)
+def test_rows_used_other_ways_are_refused(ip, cluster, cell):
+    ip.run_cell(
+        "grid = [[0, 0] for _ in range(4)]\nout = []\ndeep = [[[0]] for _ in range(4)]"
+    )
+    with pytest.raises(NotParallelizable):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["grid"] == [[0, 0] for _ in range(4)]
+
+
+def test_whole_elements_that_are_lists_are_refused(ip, cluster):
+    ip.run_cell("acc = [[1], [2], [3]]")
+    with pytest.raises(NotParallelizable, match="keeps its identity"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(3):\n    for j in range(2):\n        acc[i] += [j]\n",
+        )
+    assert ip.user_ns["acc"] == [[1], [2], [3]]
+
+
+def test_a_bad_write_fails_before_anything_changes(ip, cluster):
+    ip.run_cell("t = [[0, 0], (0, 0), [0, 0]]")
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(3):\n    t[i][1] = t[i][0] + 1\n"
+        )
+    assert ip.user_ns["t"] == [[0, 0], (0, 0), [0, 0]]

@@ -1,0 +1,212 @@
+"""Never lose finished work: keep chunks of an unfinished run, ``--resume`` the rest.
+
+Each test interrupts (or fails) a real run on a real cluster, then resumes it and
+compares the namespace with the serial cell's, asserting from ``gpucell.last_run``
+that only the missing iterations ran the second time.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import threading
+
+import pytest
+
+import gpucell
+from gpucell.errors import ResumeRefused
+from gpucell.kernel import keep
+
+pytestmark = pytest.mark.cluster
+
+CELL = (
+    "import time\nout = []\ntotal = 0\nfor i in range(40):\n"
+    "    time.sleep(0.05)\n    out.append(i * scale)\n    total += i\n"
+)
+SERIAL_OUT = [i * 3 for i in range(40)]
+
+
+@pytest.fixture
+def fresh(ip, private_cluster):
+    keep._KEPT.clear()
+    for k in ("out", "total", "scale"):
+        ip.user_ns.pop(k, None)
+    ip.user_ns["scale"] = 3
+    yield ip
+    keep._KEPT.clear()
+
+
+def _interrupt_after(ip, cell: str, chunks: int, line: str = "") -> None:
+    """Run ``cell`` and press the stop button once ``chunks`` chunks are done
+    (watched from another thread, as a user watches the progress bar)."""
+    before = gpucell.last_run
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.01):
+            r = gpucell.last_run
+            if r is not before and r is not None and r.done_chunks() >= chunks:
+                _thread.interrupt_main()
+                return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ip.run_cell_magic(
+                "gpu_parallel", f"--quiet --schedule dynamic --chunksize 2 {line}", cell
+            )
+    finally:
+        stop.set()
+        t.join()
+
+
+def _ran(record) -> set[int]:
+    return {
+        i for c in record.chunks if c.state == "done" for i in range(c.start, c.stop)
+    }
+
+
+def test_an_interrupted_cell_resumes_running_only_the_missing_iterations(fresh, capsys):
+    _interrupt_after(fresh, CELL, 6)
+    first = _ran(gpucell.last_run)
+    assert 0 < len(first) < 40
+    assert fresh.user_ns["out"] == []  # the prelude ran; nothing merged
+    said = capsys.readouterr().out
+    assert f"{len(first)} of 40 iterations finished and are kept" in said
+    assert "`%%gpu_parallel --resume` runs only" in said
+    fresh.run_cell_magic("gpu_parallel", "--quiet --resume", CELL)
+    assert fresh.user_ns["out"] == SERIAL_OUT
+    assert fresh.user_ns["total"] == sum(range(40))
+    second = _ran(gpucell.last_run)
+    assert second == set(range(40)) - first  # only the missing ones ran
+    assert sum(b - a for a, b in gpucell.last_run.resumed) == len(first)
+    assert "resuming: " in capsys.readouterr().out
+    # merged: nothing is kept any more, a second --resume runs everything
+    fresh.run_cell_magic("gpu_parallel", "--quiet --resume", CELL)
+    assert _ran(gpucell.last_run) == set(range(40))
+    assert fresh.user_ns["out"] == SERIAL_OUT
+
+
+def test_a_changed_input_refuses_to_resume_naming_it(fresh):
+    _interrupt_after(fresh, CELL, 6)
+    fresh.user_ns["scale"] = 4
+    with pytest.raises(ResumeRefused, match=r"`scale` changed"):
+        fresh.run_cell_magic("gpu_parallel", "--quiet --resume", CELL)
+    assert fresh.user_ns["out"] == []
+    changed = CELL.replace("total += i", "total += 2 * i")
+    fresh.user_ns["scale"] = 3
+    with pytest.raises(ResumeRefused, match="the cell's code changed"):
+        fresh.run_cell_magic("gpu_parallel", "--quiet --resume", changed)
+    with pytest.raises(ResumeRefused, match="--seed is 1, it was None"):
+        fresh.run_cell_magic("gpu_parallel", "--quiet --resume --seed 1", CELL)
+
+
+def test_an_iteration_error_keeps_the_other_chunks(fresh, tmp_path):
+    flag = tmp_path / "fail"
+    flag.write_text("")
+    fresh.user_ns["flag"] = str(flag)
+    cell = (
+        "import os\nout = []\nfor i in range(30):\n"
+        "    if i == 25 and os.path.exists(flag):\n"
+        "        raise RuntimeError('transient')\n    out.append(i)\n"
+    )
+    with pytest.raises(RuntimeError, match="transient"):
+        fresh.run_cell_magic(
+            "gpu_parallel", "--quiet --chunksize 5 --schedule dynamic", cell
+        )
+    first = _ran(gpucell.last_run)
+    assert 25 not in first
+    os.unlink(flag)  # the cause is gone (a full disk, a busy device...)
+    fresh.run_cell_magic(
+        "gpu_parallel", "--quiet --chunksize 5 --schedule dynamic --resume", cell
+    )
+    assert fresh.user_ns["out"] == list(range(30))
+    assert _ran(gpucell.last_run) == set(range(30)) - first
+
+
+def test_a_checkpoint_survives_losing_kernel_memory_and_is_removed_after(
+    fresh, tmp_path
+):
+    ckpt = tmp_path / "ckpt"
+    _interrupt_after(fresh, CELL, 6, f"--checkpoint {ckpt}")
+    first = _ran(gpucell.last_run)
+    (folder,) = ckpt.iterdir()
+    assert (folder / "cell.json").exists()
+    assert len(list(folder.glob("chunk-*.bin"))) == len(
+        [c for c in gpucell.last_run.chunks if c.state == "done"]
+    )
+    keep._KEPT.clear()  # what a kernel restart loses
+    fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
+    assert fresh.user_ns["out"] == SERIAL_OUT
+    assert _ran(gpucell.last_run) == set(range(40)) - first
+    assert not ckpt.exists()  # removed once merged
+
+
+def test_a_damaged_checkpoint_file_is_run_again_never_merged(fresh, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _interrupt_after(fresh, CELL, 6, f"--checkpoint {ckpt}")
+    first = _ran(gpucell.last_run)
+    (folder,) = ckpt.iterdir()
+    victim = sorted(folder.glob("chunk-*.bin"))[0]
+    _, a, b = victim.stem.split("-")
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])  # a torn write
+    keep._KEPT.clear()
+    capsys.readouterr()
+    fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
+    assert f"{victim.name} is damaged" in capsys.readouterr().out
+    assert fresh.user_ns["out"] == SERIAL_OUT
+    again = _ran(gpucell.last_run)
+    assert set(range(int(a), int(b))) <= again
+    assert again == set(range(40)) - (first - set(range(int(a), int(b))))
+
+
+def test_resume_with_nothing_kept_runs_everything_and_says_so(fresh, capsys):
+    fresh.run_cell_magic("gpu_parallel", "--quiet --resume", CELL)
+    assert "nothing is kept for this cell" in capsys.readouterr().out
+    assert fresh.user_ns["out"] == SERIAL_OUT
+
+
+def test_out_of_device_memory_once_is_retried_and_the_cell_succeeds(
+    fresh, tmp_path, capsys
+):
+    marker = tmp_path / "oom-once"
+    fresh.user_ns["marker"] = str(marker)
+    cell = (
+        "import os, torch\nout = []\nfor i in range(12):\n"
+        "    if i == 5 and not os.path.exists(marker):\n"
+        "        open(marker, 'w').close()\n"
+        "        raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to "
+        "allocate 2.00 GiB')\n    out.append(i)\n"
+    )
+    fresh.run_cell_magic(
+        "gpu_parallel", "--quiet --chunksize 3 --schedule dynamic", cell
+    )
+    assert fresh.user_ns["out"] == list(range(12))
+    said = capsys.readouterr().out
+    assert "iteration 5 ran out of device memory on engine" in said
+    assert "retrying iterations 3-5 on the same engine" in said
+    states = [(c.start, c.state) for c in gpucell.last_run.chunks if c.start == 3]
+    assert ("failed" in [s for _a, s in states]) and ("done" in [s for _a, s in states])
+
+
+def test_out_of_memory_every_time_fails_after_two_retries(fresh, capsys):
+    cell = (
+        "import torch\nout = []\nfor i in range(6):\n    if i == 4:\n"
+        "        raise torch.cuda.OutOfMemoryError('CUDA out of memory.')\n"
+        "    out.append(i)\n"
+    )
+    with pytest.raises(torch_oom()):
+        fresh.run_cell_magic(
+            "gpu_parallel", "--quiet --chunksize 2 --schedule dynamic", cell
+        )
+    said = capsys.readouterr().out
+    assert "on the same engine" in said and "on engine" in said.split("same engine")[1]
+    assert fresh.user_ns["out"] == []
+
+
+def torch_oom():
+    import torch
+
+    return torch.cuda.OutOfMemoryError
