@@ -122,3 +122,21 @@ def test_a_killed_controller_fails_the_cell_fast_and_status_answers(
         "gpu_parallel", "--quiet", "for i in range(4):\n    out.append(i)\n"
     )
     assert ip.user_ns["out"] == [0, 1, 2, 3]
+
+
+def test_a_stopped_engine_is_noticed_ended_and_its_chunk_run_elsewhere(
+    ip, own_cluster, capsys
+):
+    ip.user_ns["out"] = []
+    victim = own_cluster.engines[1].pid
+    threading.Timer(0.8, os.kill, (victim, signal.SIGSTOP)).start()
+    cell = "import time\nfor i in range(40):\n    time.sleep(0.05)\n    out.append(i)\n"
+    t0 = time.monotonic()
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule dynamic --chunksize 2", cell)
+    assert time.monotonic() - t0 < 10
+    assert ip.user_ns["out"] == list(range(40))
+    said = capsys.readouterr().out
+    assert "engine 1 stopped answering (its process is stopped" in said
+    assert own_cluster.engines[1].state == "dead"
+    time.sleep(0.5)
+    assert "stale" not in capsys.readouterr().out + capsys.readouterr().err

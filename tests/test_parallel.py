@@ -245,6 +245,20 @@ def test_prints_are_forwarded_tagged_with_engine_and_iteration(ip, cluster, caps
         assert f"| iteration {i}] hello {i}" in out
 
 
+def test_printed_lines_come_out_in_iteration_order(ip, cluster, capsys):
+    """The first half is slow, the second fast: engine 1 finishes first, but its
+    lines wait for the iterations before them, as serially."""
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --schedule static",
+        "import time\nfor i in range(12):\n"
+        "    time.sleep(0.15 if i < 6 else 0.0)\n    print('line', i)\n",
+    )
+    out = capsys.readouterr().out
+    order = [int(x.split("line ")[1]) for x in out.splitlines() if "line " in x]
+    assert order == list(range(12))
+
+
 def test_every_print_arrives_from_many_small_chunks(ip, cluster, capsys):
     """Engines skip flushes with nothing written (engine_tuning): output written
     just before a chunk ends must still arrive, in full."""

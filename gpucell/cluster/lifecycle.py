@@ -493,6 +493,12 @@ def start_cluster(
         **profile_kw,
         **cluster_kw,
     )
+    try:  # what killed kernels left in this profile (never fails a start)
+        from gpucell.cluster.leftovers import sweep_profile
+
+        sweep_profile(cluster.profile_dir)
+    except Exception:
+        pass
     channel = _open_channel()
     try:
         client = _start_and_connect(cluster, specs, engine_args, timeout)

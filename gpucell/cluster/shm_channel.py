@@ -27,7 +27,7 @@ def open_channel(directory: str = DEFAULT_DIR) -> Channel | None:
     try:
         fd = os.open(ch.probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, ch.token.encode())
+            os.write(fd, ch.token.encode() + b"\n" + _owner())
         finally:
             os.close(fd)
     except OSError:
@@ -72,15 +72,43 @@ def sweep(ch: Channel | None) -> int:
 STALE_AFTER = 600.0
 
 
+def _owner() -> bytes:
+    """Which machine boot and pid namespace this kernel's pids belong to."""
+    from gpucell.devices.host import identity
+
+    me = identity()
+    return f"{me['boot_id']} {me['pidns']}".encode()
+
+
+def _ours(directory: str, name: str) -> bool:
+    """The channel of file ``name`` was opened by a kernel whose pids are ours
+    (its probe says so): its pid being gone then proves the kernel is gone."""
+    token = name[len(PREFIX) :].split("-", 2)
+    if len(token) < 2:
+        return False
+    probe = os.path.join(directory, f"{PREFIX}{token[0]}-{token[1]}-probe")
+    try:
+        with open(probe, "rb") as f:
+            owner = f.read(512).split(b"\n", 1)[1]
+    except (OSError, IndexError):
+        return False
+    mine = _owner()
+    known = all(mine.split(b" ")) and len(mine.split(b" ")) == 2
+    return known and owner == mine
+
+
 def sweep_stale(directory: str = DEFAULT_DIR) -> int:
-    """Remove files of channels whose kernel process is gone (it was killed)."""
+    """Remove files of channels whose kernel process is gone (it was killed):
+    at once when its probe shows it ran in our pid space, else after
+    :data:`STALE_AFTER` (another container sharing /dev/shm may own them)."""
     removed = 0
     try:
         names = os.listdir(directory)
     except OSError:
         return 0
     now = time.time()
-    for name in names:
+    ours = {n for n in names if n.startswith(PREFIX) and _ours(directory, n)}
+    for name in sorted(names, key=lambda n: n.endswith("-probe")):  # probes last
         if not name.startswith(PREFIX):
             continue
         pid = name[len(PREFIX) :].split("-", 1)[0]
@@ -88,7 +116,7 @@ def sweep_stale(directory: str = DEFAULT_DIR) -> int:
             continue
         path = os.path.join(directory, name)
         try:
-            if now - os.stat(path).st_mtime < STALE_AFTER:
+            if name not in ours and now - os.stat(path).st_mtime < STALE_AFTER:
                 continue
             os.unlink(path)
             removed += 1

@@ -257,6 +257,11 @@ class Schedule:
         its, secs = self._done.get(engine, (0, 0.0))
         return int(its), float(secs)
 
+    def pace(self, engine: int) -> float | None:
+        """Measured seconds per iteration on ``engine`` (``None``: not yet)."""
+        st = self._stats.get(engine)
+        return None if st is None else st.per_iteration
+
     def calibrating(self, engine: int) -> bool:
         """``engine``'s pace is not measured yet (its next chunk calibrates)."""
         return self._pace(engine) is None

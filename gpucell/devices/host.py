@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-__all__ = ["identity", "pid_running", "shares_pids"]
+__all__ = ["identity", "pid_running", "process_state", "shares_pids"]
 
 
 def _read(path: str) -> str:
@@ -66,3 +66,14 @@ def pid_running(pid: int) -> bool:
             return True
         except OSError:
             return False
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process (``R``, ``S``, ``T`` when stopped,
+    ``Z``...) from /proc, or ``None`` when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
+    except (OSError, ValueError):
+        return None

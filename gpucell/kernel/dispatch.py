@@ -41,7 +41,7 @@ from gpucell.core.states import (
     EngineState,
     RunStatus,
 )
-from gpucell.devices.host import pid_running
+from gpucell.devices.host import pid_running, process_state
 from gpucell.errors import (
     CellTimeout,
     ClusterStopped,
@@ -88,6 +88,11 @@ def _engine_alive(gc: GpuCluster, eid: int) -> bool:
         return True
     return pid_running(info.pid)
 
+
+#: an engine whose chunks run this many times longer than its measured pace
+#: says (and at least HUNG_AFTER seconds) is taken as hung
+HUNG_FACTOR = 20
+HUNG_AFTER = 60.0
 
 #: seconds a trial chunk runs before it stops starting iterations: long enough
 #: to measure a pace, short enough that a slow engine is not committed to much
@@ -141,6 +146,7 @@ class Flight:
     # perf_counter at submission when the round trip measures a chunk's dispatch
     # cost (the engine had nothing queued and its program was loaded), else None
     timed_from: float | None
+    sent: float = 0.0  # perf_counter when it was submitted
 
     @property
     def engine(self) -> int:
@@ -282,7 +288,7 @@ class Run:
             " (profiled)" if self.sched.profiled else ""
         )
         self.views = {eid: gc.view(eid) for eid in self.alive}
-        self.output = OutputRelay(gc.client, relay or _to_stdout)
+        self.output = OutputRelay(gc.client, relay or _to_stdout, self.kept)
         self.t0 = time.perf_counter()
         self._last_progress = 0.0
 
@@ -372,8 +378,9 @@ class Run:
             # first chunk also loads the program and inputs (and the imports they
             # need): neither round trip says what dispatching a chunk costs
             timed = not queued_behind and setup is None
-            self.inflight[ar] = Flight(c, time.perf_counter() if timed else None)
-            self.output.watch(ar)
+            now = time.perf_counter()
+            self.inflight[ar] = Flight(c, now if timed else None, now)
+            self.output.watch(ar, c)
 
     def on_done(self, ar: Any) -> None:
         """A chunk task finished: keep its result, or find out why it has none."""
@@ -448,6 +455,45 @@ class Run:
                 msg = f"could not keep iterations {chunk.start}-{chunk.stop - 1}: {e}"
                 record.warnings.append(msg)
                 self.echo(f"gpucell: warning: {msg}")
+
+    def _hung(self, eid: int, now: float) -> str | None:
+        """Why engine ``eid`` no longer answers, or ``None``: its process is
+        stopped (SIGSTOP, a debugger), or its oldest chunk has run far longer
+        than its measured pace says it should (a deadlock in a library)."""
+        info = self.gc.engines.get(eid)
+        if info is not None and info.local and process_state(info.pid) == "T":
+            return "its process is stopped (SIGSTOP or a debugger)"
+        flights = [f for f in self.inflight.values() if f.engine == eid]
+        if not flights:
+            return None
+        oldest = min(flights, key=lambda f: f.sent)
+        pace = self.sched.pace(eid)
+        if pace is None:
+            return None  # nothing measured yet: no bound to hold it to
+        bound = max(HUNG_AFTER, HUNG_FACTOR * pace * sum(f.chunk.size for f in flights))
+        if now - oldest.sent > bound:
+            ran = now - oldest.sent
+            return (
+                f"its chunk has run {ran:.0f} s, more than {HUNG_FACTOR}x what its "
+                "measured pace allows"
+            )
+        return None
+
+    def _end_hung(self, eid: int) -> None:
+        """A hung engine is ended (so no stale result can arrive later) and
+        treated as lost: its chunks go to the others."""
+        why = self._hung(eid, time.perf_counter())
+        info = self.gc.engines.get(eid)
+        if info is not None and info.local:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(info.pid, sig)
+                except OSError:
+                    pass
+        msg = f"engine {eid} stopped answering ({why}); it was ended"
+        self.record.warnings.append(msg)
+        self.echo(f"gpucell: warning: {msg}")
+        self.on_lost(eid)
 
     def _retry_out_of_memory(self, chunk: Any, payload: dict[str, Any]) -> bool:
         """Device memory ran out in an iteration: once more on the same engine
@@ -528,6 +574,7 @@ class Run:
         self._name_a_killer(lost, eid)
         for ar in [a for a, f in self.inflight.items() if f.chunk.engine == eid]:
             self.inflight.pop(ar)
+            self.output.lost(ar)
         for c in lost:
             self.record.chunks.append(_record(c, self.gc, None, LOST))
         msg = (
@@ -637,6 +684,8 @@ class Run:
                         for eid in sched.alive:
                             if not _engine_alive(self.gc, eid):
                                 self.on_lost(eid)
+                            elif self._hung(eid, now):
+                                self._end_hung(eid)
                     self.submit()
                     self.report()
                     if not self.inflight and not sched.finished:

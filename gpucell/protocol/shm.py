@@ -137,7 +137,8 @@ def reachable(ch: Channel) -> bool:
     if ok is None:
         try:
             with open(ch.probe, "rb") as f:
-                ok = f.read(256) == ch.token.encode()
+                # the first line is the token (the second says whose it is)
+                ok = f.read(256).split(b"\n", 1)[0] == ch.token.encode()
         except OSError:
             ok = False
         _seen[ch.token] = ok
