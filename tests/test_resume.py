@@ -81,6 +81,10 @@ def test_an_interrupted_cell_resumes_running_only_the_missing_iterations(fresh, 
     second = _ran(gpucell.last_run)
     assert second == set(range(40)) - first  # only the missing ones ran
     assert sum(b - a for a, b in gpucell.last_run.resumed) == len(first)
+    assert (
+        f"{len(first)} kept from an unfinished run"
+        in gpucell.last_run.timeline().title()
+    )
     assert "resuming: " in capsys.readouterr().out
     # merged: nothing is kept any more, a second --resume runs everything
     fresh.run_cell_magic("gpu_parallel", "--quiet --resume", CELL)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gpucell import config as _config
+from gpucell.cluster.restart import Restarts
 from gpucell.core.costmodel import CostMemory
 from gpucell.core.states import BUSY, DEAD, IDLE, EngineState
 from gpucell.core.topology import EngineSpec, parse_gpu_selection, plan_engines
@@ -62,6 +63,7 @@ class EngineInfo:
     # its pids are the kernel's (same machine and pid namespace): the kernel may
     # read its /proc entry and signal it; else it goes through the controller
     local: bool = False
+    restarts: int = 0  # times this device's engine was restarted after dying
 
     @property
     def device(self) -> str:
@@ -88,6 +90,9 @@ class GpuCluster:
     input_cache: dict[int, dict[str, Any]] = field(default_factory=dict)
     # what each cell's last run on these engines cost (inline, static, profile)
     cost_history: CostMemory = field(default_factory=CostMemory)
+    # the engines' command-line arguments, and the restarts of dead engines
+    engine_args: tuple[str, ...] = ()
+    restarts: Restarts = field(default_factory=Restarts, repr=False)
     _views: dict[int, Any] = field(default_factory=dict, repr=False)
     # the kernel's shared-memory channel (shm.Channel), opened before the engines
     # were described so each could say whether it sees it (EngineInfo.shm)
@@ -164,8 +169,19 @@ class GpuCluster:
         return [e for e in self.ids if e in registered and e not in self.dead]
 
     def refresh(self) -> list[EngineInfo]:
-        """Engine states now: dead if unregistered, busy if it has work queued."""
+        """Engine states now: dead if unregistered, busy if it has work queued
+        (engines being restarted join as soon as they are back)."""
         self.check_controller()
+        from gpucell.devices.host import pid_running
+
+        for eid, info in list(self.engines.items()):
+            gone = eid not in self.client.ids or (
+                info.local and not pid_running(info.pid)
+            )
+            if gone and info.state != DEAD:
+                self.mark_dead(eid)  # seen dead at once (local: by its process)
+                self.restarts.begin(self, eid)
+        self.restarts.step(self)
         alive = set(self.client.ids)
         try:
             queues = self.client.queue_status(verbose=False)
@@ -337,6 +353,16 @@ def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[st
         "--IPEngine.wait_for_url_file=60",
     ]
     return cluster_kw, controller, engine
+
+
+def describe_async(gc: GpuCluster, eid: int) -> Any:
+    """Tune and describe one new engine (a restart) without waiting."""
+    from gpucell.engine.runtime import describe
+    from gpucell.engine.tuning import tune
+
+    view = gc.client.direct_view([eid])
+    view.apply_async(tune)
+    return view.apply_async(describe, gc._channel)
 
 
 def _describe_engines(
@@ -530,6 +556,7 @@ def start_cluster(
         owned=True,
         startup_seconds=elapsed,
         specs=tuple(specs),
+        engine_args=tuple(engine_args),
         _channel=channel,
     )
     gc.description = f"{len(engines)} engines ({_summary(engines)})"
@@ -848,7 +875,8 @@ def format_status(
                 r.name,
                 mem,
                 str(r.threads or "-"),
-                r.state,
+                r.state
+                + (f" (restarted {r.restarts}x)" if getattr(r, "restarts", 0) else ""),
             )
         )
     widths = [

@@ -404,6 +404,18 @@ class Schedule:
             self._running.get(c.engine, {}).pop(c.id, None)
         return c
 
+    def add_engine(self, engine: int) -> None:
+        """A new engine (a restarted one) takes work from now on: what is left
+        unassigned, and what dead engines left behind."""
+        if engine in self._alive:
+            return
+        self._alive.append(engine)
+        self._running.setdefault(engine, {})
+        self._done.setdefault(engine, [0, 0.0])
+        st = self._stats.setdefault(engine, _EngineStats())
+        if self.hint is not None and self.hint > 0 and not self.heterogeneous:
+            st.iterations, st.seconds = 1, self.hint
+
     def requeue(self, chunk_id: int, engine: int) -> Chunk:
         """A running chunk failed in a way worth one more try (its engine ran
         out of device memory): it ends ``failed`` and its iterations go to

@@ -131,6 +131,15 @@ def timeline(last_run: Any) -> Timeline:
         wall=float(getattr(last_run, "wall", 0.0) or 0.0),
         status=str(getattr(last_run, "status", "")),
         schedule=str(getattr(last_run, "schedule", "")),
+        resumed=sum(b - a for a, b in getattr(last_run, "resumed", ())),
+        events=[
+            w
+            for w in getattr(last_run, "warnings", [])
+            if "restarted" in w
+            or "ran out of device memory" in w
+            or "died" in w
+            or "stopped answering" in w
+        ],
     )
 
 
@@ -159,6 +168,8 @@ class Timeline:
     wall: float = 0.0
     status: str = ""
     schedule: str = ""
+    resumed: int = 0  # iterations kept from an unfinished run (--resume)
+    events: list[str] = field(default_factory=list)  # deaths, restarts, retries
 
     # ------------------------------------------------------------------ text
 
@@ -170,7 +181,8 @@ class Timeline:
             f"{'s' if n != 1 else ''} on {e} "
             f"engine{'s' if e != 1 else ''}, {self.span:.2f} s"
         )
-        extra = ", ".join(x for x in (self.schedule, self.status) if x)
+        kept = f"{self.resumed} kept from an unfinished run" if self.resumed else ""
+        extra = ", ".join(x for x in (self.schedule, self.status, kept) if x)
         return s + (f" ({extra})" if extra else "")
 
     def _strip(self, lane: Lane, width: int = 40) -> str:
@@ -212,6 +224,7 @@ class Timeline:
                 f"idle {idle:.2f} s  {notes}"
             )
         lines.append("  (# chunk, r re-run, x lost, ! failed, . idle)")
+        lines.extend(f"  - {e}" for e in self.events)
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

@@ -238,8 +238,11 @@ class Run:
         self.status: RunStatus = "running"
         self.alive = [e for e in targets if _engine_alive(gc, e)]
         gone = [e for e in targets if e not in self.alive]
+        restarts = getattr(gc, "restarts", None)
         for eid in gone:
             gc.mark_dead(eid)  # died since the last cell: status says so now
+            if restarts is not None:
+                restarts.begin(gc, eid)  # joins this cell when it is back
         if gone and self.alive:
             which = ", ".join(map(str, gone))
             msg = (
@@ -297,51 +300,80 @@ class Run:
     def ship_inputs(self) -> None:
         """Decide what each engine's first chunk carries: the program, and the
         inputs its cache lacks (fingerprints; big ones through /dev/shm)."""
-        gc, inputs = self.gc, self.inputs
-        keys = {
+        self._keys = {
             name: fingerprint.digest(fingerprint.fingerprint(v))
-            for name, v in inputs.items()
+            for name, v in self.inputs.items()
         }
-        encoded: dict[tuple[str, ...], list[Any]] = {}
-        filters = _warning_filters()
+        self._encoded: dict[tuple[str, ...], list[Any]] = {}
+        self._filters = _warning_filters()
         for eid in self.alive:
-            have = gc.input_cache.get(eid, {})
-            send = tuple(
-                sorted(
-                    name
-                    for name in inputs
-                    if keys[name] is None or have.get(name) != keys[name]
-                )
-            )
-            if send not in encoded:
-                try:
-                    encoded[send] = _encode_inputs({k: inputs[k] for k in send})
-                except InputNotSendable as e:
-                    self.status = self.record.status = "error"
-                    self.record.errors.append(str(e))
-                    raise
-            frames = encoded[send]
-            nbytes = wire.frames_nbytes(frames)
-            ch = self.channel
-            if ch is not None and nbytes >= ch.min_bytes:
-                if send not in self.mapped:  # written once, mapped by each engine
-                    self.mapped[send] = shm.spill(
-                        frames, ch, f"in-{self.cell[:12]}-{eid}"
-                    )
-                if shm.spilled(self.mapped[send]) and gc.sees_shm(eid):
-                    frames = self.mapped[send]
-                    self.record.shared_bytes += nbytes
-            setup: Setup = {
-                "program": self.programs[eid],
-                "names": sorted(inputs),
-                "keys": keys,
-                "watch": self.watch,
-                "warnings": filters,
-            }
-            self.setups[eid] = (setup, frames)
-            gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
+            self._setup_engine(eid)
         if self.telemetry is not None:
-            self.telemetry.start_remote(gc.client)
+            self.telemetry.start_remote(self.gc.client)
+
+    def _setup_engine(self, eid: int) -> None:
+        """What engine ``eid``'s first chunk carries (also for an engine that
+        joins mid-cell after a restart)."""
+        gc, inputs, keys, encoded = self.gc, self.inputs, self._keys, self._encoded
+        have = gc.input_cache.get(eid, {})
+        send = tuple(
+            sorted(
+                name
+                for name in inputs
+                if keys[name] is None or have.get(name) != keys[name]
+            )
+        )
+        if send not in encoded:
+            try:
+                encoded[send] = _encode_inputs({k: inputs[k] for k in send})
+            except InputNotSendable as e:
+                self.status = self.record.status = "error"
+                self.record.errors.append(str(e))
+                raise
+        frames = encoded[send]
+        nbytes = wire.frames_nbytes(frames)
+        ch = self.channel
+        if ch is not None and nbytes >= ch.min_bytes:
+            if send not in self.mapped:  # written once, mapped by each engine
+                self.mapped[send] = shm.spill(frames, ch, f"in-{self.cell[:12]}-{eid}")
+            if shm.spilled(self.mapped[send]) and gc.sees_shm(eid):
+                frames = self.mapped[send]
+                self.record.shared_bytes += nbytes
+        setup: Setup = {
+            "program": self.programs[eid],
+            "names": sorted(inputs),
+            "keys": keys,
+            "watch": self.watch,
+            "warnings": self._filters,
+        }
+        self.setups[eid] = (setup, frames)
+        gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
+
+    def _restarts(self) -> Any:
+        return getattr(self.gc, "restarts", None)
+
+    def _join_restarted(self) -> None:
+        """Engines restarted after dying take work in this cell as they come back."""
+        restarts = self._restarts()
+        if restarts is None or not restarts.pending:
+            return
+        for r, info in restarts.step(self.gc):
+            eid = info.id
+            if r.dead in self.programs:
+                self.programs[eid] = self.programs[r.dead]
+            elif self.programs:
+                self.programs[eid] = next(iter(self.programs.values()))
+            self.alive.append(eid)
+            self.views[eid] = self.gc.view(eid)
+            self._setup_engine(eid)
+            self.sched.add_engine(eid)
+            self.record.engines = (*self.record.engines, eid)
+            msg = (
+                f"engine {r.dead} was restarted as engine {eid} ({info.device}); "
+                "it takes work now"
+            )
+            self.record.warnings.append(msg)
+            self.echo(f"gpucell: {msg}")
 
     def submit(self) -> None:
         """Send every chunk the schedule hands out now (each engine keeps its next
@@ -569,21 +601,25 @@ class Run:
         self._check_stopping()
         lost = self.sched.lose_engine(eid)
         self.gc.mark_dead(eid)
+        restarts = self._restarts()
+        if restarts is not None:
+            restarts.begin(self.gc, eid)
         for c in lost:
             self.losses.append((c.start, c.stop, eid))
-        self._name_a_killer(lost, eid)
         for ar in [a for a, f in self.inflight.items() if f.chunk.engine == eid]:
             self.inflight.pop(ar)
             self.output.lost(ar)
         for c in lost:
             self.record.chunks.append(_record(c, self.gc, None, LOST))
+        self._name_a_killer(lost, eid)
         msg = (
             f"engine {eid} died; re-running its {sum(c.size for c in lost)} "
             "iteration(s) on the others"
         )
         self.record.warnings.append(msg)
         self.echo(f"gpucell: warning: {msg}")
-        if not self.sched.alive:
+        restarting = restarts is not None and bool(restarts.pending)
+        if not self.sched.alive and not restarting:
             ranges = ", ".join(f"{a}-{b - 1}" for a, b in self.sched.pending_ranges())
             raise EnginesLost(
                 f"Every engine died; iterations {ranges} never completed. Nothing "
@@ -681,6 +717,7 @@ class Run:
                         check = getattr(self.gc, "check_controller", None)
                         if check is not None:
                             check()
+                        self._join_restarted()
                         for eid in sched.alive:
                             if not _engine_alive(self.gc, eid):
                                 self.on_lost(eid)
@@ -688,7 +725,11 @@ class Run:
                                 self._end_hung(eid)
                     self.submit()
                     self.report()
+                    restarts = self._restarts()
                     if not self.inflight and not sched.finished:
+                        if restarts is not None and restarts.pending:
+                            time.sleep(0.05)
+                            continue  # an engine is coming back for the rest
                         raise EnginesLost(
                             "No work in flight and the loop is not finished."
                         )

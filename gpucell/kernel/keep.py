@@ -15,8 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
+import struct
 import tempfile
+import threading
+import time
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,8 @@ MAX_KEPT_CELLS = 4
 
 _KEPT: OrderedDict[str, Kept] = OrderedDict()
 
-_MAGIC = b"GPUCELL-CHUNK-1\n"
+_MAGIC = b"GPUCELL-CHUNK-2\n"
+_TRAILER = struct.Struct("<QI")  # body length, crc32 of the body
 
 
 def content_digest(value: Any) -> str | None:
@@ -89,11 +95,15 @@ def forget(src: str) -> None:
     _KEPT.pop(cell_digest(src), None)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes | list[Any]) -> None:
+    """``data`` (bytes, or buffers written one after another, no copy) as
+    ``path``, whole or not at all: temporary file, fsync, rename, fsync of the
+    folder."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in [data] if isinstance(data, bytes) else data:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -117,6 +127,9 @@ class Checkpoint:
         self.root = Path(root).expanduser()
         self.src = src
         self.folder = self.root / f"cell-{cell_digest(src)}"
+        self._writer: threading.Thread | None = None
+        self._abort = False
+        self.errors: list[str] = []
 
     def open(self, key: CellKey) -> None:
         """Create the folder and say what it belongs to (kept chunks of an
@@ -140,12 +153,50 @@ class Checkpoint:
             return None
 
     def write(self, start: int, stop: int, result: Any) -> None:
+        """Queue one finished chunk's file; a writer thread writes it, so the
+        cell's dispatch does not wait for the disk."""
+        if self._writer is None:
+            self._queue: queue.Queue[Any] = queue.Queue()
+            self._writer = threading.Thread(
+                target=self._write_all, name="gpucell-checkpoint", daemon=True
+            )
+            self._writer.start()
+        self._queue.put((start, stop, result))
+
+    def _write_all(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None or self._abort:
+                    return
+                self._write_one(*job)
+            except Exception as e:  # said by drain(); the chunk stays in memory
+                self.errors.append(f"iterations {job[0]}-{job[1] - 1}: {e!r}")
+            finally:
+                self._queue.task_done()
+
+    def _write_one(self, start: int, stop: int, result: Any) -> None:
         from gpucell.protocol import wire
 
-        body = b"".join(_frame(f) for f in wire.dumps(result))
-        digest = hashlib.blake2b(body, digest_size=32).hexdigest().encode()
-        path = self.folder / f"chunk-{start:012d}-{stop:012d}.bin"
-        _write_atomic(path, _MAGIC + digest + b"\n" + body)
+        parts: list[Any] = [_MAGIC]
+        crc, size = 0, 0
+        for f in wire.dumps(result):
+            mv = memoryview(f).cast("B")
+            head = mv.nbytes.to_bytes(8, "little")
+            for piece in (head, mv):
+                crc = zlib.crc32(piece, crc)
+                size += len(piece)
+                parts.append(piece)
+        parts.append(_TRAILER.pack(size, crc))
+        _write_atomic(self.folder / f"chunk-{start:012d}-{stop:012d}.bin", parts)
+
+    def drain(self, timeout: float = 60.0) -> list[str]:
+        """Wait until every queued chunk is on disk; the errors met."""
+        if self._writer is not None:
+            deadline = time.monotonic() + timeout
+            while self._queue.unfinished_tasks and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return list(self.errors)
 
     def load(self) -> tuple[Kept | None, list[str]]:
         """The kept chunks on disk, and a note for each damaged file (whose
@@ -161,12 +212,13 @@ class Checkpoint:
                 _, a, b = path.stem.split("-")
                 start, stop = int(a), int(b)
                 raw = path.read_bytes()
-                if not raw.startswith(_MAGIC):
-                    raise ValueError("not a gpucell chunk file")
-                digest, _, body = raw[len(_MAGIC) :].partition(b"\n")
-                if hashlib.blake2b(body, digest_size=32).hexdigest().encode() != digest:
-                    raise ValueError("its bytes do not match its digest (truncated?)")
-                kept.add(start, stop, wire.loads(_unframe(body)))
+                if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 12:
+                    raise ValueError("not a gpucell chunk file (truncated?)")
+                body = memoryview(raw)[len(_MAGIC) : -_TRAILER.size]
+                size, crc = _TRAILER.unpack(raw[-_TRAILER.size :])
+                if size != len(body) or zlib.crc32(body) != crc:
+                    raise ValueError("its bytes do not match its checksum (truncated?)")
+                kept.add(start, stop, wire.loads(_unframe(bytes(body))))
             except Exception as e:
                 notes.append(f"{path.name} is damaged ({e}); its iterations run again")
         return kept, notes
@@ -186,16 +238,15 @@ class Checkpoint:
         return Kept(key, done={-1: (-1, None)}) if key is not None else None
 
     def remove(self) -> None:
+        self._abort = True
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=60)
         shutil.rmtree(self.folder, ignore_errors=True)
         try:
             self.root.rmdir()  # only if nothing else is in it
         except OSError:
             pass
-
-
-def _frame(f: Any) -> bytes:
-    mv = memoryview(f).cast("B")
-    return mv.nbytes.to_bytes(8, "little") + mv.tobytes()
 
 
 def _unframe(body: bytes) -> list[bytes]:
@@ -304,6 +355,9 @@ class Keeping:
 
         if not self.kept.done:
             return
+        if self.checkpoint is not None:  # the files match what is kept in memory
+            for err in self.checkpoint.drain():
+                self.echo(f"gpucell: warning: checkpoint could not write {err}")
         self.key()
         self.kept.reason = reason
         remember(self.src, self.kept)
