@@ -54,4 +54,9 @@ class PinnedControllerLauncher(LocalControllerLauncher):
         return {
             "GPUCELL_PARENT_PID": str(os.getpid()),
             "GPUCELL_DEATH_SIGNAL": "SIGTERM",
+            # every buffer of 1 MiB or more gets its own mapping, returned to
+            # the system when freed: glibc's default threshold rises after big
+            # frees, and the controller (which relays each input sent without
+            # shared memory) then kept gigabytes after a cell
+            "MALLOC_MMAP_THRESHOLD_": str(1 << 20),
         }

@@ -326,7 +326,14 @@ def _engine_env(spec: EngineSpec) -> dict[str, str]:
 
 #: Always on: the controller's schedulers run as threads of one process, so
 #: ``PR_SET_PDEATHSIG`` (which forked children do not inherit) covers all of it.
-_CONTROLLER_ARGS = ["--IPController.use_threads=True"]
+#: ``NoDB``: the controller keeps no record of tasks; its default (an in-memory
+#: dict) keeps every task's request and result buffers, so it held a copy of
+#: every input sent through it (gpucell reads results from the tasks, never
+#: from the controller's history)
+_CONTROLLER_ARGS = [
+    "--IPController.use_threads=True",
+    "--IPController.db_class=NoDB",
+]
 
 
 def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[str]]:

@@ -8,10 +8,11 @@ DataFrame when pandas is installed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpucell.core.states import ChunkState, RunStatus
+from gpucell.protocol.chunks import DETAIL_MAX
 
 __all__ = ["ChunkRecord", "LastRun"]
 
@@ -34,7 +35,7 @@ class ChunkRecord:
 
 
 #: Loops longer than this keep no per-iteration profile for their next run.
-PROFILE_MAX = 200_000
+PROFILE_MAX = DETAIL_MAX
 
 
 @dataclass
@@ -55,6 +56,18 @@ class LastRun:
     # (start, stop) ranges kept from an unfinished earlier run (--resume): their
     # results were merged with this run's, their chunks ran before it
     resumed: tuple[tuple[int, int], ...] = ()
+    detail: int = 0  # iteration stamps kept in ``chunks`` (at most DETAIL_MAX)
+
+    def add_chunk(self, rec: ChunkRecord) -> None:
+        """Record a chunk; its per-iteration stamps only while the run's total
+        stays within :data:`DETAIL_MAX` (a loop of 10^8 iterations keeps
+        per-chunk records only)."""
+        n = len(rec.iteration_starts)
+        if n and self.detail + n > DETAIL_MAX:
+            rec = replace(rec, iteration_starts=())
+            n = 0
+        self.detail += n
+        self.chunks.append(rec)
 
     def done_chunks(self) -> int:
         """Chunks that came back with a result."""

@@ -31,7 +31,7 @@ from gpucell.engine import checkin, tohost
 from gpucell.engine.chunk import run_chunk
 from gpucell.engine.runtime import interrupts_held
 from gpucell.protocol import shm, wire
-from gpucell.protocol.chunks import chunk_items
+from gpucell.protocol.chunks import DETAIL_MAX, chunk_items
 from gpucell.protocol.program import Setup, Watch
 
 __all__ = ["load", "run", "clear"]
@@ -52,6 +52,22 @@ def clear() -> None:
     _inputs.clear()
     _program = None
     _cell = None
+
+
+def tidy(drop: list[str] | None = None) -> None:
+    """After a cell, while the engine is idle: forget the cached inputs the
+    kernel no longer holds (``drop``) and what this cell left behind (its
+    program's namespace, reference cycles, cached CUDA blocks), so the memory
+    returns now rather than when the next collection happens to run."""
+    global _program
+    for name in drop or ():
+        _cache.pop(name, None)
+    _inputs.clear()
+    _program = None
+    import gc
+
+    gc.collect()
+    _release_cuda_cache()
 
 
 def leave() -> None:
@@ -417,7 +433,8 @@ def run(
         "start": t0,
         "end": end,
         "compute": compute,
-        "starts": list(stamps.values()),
+        # per-iteration stamps travel only for chunks a run's detail can keep
+        "starts": list(stamps.values()) if len(stamps) <= DETAIL_MAX else [],
         "median": _median_iteration(stamps, end),
         "done": len(stamps),
         "host": socket.gethostname(),

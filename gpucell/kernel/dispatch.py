@@ -219,10 +219,13 @@ class Run:
         watch: Watch | None = None,
         kept: Sequence[tuple[int, int]] = (),
         on_chunk: Callable[[int, int, Any], None] | None = None,
+        drop_inputs: Callable[[str], bool] = lambda name: False,
     ) -> None:
         self.gc = gc
         self.kept = tuple(kept)
         self.on_chunk = on_chunk
+        # cached inputs whose kernel object is gone (``del big``): dropped
+        self.drop_inputs = drop_inputs
         self.watch: Watch = watch or {"names": [], "items": False}
         self.programs = programs
         self.inputs = inputs
@@ -262,6 +265,7 @@ class Run:
         self.inflight: dict[Any, Flight] = {}
         self.losses: list[tuple[int, int, int]] = []  # (start, stop, engine) lost
         self.oom_tries: dict[tuple[int, int], int] = {}
+        self._msg_ids: list[str] = []  # this cell's tasks, forgotten at its end
         self.results: dict[int, Any] = {}  # chunk start -> its result
         self.ends: dict[int, float] = {}  # engine -> its last chunk's end (its clock)
         # engine -> (program, input names, fingerprints), input frames: travels
@@ -352,6 +356,38 @@ class Run:
     def _restarts(self) -> Any:
         return getattr(self.gc, "restarts", None)
 
+    def _tidy_engines(self) -> None:
+        """Each engine frees what this cell left (and the cached inputs whose
+        kernel object is gone) once it is idle; the kernel does not wait."""
+        from gpucell.engine import worker
+
+        if self.status != "ok":
+            return  # after a failure an engine may still be busy or hung
+        gone = self.drop_inputs
+        for eid in self.sched.alive:
+            cached = self.gc.input_cache.get(eid, {})
+            drop = sorted(n for n in cached if gone(n))
+            for n in drop:
+                cached.pop(n, None)
+            try:
+                self.views[eid].apply_async(worker.tidy, drop)
+            except Exception:
+                pass
+
+    def _forget_tasks(self) -> None:
+        """The client keeps every task's result and metadata for ever (its
+        history); this cell's are merged or dropped now, so it lets them go."""
+        client = self.gc.client
+        ids = [m for m in self._msg_ids if m in getattr(client, "results", {})]
+        for m in ids:
+            client.results.pop(m, None)
+            client.metadata.pop(m, None)
+        history = getattr(client, "history", None)
+        if isinstance(history, list) and ids:
+            gone = set(ids)
+            history[:] = [m for m in history if m not in gone]
+        self._msg_ids.clear()
+
     def _join_restarted(self) -> None:
         """Engines restarted after dying take work in this cell as they come back."""
         restarts = self._restarts()
@@ -412,6 +448,7 @@ class Run:
             timed = not queued_behind and setup is None
             now = time.perf_counter()
             self.inflight[ar] = Flight(c, now if timed else None, now)
+            self._msg_ids.extend(ar.msg_ids)
             self.output.watch(ar, c)
 
     def on_done(self, ar: Any) -> None:
@@ -479,7 +516,7 @@ class Run:
             # work, results out, the next chunk in), a few milliseconds
             sched.observe_overhead(timing["start"] - self.ends[chunk.engine])
         self.ends[chunk.engine] = timing["end"]
-        record.chunks.append(_record(chunk, gc, timing, DONE))
+        record.add_chunk(_record(chunk, gc, timing, DONE))
         if self.on_chunk is not None:
             try:  # kept for --resume (and written to --checkpoint)
                 self.on_chunk(chunk.start, chunk.stop, payload)
@@ -754,6 +791,7 @@ class Run:
             raise
         finally:
             self.output.flush(self.inflight)
+            self._forget_tasks()
             for frames in self.mapped.values():  # every engine maps it by now
                 shm.release(frames)
             if self.channel is not None and (
@@ -761,6 +799,7 @@ class Run:
             ):
                 self.gc.sweep_results()  # results abandoned by a failure or a loss
         self._finish("ok")
+        self._tidy_engines()
         return [self.results[k] for k in sorted(self.results)]
 
 

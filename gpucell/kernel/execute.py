@@ -139,6 +139,8 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     from gpucell.cluster.lifecycle import current_or_none
 
     gc = current_or_none()
+    if gc is not None:
+        _drop_gone_inputs(gc, ns)
     targets: list[int] = select_targets(gc, req) if gc is not None else []
     kinds = {gc.engines[e].kind for e in targets} if gc is not None else set()
 
@@ -561,6 +563,24 @@ def _refuse_contexts_that_cannot_travel(plan: Any, ns: dict[str, Any]) -> None:
                     ) from None
 
 
+def _drop_gone_inputs(gc: Any, ns: dict[str, Any]) -> None:
+    """Engines forget cached inputs whose name the kernel no longer has (``del
+    big``), whichever way the next cell runs (even in the kernel); the kernel
+    does not wait."""
+    from gpucell.engine import worker
+
+    for eid, cached in list(gc.input_cache.items()):
+        drop = sorted(n for n in cached if n not in ns)
+        if not drop or eid not in gc.live_ids():
+            continue
+        for n in drop:
+            cached.pop(n, None)
+        try:
+            gc.view(eid).apply_async(worker.tidy, drop)
+        except Exception:
+            pass
+
+
 def _first_stride(array: Any) -> int:
     from gpucell.protocol.fold import is_torch
 
@@ -701,6 +721,7 @@ def _run_with_display(
             ),
             kept=kept,
             on_chunk=on_chunk,
+            drop_inputs=lambda name: name not in shell.user_ns,
         )
     finally:
         display.close(last[0])

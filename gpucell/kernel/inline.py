@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from gpucell.core.provenance import ChunkRecord, LastRun
+from gpucell.protocol.chunks import DETAIL_MAX
 
 __all__ = ["run_in_kernel"]
 
@@ -62,7 +63,9 @@ def run_in_kernel(
             compute=compute,
             attempt=0,
             state="done",
-            iteration_starts=tuple(stamps.values()),
+            iteration_starts=(
+                tuple(stamps.values()) if len(stamps) <= DETAIL_MAX else ()
+            ),
         )
     )
     record.wall = compute

@@ -22,6 +22,11 @@ from typing import Any
 __all__ = ["ChunkResult", "chunk_items"]
 
 
+#: per-iteration detail (start stamps) a run keeps, at most: enough for the
+#: profile a re-run is scheduled from, and bounded whatever the loop's length
+DETAIL_MAX = 200_000
+
+
 @dataclass
 class ChunkResult:
     """What one chunk of iterations produced. Plain data; pickles as is.

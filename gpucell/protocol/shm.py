@@ -110,7 +110,14 @@ def unspill(
     try:
         populate = getattr(mmap, "MAP_POPULATE", 0)
         if shared:
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | populate)
+            # copy-on-write, and not populated: MAP_POPULATE on a writable
+            # private mapping write-faults every page, so each engine would
+            # copy the whole input; unpopulated, the engines share the file's
+            # pages until one writes (inputs are read-only to iterations)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
+            advise = getattr(mm, "madvise", None)
+            if advise is not None and hasattr(mmap, "MADV_WILLNEED"):
+                advise(mmap.MADV_WILLNEED)  # read ahead, without copying
         else:
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate)
     finally:

@@ -1,0 +1,93 @@
+"""One copy of an input per host, and nothing kept once the kernel lets go
+(issue 16): measured on real engines, not timed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+MIB = 2**20
+
+
+def _uss(pid: int) -> int:
+    return int(psutil.Process(pid).memory_full_info().uss)
+
+
+def _cached_names(c) -> dict[int, list[str]]:
+    def names():
+        from gpucell.engine import worker
+
+        return sorted(worker._cache)
+
+    return {eid: c.client[eid].apply_sync(names) for eid in c.live_ids()}
+
+
+def test_an_input_is_shared_not_copied_and_dropped_after_del(ip, private_cluster):
+    c = private_cluster
+    if not all(c.sees_shm(e) for e in c.live_ids()):
+        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+    size = 256 * MIB
+    ip.user_ns["np"] = np
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
+    )
+    time.sleep(0.3)
+    before = {e: _uss(c.engines[e].pid) for e in c.live_ids()}
+    ip.user_ns["big"] = np.ones(size // 8)
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "sums = []\nfor i in range(8):\n    sums.append(float(big[i::8].sum()))\n",
+    )
+    assert ip.user_ns["sums"] == [size / 64] * 8
+    time.sleep(0.3)
+    for e in c.live_ids():
+        grew = _uss(c.engines[e].pid) - before[e]
+        assert grew < 0.1 * size, f"engine {e} copied the input ({grew / MIB:.0f} MiB)"
+        # a write stays the engine's own (copy on write) and is refused anyway
+    assert all("big" in names for names in _cached_names(c).values())
+    del ip.user_ns["big"]
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
+    )
+    deadline = time.monotonic() + 5
+    while any("big" in n for n in _cached_names(c).values()):
+        assert time.monotonic() < deadline, "engines kept a deleted input"
+        time.sleep(0.1)
+
+
+def test_the_client_forgets_a_cells_tasks(ip, cluster):
+    client = cluster.client
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "w = []\nfor i in range(40):\n    w.append(i)\n"
+    )
+    n = len(client.results)
+    for _ in range(3):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet --schedule dynamic --chunksize 2",
+            "w = []\nfor i in range(40):\n    w.append(i)\n",
+        )
+    assert len(client.results) <= n + 3 * len(cluster.live_ids()) + 2  # tidy tasks
+
+
+def test_last_run_stays_bounded_for_a_million_iterations(ip, cluster):
+    from gpucell.protocol.chunks import DETAIL_MAX
+
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --schedule dynamic --chunksize 50000",
+        "acc = 0\nfor i in range(10**6):\n    acc += i\n",
+    )
+    import gpucell
+
+    assert ip.user_ns["acc"] == sum(range(10**6))
+    r = gpucell.last_run
+    stamps = sum(len(c.iteration_starts) for c in r.chunks)
+    assert stamps <= DETAIL_MAX < 10**6
+    assert len(r.chunks) <= 10**6 // 50000 + 4
