@@ -499,10 +499,13 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
         form = draw(
             st.sampled_from(
                 ["[{e}{g}]", "{{{e}{g}}}", "{{i % 4: {e}{g}}}", "sum({e}{g})",
-                 "sorted({e}{g})", "min({e}{g})"]
+                 "sorted({e}{g})", "min({e}{g})", "any({e} > 20{g})",
+                 "all({e} % 7{g})"]
             )
         )  # fmt: skip
         gen = f" for i in range(n){cond}{more}"
+        if form.startswith(("any", "all")) and ":=" in elt + cond:
+            g.refused = True  # the walrus would keep the deciding item's value
         lines.append("res = " + form.format(e=elt, g=gen))
         g.kinds.append("listcomp")
     else:

@@ -147,3 +147,33 @@ def test_a_bad_write_fails_before_anything_changes(ip, cluster):
             "gpu_parallel", "--quiet", "for i in range(3):\n    t[i][1] = t[i][0] + 1\n"
         )
     assert ip.user_ns["t"] == [[0, 0], (0, 0), [0, 0]]
+
+
+SHORT_CIRCUIT_ROWS = {
+    "any, decided early": ("found = any(x > 3 for x in xs)\n", {"xs": [1, 5, 2, 7]}),
+    "any, never true": ("found = any(x > 30 for x in xs)\n", {"xs": [1, 5, 2, 7]}),
+    "all with a condition": (
+        "ok = all(x % 2 == 1 for x in xs if x > 1)\n",
+        {"xs": [1, 3, 5, 7, 9]},
+    ),
+    # serially all() stops at the False of 10 // 20 > 0 and never divides by 0
+    "all stops before an item that would raise": (
+        "ok = all(10 // x > 0 for x in xs)\n",
+        {"xs": [1, 2, 20, 0, 4]},
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(SHORT_CIRCUIT_ROWS))
+def test_any_and_all_of_a_generator_give_the_serial_result(ip, cluster, row):
+    cell, ns = SHORT_CIRCUIT_ROWS[row]
+    assert_serial_equivalent(ip, cell, dict(ns), "--quiet --schedule static")
+
+
+def test_an_item_that_raises_before_the_decision_raises_as_serially(ip, cluster):
+    ip.user_ns.update(xs=[1, 0, 2, 20], ok="before")
+    with pytest.raises(ZeroDivisionError):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "ok = all(10 // x > 0 for x in xs)\n"
+        )
+    assert ip.user_ns["ok"] == "before"

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
-from gpucell.protocol.program import RESULT, Indexed, Row
+from gpucell.protocol.program import RESULT, Indexed, ItemError, Row
 
 __all__ = [
     "ChunkResultLike",
@@ -432,7 +432,21 @@ def _build(kind: str, values: list[Any]) -> Any:
     nothing raises as it would serially)."""
     if kind == "list":
         return values
+    if kind in ("any", "all"):
+        return _short_circuit(kind == "any", values)
     return getattr(builtins, kind)(values)
+
+
+def _short_circuit(want: bool, values: list[Any]) -> bool:
+    """``any``/``all`` replayed in order over every item's value: an item that
+    raised (``ItemError``) is raised only if no item before it decided, which is
+    exactly when the serial call would have reached it."""
+    for v in values:
+        if isinstance(v, ItemError):
+            raise v.exc
+        if bool(v) is want:
+            return want
+    return not want
 
 
 def _prepare_indexed(

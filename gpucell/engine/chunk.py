@@ -26,18 +26,39 @@ from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
     DEVICE,
+    ITEM_ERROR,
     ITEMS,
+    NATIVE_REDUCTIONS,
     NOW,
     REC,
     Indexed,
+    ItemError,
     Row,
     gather_name,
     is_cuda_device,
+    partial_name,
 )
 
 __all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
 
 _MISSING = object()
+
+
+class _Start:
+    """A chunk partial before its first contribution: ``p op= e`` on it gives
+    the recorder's private copy of ``e`` (:func:`own`); from then on the
+    operator folds the partial as the merge would (lists and sets in place,
+    numbers out of place), with no recorder call per iteration."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def _first(self, value: Any) -> Any:
+        return own(self.op, value)
+
+    __iadd__ = __imul__ = __ior__ = __iand__ = __ixor__ = _first
 
 
 def private_copy(row: Any) -> Any:
@@ -131,6 +152,10 @@ class Recorder:
             ns[DEVICE] = target
             ns[AS_DEVICE] = functools.partial(as_device, target)
         ns[NOW] = time.time
+        ns[ITEM_ERROR] = ItemError
+        for name, op in self.red_ops.items():
+            if op in NATIVE_REDUCTIONS:  # folded by ``p op= e`` in the program
+                ns[partial_name(name)] = _Start(op)
         stamp, seed = self.stamps.__setitem__, self.seed_fn
         if seed is None:
             ns[BEGIN] = stamp
@@ -292,6 +317,11 @@ class Recorder:
                     last[name] = (last_index, "module", value.__name__)
                 else:
                     last[name] = (last_index, "value", value)
+        for name, op in self.red_ops.items():
+            if op in NATIVE_REDUCTIONS:
+                p = self.ns.get(partial_name(name), _MISSING)
+                if p is not _MISSING and not isinstance(p, _Start):
+                    self._partials[name] = p
         for name, partial in self._partials.items():
             r.reductions[name] = (self.red_ops[name], partial)
         for name, entries in self._keyed.items():

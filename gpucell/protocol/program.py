@@ -18,6 +18,10 @@ __all__ = [
     "Indexed",
     "Row",
     "own_name",
+    "ITEM_ERROR",
+    "ItemError",
+    "partial_name",
+    "NATIVE_REDUCTIONS",
     "own_keys_name",
     "BEGIN",
     "DEVICE",
@@ -115,6 +119,27 @@ class Row(NamedTuple):
 
     index: Any
     key: Any
+
+
+#: reductions whose chunk partial is folded by the operator itself on the engine
+#: (``__gpucell_p_acc__ += e``, a few tens of ns), not by a recorder call
+NATIVE_REDUCTIONS: Final = frozenset({"+", "*", "|", "&", "^"})
+
+
+def partial_name(name: str) -> str:
+    """The engine-side name of reduction ``name``'s chunk partial."""
+    return f"__gpucell_p_{name}__"
+
+
+#: what an ``any``/``all`` item that raised is gathered as (the engine binds it)
+ITEM_ERROR: Final = "__gpucell_item_error__"
+
+
+class ItemError(NamedTuple):
+    """An item of ``any(...)``/``all(...)`` that raised: the kernel raises it
+    only if the serial call would have reached it (no deciding item before)."""
+
+    exc: BaseException
 
 
 def own_name(name: str) -> str:

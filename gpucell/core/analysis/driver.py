@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
 from gpucell.core.analysis.split import (
+    SHORT_CIRCUIT,
     Layer,
     comprehension_kind,
     comprehension_of,
@@ -33,7 +35,7 @@ from gpucell.core.analysis.split import (
     source_of,
     split_cell,
 )
-from gpucell.protocol.program import RESULT
+from gpucell.protocol.program import ITEM_ERROR, RESULT
 
 __all__ = ["analyse"]
 
@@ -85,6 +87,7 @@ def _shape(kind: str | None, comp: ast.expr) -> str:
 
 def _listcomp_body(
     comp: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp,
+    short_circuit: bool = False,
 ) -> tuple[ast.expr, ast.expr, list[ast.stmt]]:
     """``name = [elt for t in it if c for u in it2]`` (or a set, dict or
     generator comprehension) as a loop body.
@@ -109,6 +112,8 @@ def _listcomp_body(
         elt,
     )
     stmts: list[ast.stmt] = [ast.copy_location(ast.Expr(call), elt)]
+    if short_circuit:
+        stmts = _gather_errors_too(elt, recv)
     for g in reversed(gens[1:]):
         for cond in reversed(g.ifs):
             stmts = [ast.copy_location(ast.If(cond, stmts, []), cond)]
@@ -116,6 +121,29 @@ def _listcomp_body(
     for cond in reversed(gens[0].ifs):
         stmts = [ast.copy_location(ast.If(cond, stmts, []), cond)]
     return gens[0].target, gens[0].iter, stmts
+
+
+_ITEM_EXC = "__gpucell_item_exc__"
+
+
+def _gather_errors_too(elt: ast.expr, recv: ast.expr) -> list[ast.stmt]:
+    """``try: __gpucell_result__.append(elt)`` ``except Exception as e:``
+    ``__gpucell_result__.append(__gpucell_item_error__(e))``: an item that
+    raised is gathered in its place (``any``/``all``)."""
+    err = _ITEM_EXC
+
+    def append(value: ast.expr) -> ast.stmt:
+        f = ast.Attribute(copy.deepcopy(recv), "append", ast.Load())
+        return ast.Expr(ast.Call(f, [value], []))
+
+    wrapped = ast.Call(
+        ast.Name(ITEM_ERROR, ast.Load()), [ast.Name(err, ast.Load())], []
+    )
+    handler = ast.ExceptHandler(
+        ast.Name("Exception", ast.Load()), err, [append(wrapped)]
+    )
+    node = ast.Try([append(elt)], [handler], [], [])
+    return [ast.fix_missing_locations(ast.copy_location(node, elt))]
 
 
 def _names(cl: Classification, hidden: set[str], result: str | None) -> list[NameInfo]:
@@ -217,10 +245,28 @@ def _loop_parts(loop: ast.stmt, diag: DiagnosticSink) -> _LoopParts:
     if isinstance(loop, ast.Assign):
         comp = comprehension_of(loop)
         result_kind = comprehension_kind(loop)
-        target, iterable, body = _listcomp_body(comp)
+        target, iterable, body = _listcomp_body(
+            comp, short_circuit=result_kind in SHORT_CIRCUIT
+        )
         result_name = loop.targets[0].id  # type: ignore[attr-defined]
         kind = "listcomp"
         hidden = {n.id for g in comp.generators for n in target_names(g.target)}
+        if result_kind in SHORT_CIRCUIT:
+            hidden.add(_ITEM_EXC)
+            for node in ast.walk(comp):
+                if isinstance(node, ast.NamedExpr):
+                    name = node.target.id
+                    diag.add(
+                        node.lineno,
+                        node.col_offset,
+                        name,
+                        "short-circuit-walrus",
+                        f"`{name}` is assigned inside `{result_kind}(...)`, which "
+                        "stops at its deciding item; in parallel every item runs, "
+                        f"so `{name}` would hold a later item's value. Assign it in "
+                        "a `for` loop, or compute the items first (`vals = [...]`, "
+                        f"then `{result_kind}(vals)`).",
+                    )
         if any(g.is_async for g in comp.generators):
             diag.add(
                 loop.lineno,

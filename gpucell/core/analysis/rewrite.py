@@ -35,6 +35,7 @@ from gpucell.protocol.program import (
     DEVICE,
     INDEX,
     ITEMS,
+    NATIVE_REDUCTIONS,
     NOW,
     REC,
     Method,
@@ -43,6 +44,7 @@ from gpucell.protocol.program import (
     is_cuda_device,
     own_keys_name,
     own_name,
+    partial_name,
 )
 
 __all__ = ["build_program", "rewrite_cuda"]
@@ -68,6 +70,15 @@ def _plain(call: ast.Call) -> bool:
         and not call.keywords
         and not isinstance(call.args[0], ast.Starred)
     )
+
+
+_BINOPS: dict[str, type[ast.operator]] = {
+    "+": ast.Add,
+    "*": ast.Mult,
+    "|": ast.BitOr,
+    "&": ast.BitAnd,
+    "^": ast.BitXor,
+}
 
 
 def _const(value: Any, loc: ast.AST) -> ast.expr:
@@ -99,6 +110,7 @@ class _SinkRewriter:
         self.keyed = set(keyed)
         self.unions = set(unions)
         self.deleted = set(deleted)
+        self.reduction_ops: Mapping[str, str] = {}
         self._tmp = 0
 
     def block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
@@ -176,6 +188,15 @@ class _SinkRewriter:
                 return _rec_call(attr, [nm, *v.args], node)
         return None
 
+    def _reduce(self, name: str, e: ast.expr, node: ast.stmt) -> ast.stmt:
+        """``acc += e``: the partial folded by the operator itself, where the
+        operator folds as the merge does (``+ * | & ^``); else a recorder call."""
+        op = self.reduction_ops.get(name)
+        if op in NATIVE_REDUCTIONS:
+            target = ast.copy_location(ast.Name(partial_name(name), ast.Store()), node)
+            return ast.copy_location(ast.AugAssign(target, _BINOPS[op](), e), node)
+        return _rec_call(Method.REDUCE, [_const(name, node), e], node)
+
     def visit_AugAssign(self, node: ast.AugAssign) -> Any:
         t = node.target
         if isinstance(t, ast.Name):
@@ -183,7 +204,7 @@ class _SinkRewriter:
             if t.id in self.gathers:
                 return _rec_call(Method.EXTEND, [nm, node.value], node)
             if t.id in self.reductions:
-                return _rec_call(Method.REDUCE, [nm, node.value], node)
+                return self._reduce(t.id, node.value, node)
         if (
             isinstance(t, ast.Subscript)
             and isinstance(t.value, ast.Name)
@@ -200,7 +221,7 @@ class _SinkRewriter:
             if name in self.reductions:
                 v = node.value
                 e = v.right if isinstance(v, ast.BinOp) else cast(ast.Call, v).args[1]
-                return _rec_call(Method.REDUCE, [_const(name, node), e], node)
+                return self._reduce(name, e, node)
         indexed = indexer_write(node)
         if indexed is not None and indexed[0].id in self.writes:
             # D.at[k] = v: recorded, applied through the same indexer at merge
@@ -483,6 +504,7 @@ def build_program(
         deleted=deleted,
         keyed_gathers=keyed_gathers,
     )
+    rw.reduction_ops = reduction_ops
     new_body = rw.block(list(body))
     loc = loop_node
     deletes = bool(rw.deleted)

@@ -11,7 +11,7 @@ import ast
 import builtins
 from collections.abc import Collection, Iterable, Iterator
 
-from gpucell.protocol.program import DEVICE, INDEXERS
+from gpucell.protocol.program import DEVICE, INDEXERS, ITEM_ERROR
 
 __all__ = [
     "BUILTIN_NAMES",
@@ -39,7 +39,7 @@ __all__ = [
 BUILTIN_NAMES = frozenset(dir(builtins))
 
 #: names every engine provides itself; never shipped
-ENGINE_PROVIDED = frozenset({"get_ipython", DEVICE})
+ENGINE_PROVIDED = frozenset({"get_ipython", DEVICE, ITEM_ERROR})
 
 #: methods that change their receiver (lists, dicts, sets, numpy, torch optimisers)
 MUTATOR_METHODS = frozenset(

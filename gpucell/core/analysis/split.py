@@ -64,6 +64,10 @@ def parse_cell(source: str, filename: str) -> ast.Module:
 #: a loop whose values are gathered in order and handed to the builtin once
 #: (``any``/``all`` stop early, so their later items never run serially: not here)
 CONSUMERS = frozenset({"sum", "max", "min", "sorted", "list", "tuple", "set", "dict"})
+#: consumers that stop at a deciding item: every item runs on the engines, an
+#: item that raised is gathered as such, and the kernel replays the call in
+#: order (so an error after the deciding item is ignored, as serially)
+SHORT_CIRCUIT = frozenset({"any", "all"})
 
 
 def comprehension_kind(
@@ -88,7 +92,7 @@ def comprehension_kind(
     if (
         isinstance(v, ast.Call)
         and isinstance(v.func, ast.Name)
-        and v.func.id in CONSUMERS
+        and v.func.id in CONSUMERS | SHORT_CIRCUIT
         and not shadowed(v.func.id)
         and len(v.args) == 1
         and not v.keywords
