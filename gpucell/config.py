@@ -82,6 +82,14 @@ class GpuCell(Configurable):
         "/dev/shm (one copy) instead of through the controller (three). Engines that "
         "cannot see the kernel's /dev/shm use the controller either way.",
     )
+    engine_cache_bytes = Int(
+        8 << 30,
+        config=True,
+        help="Bytes of inputs each engine keeps cached between cells (arrays and "
+        "tensors counted by their buffers). Beyond it the least recently used "
+        "inputs that the running cell does not read are dropped; they are sent "
+        "again if a later cell reads them. 0: keep nothing between cells.",
+    )
     check_inputs = Bool(
         True,
         config=True,

@@ -91,3 +91,25 @@ def test_last_run_stays_bounded_for_a_million_iterations(ip, cluster):
     stamps = sum(len(c.iteration_starts) for c in r.chunks)
     assert stamps <= DETAIL_MAX < 10**6
     assert len(r.chunks) <= 10**6 // 50000 + 4
+
+
+def test_engines_keep_cached_inputs_within_their_budget(ip, private_cluster):
+    from gpucell import config
+
+    c = private_cluster
+    settings = config.settings()
+    old = settings.engine_cache_bytes
+    settings.engine_cache_bytes = 48 * MIB
+    try:
+        ip.user_ns.update(np=np, a=np.ones(4 * MIB), b=np.ones(4 * MIB))  # 32 MiB each
+        for name in ("a", "b"):
+            ip.run_cell_magic(
+                "gpu_parallel",
+                "--quiet --schedule static",
+                f"s = []\nfor i in range(4):\n    s.append(float({name}[i]))\n",
+            )
+            assert ip.user_ns["s"] == [1.0] * 4
+        cached = _cached_names(c)
+        assert all("b" in n and "a" not in n for n in cached.values()), cached
+    finally:
+        settings.engine_cache_bytes = old

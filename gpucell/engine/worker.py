@@ -32,6 +32,7 @@ from gpucell.engine.chunk import run_chunk
 from gpucell.engine.runtime import interrupts_held
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import DETAIL_MAX, chunk_items
+from gpucell.protocol.fold import is_torch
 from gpucell.protocol.program import Setup, Watch
 
 __all__ = ["load", "run", "clear"]
@@ -52,6 +53,41 @@ def clear() -> None:
     _inputs.clear()
     _program = None
     _cell = None
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes an input holds: the buffers of arrays and tensors (in containers
+    too, one level), else a shallow size."""
+    n = getattr(value, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    if is_torch(value):
+        try:
+            return int(value.element_size() * value.nelement())
+        except Exception:
+            return 0
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value[:10_000]) + sys.getsizeof(value)
+    if isinstance(value, dict):
+        vals = list(value.values())[:10_000]
+        return sum(_nbytes(v) for v in vals) + sys.getsizeof(value)
+    return sys.getsizeof(value)
+
+
+def _evict(budget: int | None, keep: set[str]) -> None:
+    """Drop the least recently used cached inputs the running cell does not
+    read until the cache fits ``budget`` bytes (``None``: no budget)."""
+    if budget is None:
+        return
+    sizes = {name: _nbytes(v) for name, (_k, v) in _cache.items()}
+    total = sum(sizes.values())
+    for name in list(_cache):  # oldest first: used entries move to the end
+        if total <= budget:
+            break
+        if name in keep:
+            continue
+        total -= sizes[name]
+        _cache.pop(name, None)
 
 
 def tidy(drop: list[str] | None = None) -> None:
@@ -107,6 +143,7 @@ def load(
         if name in sent:
             inputs[name] = sent[name]
             if keys.get(name) is not None:
+                _cache.pop(name, None)  # (re)inserted last: most recently used
                 _cache[name] = (keys[name], sent[name])
             else:
                 _cache.pop(name, None)
@@ -116,6 +153,7 @@ def load(
             and _cache[name][0] == keys[name]
         ):
             inputs[name] = _cache[name][1]
+            _cache[name] = _cache.pop(name)  # most recently used last
         else:
             missing.append(name)
     _inputs.clear()
@@ -149,6 +187,8 @@ def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
         setup["watch"],
     )
     _set_warning_filters(setup.get("warnings") or [])
+    _evict(setup.get("cache_bytes"), keep=set(setup["names"]))
+    loaded["cached"] = {n: k for n, (k, _) in _cache.items()}
     if loaded["missing"]:
         clear()
         raise RuntimeError(

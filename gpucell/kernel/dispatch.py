@@ -220,12 +220,14 @@ class Run:
         kept: Sequence[tuple[int, int]] = (),
         on_chunk: Callable[[int, int, Any], None] | None = None,
         drop_inputs: Callable[[str], bool] = lambda name: False,
+        cache_bytes: int = 8 << 30,
     ) -> None:
         self.gc = gc
         self.kept = tuple(kept)
         self.on_chunk = on_chunk
         # cached inputs whose kernel object is gone (``del big``): dropped
         self.drop_inputs = drop_inputs
+        self.cache_bytes = int(cache_bytes)
         self.watch: Watch = watch or {"names": [], "items": False}
         self.programs = programs
         self.inputs = inputs
@@ -349,6 +351,7 @@ class Run:
             "keys": keys,
             "watch": self.watch,
             "warnings": self._filters,
+            "cache_bytes": self.cache_bytes,
         }
         self.setups[eid] = (setup, frames)
         gc.input_cache.pop(eid, None)  # unknown until its first chunk answers

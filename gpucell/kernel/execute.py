@@ -722,6 +722,7 @@ def _run_with_display(
             kept=kept,
             on_chunk=on_chunk,
             drop_inputs=lambda name: name not in shell.user_ns,
+            cache_bytes=_config.settings().engine_cache_bytes,
         )
     finally:
         display.close(last[0])

@@ -179,6 +179,7 @@ class Setup(TypedDict):
     keys: dict[str, str | None]  # input -> digest of its fingerprint (cache key)
     watch: Watch  # what the chunks check in and out
     warnings: list[Any]  # wire frames of the kernel's warnings.filters
+    cache_bytes: int  # the engine's budget for cached inputs (LRU beyond it)
 
 
 def gather_name(name: str) -> str:
