@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 from fake_nvml import FakeNvml, a100s
-from helpers import children, wait_gone
+from helpers import children, wait_for_ipcluster, wait_gone
 from IPython.core.error import UsageError
 
 import gpucell
@@ -358,3 +358,46 @@ def test_a_cluster_without_gpus_says_why(no_active_cluster):
         )
     finally:
         gpucell.stop()
+
+
+def test_connect_file_attaches_to_the_named_cluster_not_the_default(
+    tmp_path, no_active_cluster
+):
+    """The default profile has a 2-engine cluster; the file names a 1-engine
+    cluster elsewhere: connect attaches to the named one."""
+    ipdir, elsewhere = tmp_path / "ipython", tmp_path / "elsewhere"
+    env = dict(os.environ, IPYTHONDIR=str(ipdir))
+    exe = os.path.join(os.path.dirname(sys.executable), "ipcluster")
+    procs = [
+        subprocess.Popen(
+            [exe, "start", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for args in (["-n", "2"], [f"--profile-dir={elsewhere}", "-n", "1"])
+    ]
+    old = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(ipdir)
+    try:
+        wait_for_ipcluster(2, profile="default")
+        f = elsewhere / "security" / "ipcontroller-client.json"
+        deadline = time.monotonic() + 60
+        while not f.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        gc = gpucell.connect(file=str(f), timeout=30)
+        assert len(gc.engines) == 1
+        gpucell.stop()
+    finally:
+        if old is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = old
+        for args in (["--profile=default"], [f"--profile-dir={elsewhere}"]):
+            subprocess.run(
+                [exe, "stop", *args], env=env, capture_output=True, timeout=60
+            )
+        for p in procs:
+            p.wait(30)

@@ -658,10 +658,13 @@ def connect(
     s = _config.settings()
     timeout = timeout if timeout is not None else s.connect_timeout
     kw: dict[str, Any] = {"timeout": timeout}
+    args: list[Any] = []
     if file:
         if not os.path.exists(file):
             raise ClusterError(f"No connection file {file!r}.")
-        kw["url_file"] = file
+        # positional: ipyparallel 9 accepts ``url_file=`` but ignores it, and
+        # would fall back to the default profile's file (another cluster)
+        args.append(os.path.abspath(os.path.expanduser(file)))
     if profile:
         kw["profile_dir"] = _profile_dir(profile)
     if cluster_id:
@@ -675,7 +678,7 @@ def connect(
 
     try:
         with _tunnels_survive_hangup(bool(ssh)):
-            client = ipp.Client(**kw)
+            client = ipp.Client(*args, **kw)
     except Exception as e:
         if ssh and _is_ssh_failure(e):
             raise ClusterError(_ssh_advice(ssh, ssh_key, e)) from e

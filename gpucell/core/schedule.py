@@ -257,6 +257,11 @@ class Schedule:
         its, secs = self._done.get(engine, (0, 0.0))
         return int(its), float(secs)
 
+    def slowest_pace(self) -> float | None:
+        """The slowest seconds per iteration of any finished chunk (``None``:
+        none finished yet)."""
+        return self._max_pace or None
+
     def pace(self, engine: int) -> float | None:
         """Measured seconds per iteration on ``engine`` (``None``: not yet)."""
         st = self._stats.get(engine)

@@ -90,9 +90,12 @@ def _engine_alive(gc: GpuCluster, eid: int) -> bool:
 
 
 #: an engine whose chunks run this many times longer than its measured pace
-#: says (and at least HUNG_AFTER seconds) is taken as hung
+#: says (and at least HUNG_AFTER seconds) is taken as hung.  Conservative on
+#: purpose: a loop whose later iterations cost far more than its first (a
+#: growing model, an uneven dataset) must never have a working engine ended,
+#: so the pace is the slowest any engine has shown and the floor is 10 minutes
 HUNG_FACTOR = 20
-HUNG_AFTER = 60.0
+HUNG_AFTER = 600.0
 
 #: seconds a trial chunk runs before it stops starting iterations: long enough
 #: to measure a pace, short enough that a slow engine is not committed to much
@@ -539,7 +542,7 @@ class Run:
         if not flights:
             return None
         oldest = min(flights, key=lambda f: f.sent)
-        pace = self.sched.pace(eid)
+        pace = self.sched.slowest_pace()
         if pace is None:
             return None  # nothing measured yet: no bound to hold it to
         bound = max(HUNG_AFTER, HUNG_FACTOR * pace * sum(f.chunk.size for f in flights))
