@@ -186,3 +186,18 @@ def test_an_engine_killed_between_cells_comes_back(ip, own_cluster):
     )
     assert ip.user_ns["out"] == list(range(8))
     assert len(gpucell.last_run.engines) == 2
+
+
+def test_a_cell_after_every_engine_died_waits_for_their_restarts(
+    ip, own_cluster, capsys
+):
+    for info in list(own_cluster.engines.values()):
+        os.kill(info.pid, signal.SIGKILL)
+    time.sleep(0.3)
+    ip.user_ns["out"] = []
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(6):\n    out.append(i * 3)\n"
+    )
+    assert ip.user_ns["out"] == [i * 3 for i in range(6)]
+    assert "waiting for their restarts" in capsys.readouterr().out
+    assert not {0, 1} & set(gpucell.last_run.engines)

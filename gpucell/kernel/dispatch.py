@@ -260,6 +260,8 @@ class Run:
             )
             record.warnings.append(msg)
             echo(f"gpucell: warning: {msg}")
+        if not self.alive and restarts is not None and restarts.pending:
+            self._wait_for_restarts(restarts, echo)
         if not self.alive:
             raise EnginesLost(
                 "No live engine among the selected ones; check `%gpu_cluster status` "
@@ -303,6 +305,23 @@ class Run:
         self.output = OutputRelay(gc.client, relay or _to_stdout, self.kept)
         self.t0 = time.perf_counter()
         self._last_progress = 0.0
+
+    def _wait_for_restarts(self, restarts: Any, echo: Callable[[str], None]) -> None:
+        """Every selected engine died since the last cell and is being
+        restarted: wait for them (bounded by the start timeout) rather than
+        fail a cell the cluster can run in a few seconds."""
+        from gpucell import config
+
+        echo("gpucell: every selected engine died; waiting for their restarts")
+        deadline = time.monotonic() + config.settings().start_timeout
+        while not self.alive and restarts.pending and time.monotonic() < deadline:
+            for r, info in restarts.step(self.gc):
+                if r.dead in self.programs:
+                    self.programs[info.id] = self.programs[r.dead]
+                elif self.programs:
+                    self.programs[info.id] = next(iter(self.programs.values()))
+                self.alive.append(info.id)
+            time.sleep(0.05)
 
     # -- transitions -----------------------------------------------------------
 
