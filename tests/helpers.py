@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import psutil
@@ -58,3 +59,31 @@ def wait_for_ipcluster(n: int = 2, profile: str = "X") -> None:
         client.wait_for_engines(n, timeout=60, interactive=False)
     finally:
         client.close()
+
+
+def press_stop(after: float) -> threading.Event:
+    """Press the stop button (SIGINT to the main thread) ``after`` seconds into
+    the running cell, and again every 0.5 s while it still runs: an interrupt
+    that lands in a C finaliser (pyzmq's ``Frame.__dealloc__``) is swallowed
+    there, as a user's first press occasionally is.  Set the returned event
+    once the cell is over."""
+    import _thread
+
+    import gpucell
+
+    done = threading.Event()
+    before = gpucell.last_run
+
+    def press() -> None:
+        if done.wait(after):
+            return
+        while True:
+            r = gpucell.last_run
+            if r is not before and r is not None and r.status != "running":
+                return
+            _thread.interrupt_main()
+            if done.wait(0.5):
+                return
+
+    threading.Thread(target=press, daemon=True).start()
+    return done

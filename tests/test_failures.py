@@ -3,14 +3,13 @@ serial result), and the cluster stays usable."""
 
 from __future__ import annotations
 
-import _thread
 import os
 import signal
 import threading
 import time
 
 import pytest
-from helpers import children, wait_for_ipcluster, wait_gone
+from helpers import children, press_stop, wait_for_ipcluster, wait_gone
 
 import gpucell
 import gpucell.cluster.lifecycle as gc_mod
@@ -32,11 +31,13 @@ def idle(c) -> bool:
 
 def test_interrupt_cancels_within_two_seconds_and_engines_go_idle(ip, cluster):
     ip.user_ns.update({"time": time, "out": ["untouched"]})
-    timer = threading.Timer(1.0, _thread.interrupt_main)
-    timer.start()
+    pressed = press_stop(1.0)
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        ip.run_cell_magic("gpu_parallel", "--quiet", SLOW)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ip.run_cell_magic("gpu_parallel", "--quiet", SLOW)
+    finally:
+        pressed.set()
     elapsed = time.monotonic() - t0
     assert elapsed < 1.0 + 2.5, elapsed
     assert ip.user_ns["out"] == ["untouched"]
