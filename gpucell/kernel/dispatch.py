@@ -13,13 +13,15 @@ chunk results in iteration order and the merge does the rest.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -755,6 +757,10 @@ class Run:
         """Ship, submit and wait until every iteration is done; the chunk results
         in iteration order.  On an interrupt, a timeout or an error, outstanding
         work is cancelled, engines are left idle and nothing is returned."""
+        with _stop_button() as pressed:
+            return self._execute(pressed)
+
+    def _execute(self, pressed: list[int]) -> list[Any]:
         options, sched = self.options, self.sched
         deadline = self.t0 + options.timeout if options.timeout else None
         last_check = 0.0
@@ -762,6 +768,9 @@ class Run:
             try:
                 self.submit()
                 while not sched.finished:
+                    if pressed:
+                        pressed.clear()
+                        raise _Interrupted("interrupt")
                     if deadline is not None and time.perf_counter() > deadline:
                         raise _Interrupted("timeout")
                     self._check_stopping()
@@ -826,6 +835,30 @@ class Run:
         self._finish("ok")
         self._tidy_engines()
         return [self.results[k] for k in sorted(self.results)]
+
+
+@contextlib.contextmanager
+def _stop_button() -> Iterator[list[int]]:
+    """SIGINT (the stop button) recorded while a run waits, and acted on by its
+    wait loop: a KeyboardInterrupt raised wherever the signal lands can be
+    swallowed (inside a C finaliser such as pyzmq's ``Frame.__dealloc__``), a
+    flag cannot.  A press the loop did not act on (it came as the run ended)
+    is passed on as a KeyboardInterrupt once the previous handler is back."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt("gpucell: interrupted as the run ended")
 
 
 def run_chunks(gc: GpuCluster, targets: Sequence[int], **kwargs: Any) -> list[Any]:
