@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from ipyparallel.error import EngineError, RemoteError
 
+import gpucell.cluster.lifecycle as gc_mod
 from gpucell.core.analysis import analyse, make_chunker
 from gpucell.core.merge import merge
 from gpucell.core.provenance import LastRun
@@ -123,6 +124,9 @@ class FakeCluster:
 
     def sweep_results(self) -> None:
         pass
+
+    # the real bookkeeping of what engines cache (pure: reads input_cache only)
+    forget_cached = gc_mod.GpuCluster.forget_cached
 
     def apply(self, eid: int, fn: Any, args: tuple[Any, ...]) -> FakeTask:
         engine, task = self.engines[eid], FakeTask(eid)

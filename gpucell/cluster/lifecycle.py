@@ -163,6 +163,15 @@ class GpuCluster:
         if eid in self.engines:
             self.engines[eid] = replace(self.engines[eid], state=DEAD)
 
+    def forget_cached(self, eid: int, gone: Callable[[str], bool]) -> list[str]:
+        """Take out of engine ``eid``'s cache record the inputs ``gone`` names
+        (the kernel no longer has them); the names, for the engine to drop."""
+        cached = self.input_cache.get(eid, {})
+        drop = sorted(n for n in cached if gone(n))
+        for n in drop:
+            cached.pop(n, None)
+        return drop
+
     def live_ids(self) -> list[int]:
         """Engines that are registered and not known dead."""
         registered = set(self.client.ids)

@@ -318,10 +318,7 @@ class Run:
         deadline = time.monotonic() + config.settings().start_timeout
         while not self.alive and restarts.pending and time.monotonic() < deadline:
             for r, info in restarts.step(self.gc):
-                if r.dead in self.programs:
-                    self.programs[info.id] = self.programs[r.dead]
-                elif self.programs:
-                    self.programs[info.id] = next(iter(self.programs.values()))
+                self._adopt_program(r.dead, info.id)
                 self.alive.append(info.id)
             time.sleep(0.05)
 
@@ -390,12 +387,8 @@ class Run:
 
         if self.status != "ok":
             return  # after a failure an engine may still be busy or hung
-        gone = self.drop_inputs
         for eid in self.sched.alive:
-            cached = self.gc.input_cache.get(eid, {})
-            drop = sorted(n for n in cached if gone(n))
-            for n in drop:
-                cached.pop(n, None)
+            drop = self.gc.forget_cached(eid, self.drop_inputs)
             try:
                 self.views[eid].apply_async(worker.tidy, drop)
             except Exception:
@@ -415,6 +408,14 @@ class Run:
             history[:] = [m for m in history if m not in gone]
         self._msg_ids.clear()
 
+    def _adopt_program(self, dead: int, eid: int) -> None:
+        """A restarted engine runs the program of the engine it replaces (same
+        device, so the same CUDA rewriting)."""
+        if dead in self.programs:
+            self.programs[eid] = self.programs[dead]
+        elif self.programs:
+            self.programs[eid] = next(iter(self.programs.values()))
+
     def _join_restarted(self) -> None:
         """Engines restarted after dying take work in this cell as they come back."""
         restarts = self._restarts()
@@ -422,10 +423,7 @@ class Run:
             return
         for r, info in restarts.step(self.gc):
             eid = info.id
-            if r.dead in self.programs:
-                self.programs[eid] = self.programs[r.dead]
-            elif self.programs:
-                self.programs[eid] = next(iter(self.programs.values()))
+            self._adopt_program(r.dead, eid)
             self.alive.append(eid)
             self.views[eid] = self.gc.view(eid)
             self._setup_engine(eid)
@@ -575,10 +573,9 @@ class Run:
             )
         return None
 
-    def _end_hung(self, eid: int) -> None:
+    def _end_hung(self, eid: int, why: str) -> None:
         """A hung engine is ended (so no stale result can arrive later) and
         treated as lost: its chunks go to the others."""
-        why = self._hung(eid, time.perf_counter())
         info = self.gc.engines.get(eid)
         if info is not None and info.local:
             for sig in (signal.SIGKILL, signal.SIGCONT):
@@ -792,8 +789,8 @@ class Run:
                         for eid in sched.alive:
                             if not _engine_alive(self.gc, eid):
                                 self.on_lost(eid)
-                            elif self._hung(eid, now):
-                                self._end_hung(eid)
+                            elif (why := self._hung(eid, now)) is not None:
+                                self._end_hung(eid, why)
                     self.submit()
                     self.report()
                     restarts = self._restarts()

@@ -569,12 +569,11 @@ def _drop_gone_inputs(gc: Any, ns: dict[str, Any]) -> None:
     does not wait."""
     from gpucell.engine import worker
 
-    for eid, cached in list(gc.input_cache.items()):
-        drop = sorted(n for n in cached if n not in ns)
-        if not drop or eid not in gc.live_ids():
+    live = gc.live_ids()
+    for eid in [e for e in gc.input_cache if e in live]:
+        drop = gc.forget_cached(eid, lambda name: name not in ns)
+        if not drop:
             continue
-        for n in drop:
-            cached.pop(n, None)
         try:
             gc.view(eid).apply_async(worker.tidy, drop)
         except Exception:
