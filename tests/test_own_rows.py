@@ -177,3 +177,16 @@ def test_an_item_that_raises_before_the_decision_raises_as_serially(ip, cluster)
             "gpu_parallel", "--quiet", "ok = all(10 // x > 0 for x in xs)\n"
         )
     assert ip.user_ns["ok"] == "before"
+
+
+def test_whole_element_writes_read_back_from_an_array_are_refused(ip, cluster):
+    """Serially `y[i] = 2.7` in an int array stores 2, and `y[i] += 1` makes 3;
+    an engine's private element would make 3.7: refused, never different."""
+    ip.user_ns["y"] = np.zeros(4, dtype=np.int64)
+    with pytest.raises(NotParallelizable, match="cast each value to its dtype"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(4):\n    y[i] = 2.7\n    y[i] += 1\n",
+        )
+    assert (ip.user_ns["y"] == 0).all()

@@ -625,6 +625,18 @@ def _refuse_rows_that_are_not_own(plan: Any, ns: dict[str, Any]) -> None:
                         "to one row shows in the other. Build the rows separately "
                         "(`[[0] * m for _ in range(n)]`)"
                     )
+        elif is_numpy(target) or is_torch(target):
+            # serially `y[i] = v` stores v cast to the array's dtype and a later
+            # `y[i]` reads the cast value back; an engine's private element is
+            # a plain value, so an int or float32 array would read back more
+            # than it stored: numbers that differ without a word
+            problem = (
+                f"{where} is a {type(target).__name__} whose elements the loop "
+                "assigns whole and reads back; the array would cast each value "
+                "to its dtype, an engine's private copy would not. Accumulate in "
+                f"a local and store it once (`acc = 0.0`, ..., `{row.name}[i] = "
+                "acc`)"
+            )
         elif isinstance(target, (list, dict)):
             key = first_mutable_element(target)
             if key is not None:
