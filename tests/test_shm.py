@@ -68,7 +68,7 @@ def test_a_full_shm_falls_back_and_leaves_nothing(channel, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     # a full /dev/shm cannot be made here without mounting one; its symptom can
-    monkeypatch.setattr(shm.os, "posix_fallocate", full)
+    monkeypatch.setattr(shm.os, "pwrite", full)
     frames = wire.dumps([np.ones(2 * MiB)])
     assert shm.spill(frames, channel, "f") is frames
     assert files(channel) == [os.path.basename(channel.probe)]

@@ -86,3 +86,36 @@ def test_cuda_results_come_back_as_pinned_host_tensors():
     assert y1.device.type == "cpu" and bool((y1 == 6).all())
     assert r.reductions["total"][1].device.type == "cpu"
     assert bool((r.reductions["total"][1] == 15).all())
+
+
+@pytest.mark.gpu
+def test_cuda_results_are_in_the_result_file_before_the_chunk_ends(
+    tmp_path, monkeypatch
+):
+    """Write-behind on a real GPU: the copies land in /dev/shm during the loop, the
+    spill at the end writes none of them again, and the kernel reads them back."""
+    from gpucell.cluster import shm_channel
+    from gpucell.engine import writebehind
+    from gpucell.protocol import shm, wire
+
+    ch = shm_channel.open_channel(str(tmp_path))
+    try:
+        c = copier("cuda")
+        wb = writebehind.start(ch, "t")
+        c.sink = wb.add
+        base = torch.ones(1 << 20, device="cuda")  # 4 MiB results
+        r = chunk(c, inputs={"base": base})
+        pre = wb.finish()
+        assert pre is not None and len(pre.written) >= 6
+        late: list[int] = []
+        real = shm.write_all
+        monkeypatch.setattr(
+            shm, "write_all", lambda fd, v, at: (late.append(v.nbytes), real(fd, v, at))
+        )
+        frames = shm.spill(wire.dumps(r.gathers["outs"]), ch, "t", pre)
+        assert shm.spilled(frames) and late == []
+        back = wire.loads(shm.unspill(frames))
+        assert [float(y[0]) for y, _ in back] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        assert [float(y1[0]) for _, (y1,) in back] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    finally:
+        shm_channel.close_channel(ch)

@@ -31,6 +31,9 @@ class HostCopier:
     def __init__(self) -> None:
         self._torch: Any = None  # found once the loop has imported it
         self._streams: dict[Any, Any] = {}
+        #: told of each copy as it starts (``sink(host, event)``, the event
+        #: recorded after it): the write-behind of the chunk's result file
+        self.sink: Any = None
 
     def __call__(self, value: Any) -> Any:
         torch = self._torch or sys.modules.get("torch")
@@ -66,6 +69,10 @@ class HostCopier:
         # ... and the caching allocator must not hand the value's memory to the
         # next iteration before the side stream has read it
         value.record_stream(side)
+        if self.sink is not None:
+            landed = torch.cuda.Event()
+            landed.record(side)
+            self.sink(host, landed)
         if value.requires_grad:
             host.requires_grad_(True)
         return host

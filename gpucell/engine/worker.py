@@ -27,7 +27,7 @@ import traceback
 import warnings
 from typing import Any
 
-from gpucell.engine import checkin, tohost
+from gpucell.engine import checkin, tohost, writebehind
 from gpucell.engine.chunk import run_chunk
 from gpucell.engine.runtime import interrupts_held
 from gpucell.protocol import shm, wire
@@ -431,6 +431,11 @@ def run(
         items = lambda: chunk_items(chunk_obj)  # noqa: E731
     checked_in = checkin.snapshot(_inputs, _watch["names"], items)
     caught = _kernel_warning_filters()
+    tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
+    to_host = tohost.copier(device)
+    behind = writebehind.start(results_to, tag) if to_host is not None else None
+    if to_host is not None and behind is not None:
+        to_host.sink = behind.add
     try:
         result = run_chunk(
             _program,
@@ -440,7 +445,7 @@ def run(
             seed_fn=_seeder(seed) if seed is not None else None,
             device=device,
             stamps=stamps,
-            to_host=tohost.copier(device),
+            to_host=to_host,
             deadline=None if budget is None else c0 + budget,
         )
         changed = checkin.changes(checked_in, _inputs, items)
@@ -451,6 +456,8 @@ def run(
             raise checkin.Changed(changed)
         status, payload = "ok", result
     except KeyboardInterrupt:
+        if behind is not None:
+            behind.discard()
         raise
     except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
         status, payload = "error", _error_payload(exc, stamps, start, chunk_obj)
@@ -481,9 +488,17 @@ def run(
         "pid": os.getpid(),
         "cached": loaded["cached"] if loaded is not None else None,
     }
+    prewritten = None
+    if behind is not None:
+        if status == "ok":
+            prewritten = behind.finish()
+        else:
+            behind.discard()
     try:
         frames = wire.dumps((status, payload, timing))
     except Exception:
+        if prewritten is not None:
+            shm.discard(prewritten)
         if status != "ok":
             raise
         # a loop-local whose last value cannot travel (a closed file, a
@@ -491,4 +506,5 @@ def run(
         # kernel leaves that name as it was, and says so
         _mark_unsendable(payload)
         frames = wire.dumps((status, payload, timing))
-    return shm.spill(frames, results_to, f"{engine_id}-{start}-{os.urandom(4).hex()}")
+        prewritten = None
+    return shm.spill(frames, results_to, tag, prewritten)

@@ -33,16 +33,18 @@ channel (its probe file, and sweeping leftovers) is :mod:`gpucell.cluster.shm_ch
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "MARK",
     "Channel",
+    "Prewritten",
     "reachable",
     "release",
     "spill",
@@ -152,50 +154,118 @@ def reachable(ch: Channel) -> bool:
     return ok
 
 
-def spill(frames: list[Any], ch: Channel | None, tag: str) -> list[Any]:
+@dataclass(frozen=True)
+class Prewritten:
+    """A result file an engine wrote while its chunk ran
+    (:mod:`gpucell.engine.writebehind`): where each buffer already is."""
+
+    path: str
+    end: int  # the next free (aligned) offset
+    written: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def spill(
+    frames: list[Any],
+    ch: Channel | None,
+    tag: str,
+    prewritten: Prewritten | None = None,
+) -> list[Any]:
     """Write the big buffers among ``frames[2:]`` to one shared-memory file.
 
     Returns ``[MARK, place, *frames]`` with the spilled frames emptied, or
     ``frames`` unchanged when the channel is unusable here, the buffers are small,
     or the write fails (``/dev/shm`` full): the caller sends what it gets.
+    ``prewritten``: the file already holds some of the buffers; only the others
+    are written, after them (and on any failure the file is removed).
     """
     if ch is None or len(frames) <= 2:
+        if prewritten is not None:
+            _unlink(prewritten.path)
         return frames
     big = [
         (i, memoryview(f).cast("B"))
         for i, f in enumerate(frames[2:])
         if memoryview(f).nbytes >= FRAME_MIN
     ]
-    total = sum(v.nbytes for _, v in big)
-    if total < ch.min_bytes or not reachable(ch) or not _room(ch.directory, total):
-        return frames
-    places, offset = [], 0
+    if prewritten is not None and not any(
+        _key(v) in prewritten.written for _, v in big
+    ):
+        discard(prewritten)  # none of it made it into the result
+        prewritten = None
+    if prewritten is None:
+        total = sum(v.nbytes for _, v in big)
+        if total < ch.min_bytes or not reachable(ch) or not _room(ch.directory, total):
+            return frames
+        path, offset, flags = ch.path(tag), 0, os.O_RDWR | os.O_CREAT | os.O_EXCL
+    else:
+        path, offset, flags = prewritten.path, prewritten.end, os.O_RDWR
+    places, todo = [], []
     for i, v in big:
-        places.append((i, offset, v.nbytes))
-        offset += -(-v.nbytes // _ALIGN) * _ALIGN
-    path = ch.path(tag)
+        at = None if prewritten is None else prewritten.written.get(_key(v))
+        if at is None:
+            at = offset
+            todo.append((v, at))
+            offset += aligned(v.nbytes)
+        places.append((i, at, v.nbytes))
+    if prewritten is not None and not _room(
+        ch.directory, sum(v.nbytes for v, _ in todo)
+    ):
+        _unlink(path)
+        return frames
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, flags, 0o600)
     except OSError:
+        if prewritten is not None:
+            _unlink(path)
         return frames
     try:
         try:
-            os.posix_fallocate(fd, 0, offset)  # a full /dev/shm fails here, not later
-            for (_, at, _n), (_, v) in zip(places, big, strict=True):
-                _write_all(fd, v, at)
+            for v, at in todo:
+                write_all(fd, v, at)
+            # the size the kernel maps (a full /dev/shm failed a write above)
+            os.ftruncate(fd, offset)
         finally:
             os.close(fd)
     except OSError:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        _unlink(path)
         return frames
     rest = list(frames[2:])
     for i, _ in big:
         rest[i] = b""
     place = pickle.dumps((path, offset, places), protocol=5)
     return [MARK, place, *frames[:2], *rest]
+
+
+def discard(prewritten: Prewritten) -> None:
+    """Remove a prewritten file that will not be sent."""
+    _unlink(prewritten.path)
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to the file's buffer alignment."""
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def raw_view(address: int, nbytes: int) -> memoryview:
+    """A byte view of ``nbytes`` of this process's memory at ``address`` (a
+    tensor's data); the caller keeps the owner alive while it is used."""
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+def _key(view: memoryview) -> tuple[int, int]:
+    """(address, size) of a writable buffer (the views of tensors the engine
+    wrote ahead are); read-only ones never match."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes
+    except TypeError:
+        return -1, view.nbytes
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def release(frames: Sequence[Any]) -> None:
@@ -213,18 +283,24 @@ def release(frames: Sequence[Any]) -> None:
 MIN_DIR_BYTES = 1 << 30
 
 
-def _room(directory: str, nbytes: int) -> bool:
-    """Room for ``nbytes`` without crowding others: a real-sized /dev/shm, and at
-    most a quarter of what is free in it (results the kernel holds stay there)."""
+def room(directory: str) -> int:
+    """Bytes of ``directory`` gpucell may fill without crowding others: none in a
+    small /dev/shm, else a quarter of what is free (results the kernel holds stay
+    there)."""
     try:
         st = os.statvfs(directory)
     except OSError:
-        return False
+        return 0
     total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-    return total >= MIN_DIR_BYTES and nbytes <= free // 4
+    return free // 4 if total >= MIN_DIR_BYTES else 0
 
 
-def _write_all(fd: int, view: memoryview, at: int) -> None:
+def _room(directory: str, nbytes: int) -> bool:
+    limit = room(directory)
+    return limit > 0 and nbytes <= limit
+
+
+def write_all(fd: int, view: memoryview, at: int) -> None:
     done = 0
     while done < view.nbytes:
         done += os.pwrite(fd, view[done:], at + done)
