@@ -7,7 +7,7 @@ Options on a magic's line override these for that call.
 
 from __future__ import annotations
 
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, List, Unicode
 from traitlets.config import Configurable
 
 __all__ = ["GpuCell", "settings"]
@@ -34,6 +34,19 @@ class GpuCell(Configurable):
         60.0,
         config=True,
         help="Seconds to wait for a started cluster's engines before giving up.",
+    )
+    remote_python = Unicode(
+        "python3",
+        config=True,
+        help="The Python that runs engines on --ssh hosts (--python): one with "
+        "gpucell and ipyparallel installed, e.g. a virtualenv's bin/python.",
+    )
+    ssh_options = List(
+        Unicode(),
+        [],
+        config=True,
+        help="Extra ssh arguments for --ssh hosts, e.g. ['-F', 'my_ssh_config'] "
+        "(ports and keys per host are best kept in ~/.ssh/config).",
     )
     connect_timeout = Float(
         30.0,

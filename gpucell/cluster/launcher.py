@@ -17,10 +17,15 @@ import sys
 from ipyparallel.cluster.launcher import (
     LocalControllerLauncher,
     LocalEngineSetLauncher,
+    SSHEngineSetLauncher,
 )
 from traitlets import List, default
 
-__all__ = ["PinnedControllerLauncher", "PinnedEngineSetLauncher"]
+__all__ = [
+    "PinnedControllerLauncher",
+    "PinnedEngineSetLauncher",
+    "RemoteEngineSetLauncher",
+]
 
 _BOOT = [sys.executable, "-m", "gpucell.cluster.boot"]
 
@@ -60,3 +65,15 @@ class PinnedControllerLauncher(LocalControllerLauncher):
             # shared memory) then kept gigabytes after a cell
             "MALLOC_MMAP_THRESHOLD_": str(1 << 20),
         }
+
+
+class RemoteEngineSetLauncher(SSHEngineSetLauncher):
+    """Engines started over ssh, through gpucell.cluster.boot on their host.
+
+    Not tied to their parent (ipyparallel's ssh receiver, which exits at once):
+    they end when stopped, or when the controller falls silent (heartbeats).
+    """
+
+    @default("engine_cmd")
+    def _remote_engine_cmd(self) -> list[str]:
+        return [self.remote_python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]

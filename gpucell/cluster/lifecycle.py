@@ -469,8 +469,13 @@ def start_cluster(
     timeout: float | None = None,
     nvml: NvmlApi | None = None,
     echo: Callable[[str], None] | None = None,
+    ssh: str | None = None,
+    ssh_key: str | None = None,
+    python: str | None = None,
+    controller_ip: str | None = None,
 ) -> GpuCluster:
-    """Start a local cluster with one engine per GPU (or per core without GPUs).
+    """Start a cluster with one engine per GPU (or per core without GPUs), here
+    and on the ``ssh`` hosts.
 
     Parameters
     ----------
@@ -489,6 +494,15 @@ def start_cluster(
         NVML implementation (tests pass a fake).
     echo
         Where to print the one-line "ready" message (``print`` in the magics).
+    ssh
+        Other hosts, ``host1[:n],user@host2[:n]``: their engines start over ssh
+        (one per GPU there, or ``n``), beside this host's.
+    ssh_key, python
+        The key for those logins; the Python with gpucell on those hosts
+        (``GpuCell.remote_python``, ``python3`` by default).
+    controller_ip
+        The address the controller listens on (default: with ``ssh``, the address
+        the hosts saw this machine connect from; else loopback only).
     """
     global _current
     s = _config.settings()
@@ -520,6 +534,11 @@ def start_cluster(
     if profile:
         profile_kw["profile_dir"] = _profile_dir(profile)
     timeout = timeout if timeout is not None else s.start_timeout
+    remote = _plan_remote(s, ssh, ssh_key, python, per_gpu)  # before anything starts
+    if remote is not None:
+        profile_kw["controller_ip"] = controller_ip or _controller_ip(remote.plans)
+    elif controller_ip:
+        profile_kw["controller_ip"] = controller_ip
 
     import ipyparallel as ipp
 
@@ -543,7 +562,7 @@ def start_cluster(
         pass
     channel = _open_channel()
     try:
-        client = _start_and_connect(cluster, specs, engine_args, timeout)
+        client = _start_and_connect(cluster, specs, engine_args, timeout, remote)
         infos = _describe_engines(client, client.ids, timeout, channel)
     except BaseException as e:
         _release_channel(channel)
@@ -592,6 +611,7 @@ def _start_and_connect(
     specs: Sequence[EngineSpec],
     engine_args: list[str],
     timeout: float,
+    remote: _Remote | None = None,
 ) -> ipp.Client:
     """Controller, then one engine set per spec, then wait for all to register.
 
@@ -606,19 +626,107 @@ def _start_and_connect(
             environment=_engine_env(spec),
             engine_args=list(engine_args),
         )
+    total = len(specs)
+    if remote is not None:
+        from gpucell.cluster.remote import start_remote_engines
+
+        total += start_remote_engines(
+            cluster,
+            remote.plans,
+            remote.python,
+            remote.args,
+            _remote_engine_args(engine_args),
+            _engine_env,
+        )
     client = cluster.connect_client_sync()
     try:
-        client.wait_for_engines(len(specs), timeout=timeout, interactive=False)
+        client.wait_for_engines(total, timeout=timeout, interactive=False)
     except TimeoutError:
         got = len(client.ids)
         client.close()
+        where = f"Engine logs are in {cluster.profile_dir}/log"
+        if remote is not None:
+            where += (
+                " (on the --ssh hosts: in the same profile's log directory under the "
+                "remote home)"
+            )
         raise ClusterError(
-            f"Only {got} of {len(specs)} engines registered within {timeout:.0f} s; "
-            "the cluster was stopped. Engine logs are in "
-            f"{cluster.profile_dir}/log. Raise GpuCell.start_timeout if this host "
-            "is slow."
+            f"Only {got} of {total} engines registered within {timeout:.0f} s; "
+            f"the cluster was stopped. {where}. Raise GpuCell.start_timeout if a "
+            "host is slow."
         ) from None
     return client
+
+
+@dataclass(frozen=True)
+class _Remote:
+    """The --ssh part of a start: each host's plan, and how to log in."""
+
+    plans: tuple[Any, ...]  # gpucell.cluster.remote.RemotePlan
+    python: str
+    args: tuple[str, ...]
+
+
+def _plan_remote(
+    s: Any,
+    ssh: str | None,
+    ssh_key: str | None,
+    python: str | None,
+    per_gpu: int | None,
+) -> _Remote | None:
+    """Probe the --ssh hosts and plan their engines (errors before any start)."""
+    if ssh is None:
+        if ssh_key or python:
+            flag = "--ssh-key" if ssh_key else "--python"
+            raise ClusterError(f"{flag} is for --ssh hosts: add --ssh host1[:n],...")
+        return None
+    import gpucell
+    from gpucell.cluster.remote import probe_hosts, ssh_args
+    from gpucell.core.hosts import parse_ssh_hosts
+
+    hosts = parse_ssh_hosts(ssh)
+    if ssh_key and not os.path.isfile(os.path.expanduser(ssh_key)):
+        raise ClusterError(f"No ssh key file {ssh_key!r}.")
+    args = ssh_args(
+        os.path.expanduser(ssh_key) if ssh_key else None, list(s.ssh_options)
+    )
+    py = python or s.remote_python
+    plans = probe_hosts(
+        hosts,
+        py,
+        args,
+        gpucell.__version__,
+        per_gpu=per_gpu if per_gpu is not None else s.per_gpu,
+        pin_cpu_engines=s.pin_cpu_engines,
+    )
+    return _Remote(tuple(plans), py, tuple(args))
+
+
+def _controller_ip(plans: Sequence[Any]) -> str:
+    from gpucell.core.hosts import controller_address
+
+    ip = controller_address([p.facts for p in plans])
+    if ip is None:
+        seen = ", ".join(f"{p.dest}: {p.facts.ssh_client}" for p in plans)
+        raise ClusterError(
+            f"The --ssh hosts reach this machine at different addresses ({seen}); "
+            "pass --controller-ip with one address they can all reach. Nothing "
+            "was started."
+        )
+    return ip
+
+
+def _remote_engine_args(engine_args: Sequence[str]) -> list[str]:
+    """Remote engines keep their nanny (the kernel interrupts them through the
+    controller, not by pid) and end once the controller has been silent for
+    about 18 s (30 checks, 600 ms apart, with the fast-start heartbeat): a killed
+    kernel's controller dies with it, and its remote engines soon after."""
+    keep = [
+        a
+        for a in engine_args
+        if "enable_nanny" not in a and "max_heartbeat_misses" not in a
+    ]
+    return [*keep, "--IPEngine.max_heartbeat_misses=30"]
 
 
 def _stop_quietly(cluster: ipp.Cluster) -> BaseException | None:
@@ -879,10 +987,11 @@ def status() -> list[EngineInfo]:
 def format_status(
     rows: Sequence[EngineInfo], selected: Sequence[int] | None = None
 ) -> str:
-    """The status table as text (pure)."""
+    """The status table as text (pure): this host's engines first, then each
+    other host's together."""
     head = ("engine", "host", "pid", "device", "name", "memory", "threads", "state")
     body = []
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (not r.local, r.host, r.id)):
         mem = f"{r.memory_total / 2**30:.1f} GiB" if r.memory_total else "-"
         mark = "*" if selected is not None and r.id in selected else ""
         body.append(

@@ -38,6 +38,20 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
     )
     start.add_argument("--profile", default=None, help="An existing IPython profile.")
     start.add_argument(
+        "--ssh",
+        default=None,
+        help="Other hosts, host1[:n],user@host2[:n]: engines there over ssh too.",
+    )
+    start.add_argument("--ssh-key", default=None, help="Private key for --ssh.")
+    start.add_argument(
+        "--python", default=None, help="The Python with gpucell on the --ssh hosts."
+    )
+    start.add_argument(
+        "--controller-ip",
+        default=None,
+        help="Address the controller listens on (default: what the hosts reach).",
+    )
+    start.add_argument(
         "--timeout", type=float, default=None, help="Seconds to wait for the engines."
     )
 
@@ -75,6 +89,8 @@ _USAGE = """\
 Usage:
   %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K] [--cpu-engines M]
                      [--profile NAME] [--timeout S]
+                     [--ssh host1[:n],user@host2[:n] [--ssh-key KEY] [--python PATH]
+                      [--controller-ip IP]]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
   %gpu_cluster status
@@ -96,6 +112,8 @@ class GpuClusterMagics(Magics):
 
           %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K]
                              [--cpu-engines M] [--profile NAME] [--timeout S]
+                             [--ssh host1[:n],host2[:n] [--ssh-key K]
+                              [--python PATH] [--controller-ip IP]]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F
                                [--ssh u@h[:port] [--ssh-key K]]
           %gpu_cluster status
@@ -114,6 +132,7 @@ class GpuClusterMagics(Magics):
           %gpu_cluster start --gpus 0,2      # two GPUs
           %gpu_cluster start --per-gpu 2     # two engines share each GPU
           %gpu_cluster start -n 2 --gpus none
+          %gpu_cluster start --ssh gpu1,gpu2:2 --python /opt/venv/bin/python
           %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
           %gpu_cluster status
           %gpu_cluster select                # tick the devices later cells use
@@ -146,6 +165,10 @@ class GpuClusterMagics(Magics):
                     profile=args.profile,
                     timeout=args.timeout,
                     echo=print,
+                    ssh=args.ssh,
+                    ssh_key=args.ssh_key,
+                    python=args.python,
+                    controller_ip=args.controller_ip,
                 )
             elif cmd == "connect":
                 api.connect(

@@ -1,0 +1,267 @@
+"""``%gpu_cluster start --ssh``: engines on another host, through a real sshd.
+
+The "other host" is an OpenSSH sshd in its own UTS, pid and mount namespaces
+(``unshare``): its engines have their own host name (``node2``), their own pids and
+an empty private ``/dev/shm``, so gpucell treats them as remote in every way it can
+tell, while loopback stays shared.  Needs root, ``unshare`` and Debian's
+openssh-server (``.ci/run`` installs it); skipped with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+import gpucell
+import gpucell.cluster.lifecycle as gc_mod
+from gpucell import config as gconfig
+
+pytestmark = pytest.mark.cluster
+
+SSHD = "/usr/sbin/sshd"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    """The namespaced sshd: ``ssh -F config node2`` logs in there."""
+
+    config: Path
+    ns: str  # its pid namespace (``/proc/PID/ns/pid``)
+    root: Path
+
+    def engines(self) -> list[int]:
+        """Host pids of engine processes (engines and their nannies) running
+        inside the node."""
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if os.readlink(f"/proc/{p.pid}/ns/pid") != self.ns:
+                    continue
+            except OSError:
+                continue
+            if "ipyparallel.engine" in " ".join(p.info["cmdline"] or []):
+                out.append(p.pid)
+        return out
+
+
+def _needs() -> str | None:
+    if not os.path.exists(SSHD) or shutil.which("ssh") is None:
+        return "needs OpenSSH's sshd and ssh (Debian: openssh-server)"
+    if os.geteuid() != 0:
+        return "needs root (sshd, and unshare for the node's namespaces)"
+    if shutil.which("unshare") is None:
+        return "needs util-linux's unshare"
+    return None
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory) -> Iterator[Node]:
+    why = _needs()
+    if why:
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("node2")
+    for name in ("hostkey", "userkey", "otherkey"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)],
+            check=True,
+        )
+    (d / "authorized_keys").write_text((d / "userkey.pub").read_text())
+    port, closed = _free_port(), _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/hostkey\n"
+        f"AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        "StrictModes no\nUsePAM no\nSubsystem sftp /usr/lib/openssh/sftp-server\n"
+        f"PidFile {d}/sshd.pid\n"
+    )
+    common = (
+        f"  HostName 127.0.0.1\n  User root\n  UserKnownHostsFile {d}/known_hosts\n"
+        "  StrictHostKeyChecking accept-new\n  IdentitiesOnly yes\n"
+    )
+    (d / "ssh_config").write_text(
+        f"Host node2\n{common}  Port {port}\n  IdentityFile {d}/userkey\n"
+        f"Host refused\n{common}  Port {port}\n  IdentityFile {d}/otherkey\n"
+        f"Host deadhost\n{common}  Port {closed}\n  IdentityFile {d}/userkey\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    script = (
+        "mount -t tmpfs -o size=2g tmpfs /dev/shm && hostname node2 && "
+        f"exec {SSHD} -D -f {d}/sshd_config -E {d}/log"
+    )
+    proc = subprocess.Popen(
+        [
+            "unshare",
+            "--uts",
+            "--pid",
+            "--mount",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "sh",
+            "-c",
+            script,
+        ],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    log = (d / "log").read_text() if (d / "log").exists() else ""
+                    pytest.fail(f"the node's sshd did not start: {log}")
+                time.sleep(0.1)
+        child = psutil.Process(proc.pid).children()[0]
+        yield Node(d / "ssh_config", os.readlink(f"/proc/{child.pid}/ns/pid"), d)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # --kill-child: the namespace goes with it
+        proc.wait(10)
+
+
+@pytest.fixture
+def ssh_config(node: Node) -> Iterator[None]:
+    s = gconfig.settings()
+    saved = list(s.ssh_options)
+    s.ssh_options = ["-F", str(node.config)]
+    try:
+        yield
+    finally:
+        s.ssh_options = saved
+
+
+def _no_cluster_processes(before: set[int]) -> set[int]:
+    from helpers import children
+
+    return children() - before
+
+
+def test_start_over_ssh_runs_a_cell_on_the_other_host_and_stop_leaves_nothing(
+    ip, node, ssh_config, no_active_cluster, capsys
+):
+    from helpers import children, wait_gone
+
+    before = children()
+    ip.run_line_magic(
+        "gpu_cluster",
+        f"start -n 1 --gpus none --ssh node2:2 --python {sys.executable} --timeout 90",
+    )
+    out = capsys.readouterr().out
+    assert "3 engines" in out, out
+    gc = gc_mod.current()
+    remote = [e for e in gc.engines.values() if e.host == "node2"]
+    assert len(remote) == 2 and all(not e.local and not e.shm for e in remote)
+    assert sorted(e.label for e in remote) == ["node2/cpu0", "node2/cpu1"]
+    assert len(node.engines()) >= 2  # each engine (and its nanny)
+    # each remote engine has its share of the node's cores, set before it started
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        assert sorted(e.cpu_affinity for e in remote) == [(cores[0],), (cores[1],)]
+    ip.run_line_magic("gpu_cluster", "status")
+    table = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[1] == "node2" for row in table] == [False, True, True]
+    ip.user_ns["out"] = []
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(60):\n    out.append(i * i)\n"
+    )
+    assert ip.user_ns["out"] == [i * i for i in range(60)]
+    hosts = {c.host for c in gpucell.last_run.chunks}
+    assert "node2" in hosts, hosts
+    ip.run_line_magic("gpu_cluster", "stop")
+    deadline = time.monotonic() + 20
+    while node.engines() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert node.engines() == []
+    assert wait_gone(children() - before, 10) == set()
+
+
+@pytest.mark.parametrize(
+    ("line", "expect"),
+    [
+        ("--ssh deadhost", "unreachable over ssh"),
+        ("--ssh refused", "refused the login"),
+        ("--ssh node2 --python /nonexistent/python3", "no Python at"),
+        ("--ssh node2:0", "asks for 0 engines"),
+        ("--ssh 'node2:x'", "number of engines"),
+    ],
+)
+def test_a_host_that_cannot_take_engines_fails_before_anything_starts(
+    ip, node, ssh_config, no_active_cluster, line, expect
+):
+    from helpers import children
+
+    before = children()
+    with pytest.raises(UsageError, match=expect) as info:
+        ip.run_line_magic("gpu_cluster", f"start -n 1 --gpus none {line}")
+    msg = str(info.value)
+    if "ssh" in expect or "Python" in expect:
+        assert "Nothing was started" in msg
+    assert gc_mod._current is None
+    assert children() - before == set()
+    assert node.engines() == []
+
+
+def test_a_python_without_gpucell_is_named(
+    ip, node, ssh_config, no_active_cluster, tmp_path
+):
+    bare = tmp_path / "bare"  # a Python with nothing installed
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True
+    )
+    with pytest.raises(UsageError, match="has no gpucell"):
+        ip.run_line_magic(
+            "gpu_cluster",
+            f"start -n 1 --gpus none --ssh node2 --python {bare}/bin/python",
+        )
+    assert gc_mod._current is None
+
+
+KERNEL = """
+import sys, time
+import gpucell
+from gpucell import config
+config.settings().ssh_options = ["-F", sys.argv[1]]
+gpucell.start_cluster(1, gpus="none", ssh="node2:2", python=sys.executable, timeout=90)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_remote_engines_end_soon_after_their_kernel_is_killed(node, tmp_path):
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL, str(node.config)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert kernel.stdout.readline().strip() == "ready"
+        assert len(node.engines()) >= 2
+        kernel.kill()
+        kernel.wait(10)
+        t0 = time.monotonic()
+        while node.engines() and time.monotonic() - t0 < 30:
+            time.sleep(0.2)
+        assert node.engines() == [], "remote engines outlived their kernel by 30 s"
+    finally:
+        kernel.kill()
