@@ -8,7 +8,11 @@ hook sets that command).  Before the real module is imported this:
   (``PR_SET_PDEATHSIG``), so no engine outlives its kernel, even a SIGKILLed one;
   processes it forks later get the same, tied to it;
   a watchdog thread backs it up where ``prctl`` is not available;
-* applies the CPU affinity in ``GPUCELL_CPU_AFFINITY`` (e.g. ``0,1``).
+* applies the CPU affinity in ``GPUCELL_CPU_AFFINITY`` (e.g. ``0,1``);
+* with ``GPUCELL_PIN_BY_RANK=1`` (engines a batch system starts together, one
+  ``srun`` for all), picks this engine's GPU by its rank on its node
+  (``SLURM_LOCALID``) among the node's ``CUDA_VISIBLE_DEVICES``, and sizes its
+  thread pools to the cores it was given.
 
 Thread-pool sizes and ``CUDA_VISIBLE_DEVICES`` arrive as plain environment variables
 from the launcher, so they are in place before CUDA or any BLAS can initialise.
@@ -72,6 +76,34 @@ def _apply_affinity(spec: str) -> None:
             pass  # cores outside our cgroup: keep the inherited set
 
 
+def _pin_by_local_rank(env: os._Environ[str]) -> None:
+    """One engine per GPU of its node: its GPU first in ``CUDA_VISIBLE_DEVICES``
+    (the others after it, as for local engines), named for the status table."""
+    rank = env.get("SLURM_LOCALID")
+    if env.get("GPUCELL_PIN_BY_RANK") != "1" or rank is None:
+        return
+    r = int(rank)
+    host = os.uname().nodename.split(".")[0]
+    gpus = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    gpus = [g for g in gpus if g]
+    if gpus:
+        own = gpus[r % len(gpus)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join([own] + [g for g in gpus if g != own])
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["GPUCELL_DEVICE_KIND"] = "gpu"
+        env["GPUCELL_DEVICE_INDEX"] = own
+        env["GPUCELL_ENGINE_LABEL"] = f"{host}/gpu{own}"
+    else:
+        env["GPUCELL_DEVICE_KIND"] = "cpu"
+        env["GPUCELL_ENGINE_LABEL"] = f"{host}/cpu{r}"
+    try:
+        threads = len(os.sched_getaffinity(0))  # the batch system's binding
+    except (AttributeError, OSError):
+        threads = 1
+    for var in filter(None, env.get("GPUCELL_THREAD_VARS", "").split(",")):
+        env[var] = str(max(1, threads))
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m gpucell.cluster.boot <module> [args...]")
@@ -84,6 +116,7 @@ def main(argv: list[str]) -> None:
         os.register_at_fork(
             after_in_child=lambda: _set_parent_death_signal(os.getppid())
         )
+    _pin_by_local_rank(os.environ)
     aff = os.environ.get("GPUCELL_CPU_AFFINITY", "")
     if aff:
         _apply_affinity(aff)

@@ -17,6 +17,7 @@ import sys
 from ipyparallel.cluster.launcher import (
     LocalControllerLauncher,
     LocalEngineSetLauncher,
+    SlurmEngineSetLauncher,
     SSHEngineSetLauncher,
 )
 from traitlets import List, default
@@ -25,6 +26,7 @@ __all__ = [
     "PinnedControllerLauncher",
     "PinnedEngineSetLauncher",
     "RemoteEngineSetLauncher",
+    "SlurmGpuEngineSetLauncher",
 ]
 
 _BOOT = [sys.executable, "-m", "gpucell.cluster.boot"]
@@ -77,3 +79,37 @@ class RemoteEngineSetLauncher(SSHEngineSetLauncher):
     @default("engine_cmd")
     def _remote_engine_cmd(self) -> list[str]:
         return [self.remote_python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
+
+
+class SlurmGpuEngineSetLauncher(SlurmEngineSetLauncher):
+    """Engines as one Slurm job: ``srun`` starts one task per engine, each through
+    gpucell.cluster.boot, which pins it by its rank on its node (``SLURM_LOCALID``).
+
+    ``sbatch``'s own complaint (a partition that does not exist, more GPUs than a
+    node has) becomes the error, rather than an exit status with no reason.
+    """
+
+    @default("engine_cmd")
+    def _slurm_engine_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
+
+    def _run_command(self, command: list[str], **kwargs: object) -> str:
+        import subprocess
+
+        from gpucell.errors import ClusterError
+
+        if list(command[: len(self.submit_command)]) != list(self.submit_command):
+            if not getattr(self, "job_id", None):
+                return ""  # nothing was submitted: nothing to cancel or signal
+            return str(super()._run_command(command, **kwargs))
+
+        p = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, text=True, **kwargs
+        )  # type: ignore[call-overload]
+        if p.returncode != 0:
+            what = (p.stderr or p.stdout).strip().splitlines()
+            raise ClusterError(
+                f"Slurm refused the job (`{' '.join(command)}`): "
+                f"{what[-1] if what else f'exit status {p.returncode}'}"
+            )
+        return str(p.stdout)

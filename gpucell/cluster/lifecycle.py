@@ -473,6 +473,7 @@ def start_cluster(
     ssh_key: str | None = None,
     python: str | None = None,
     controller_ip: str | None = None,
+    slurm: Any = None,
 ) -> GpuCluster:
     """Start a cluster with one engine per GPU (or per core without GPUs), here
     and on the ``ssh`` hosts.
@@ -502,7 +503,11 @@ def start_cluster(
         (``GpuCell.remote_python``, ``python3`` by default).
     controller_ip
         The address the controller listens on (default: with ``ssh``, the address
-        the hosts saw this machine connect from; else loopback only).
+        the hosts saw this machine connect from; with ``slurm``, this host name's
+        address; else loopback only).
+    slurm
+        A :class:`gpucell.cluster.slurm.SlurmRequest`: the engines are one Slurm
+        job (one per GPU on each node) instead of this host's.
     """
     global _current
     s = _config.settings()
@@ -519,10 +524,16 @@ def start_cluster(
         cpu_engines=cpu_engines if cpu_engines is not None else s.cpu_engines,
         pin_cpu_engines=s.pin_cpu_engines,
     )
+    if slurm is not None:
+        if ssh:
+            raise ClusterError("--slurm and --ssh: choose one way to start engines.")
+        specs = []  # the job's engines only (this is usually a login node)
     if _current is not None:
-        if _current.owned and [x.label for x in _current.specs] == [
-            x.label for x in specs
-        ]:
+        if (
+            slurm is None
+            and _current.owned
+            and [x.label for x in _current.specs] == [x.label for x in specs]
+        ):
             if echo:
                 echo(f"gpucell: cluster already running: {_current.description}")
             return _current
@@ -534,9 +545,19 @@ def start_cluster(
     if profile:
         profile_kw["profile_dir"] = _profile_dir(profile)
     timeout = timeout if timeout is not None else s.start_timeout
+    if python and ssh is None and slurm is None:
+        raise ClusterError("--python is for --ssh hosts or --slurm nodes.")
     remote = _plan_remote(s, ssh, ssh_key, python, per_gpu)  # before anything starts
     if remote is not None:
         profile_kw["controller_ip"] = controller_ip or _controller_ip(remote.plans)
+    elif slurm is not None:
+        import socket
+
+        try:
+            here = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            here = "*"
+        profile_kw["controller_ip"] = controller_ip or here
     elif controller_ip:
         profile_kw["controller_ip"] = controller_ip
 
@@ -562,7 +583,9 @@ def start_cluster(
         pass
     channel = _open_channel()
     try:
-        client = _start_and_connect(cluster, specs, engine_args, timeout, remote)
+        client = _start_and_connect(
+            cluster, specs, engine_args, timeout, remote, slurm, python, echo
+        )
         infos = _describe_engines(client, client.ids, timeout, channel)
     except BaseException as e:
         _release_channel(channel)
@@ -612,6 +635,9 @@ def _start_and_connect(
     engine_args: list[str],
     timeout: float,
     remote: _Remote | None = None,
+    slurm: Any = None,
+    python: str | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> ipp.Client:
     """Controller, then one engine set per spec, then wait for all to register.
 
@@ -638,6 +664,19 @@ def _start_and_connect(
             _remote_engine_args(engine_args),
             _engine_env,
         )
+    if slurm is not None:
+        from gpucell.cluster.slurm import start_slurm_engines, wait_for_job
+
+        job = start_slurm_engines(
+            cluster, slurm, _remote_engine_args(engine_args), python
+        )
+        client = cluster.connect_client_sync()
+        try:
+            wait_for_job(client, job, slurm.engines, timeout, echo)
+        except BaseException:
+            client.close()
+            raise
+        return client
     client = cluster.connect_client_sync()
     try:
         client.wait_for_engines(total, timeout=timeout, interactive=False)
@@ -676,9 +715,8 @@ def _plan_remote(
 ) -> _Remote | None:
     """Probe the --ssh hosts and plan their engines (errors before any start)."""
     if ssh is None:
-        if ssh_key or python:
-            flag = "--ssh-key" if ssh_key else "--python"
-            raise ClusterError(f"{flag} is for --ssh hosts: add --ssh host1[:n],...")
+        if ssh_key:
+            raise ClusterError("--ssh-key is for --ssh hosts: add --ssh host1[:n],...")
         return None
     import gpucell
     from gpucell.cluster.remote import probe_hosts, ssh_args

@@ -47,6 +47,19 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
         "--python", default=None, help="The Python with gpucell on the --ssh hosts."
     )
     start.add_argument(
+        "--slurm", action="store_true", help="Start the engines as one Slurm job."
+    )
+    start.add_argument("--nodes", type=int, default=None, help="--slurm: nodes.")
+    start.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="--slurm: GPUs (engines) a node.",
+    )
+    start.add_argument("--partition", default=None, help="--slurm: partition.")
+    start.add_argument("--time", default=None, help="--slurm: time limit.")
+    start.add_argument("--account", default=None, help="--slurm: account.")
+    start.add_argument(
         "--controller-ip",
         default=None,
         help="Address the controller listens on (default: what the hosts reach).",
@@ -91,6 +104,8 @@ Usage:
                      [--profile NAME] [--timeout S]
                      [--ssh host1[:n],user@host2[:n] [--ssh-key KEY] [--python PATH]
                       [--controller-ip IP]]
+                     [--slurm [--nodes N] [--gpus-per-node G] [--partition P]
+                      [--time T] [--account A]]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
   %gpu_cluster status
@@ -114,6 +129,8 @@ class GpuClusterMagics(Magics):
                              [--cpu-engines M] [--profile NAME] [--timeout S]
                              [--ssh host1[:n],host2[:n] [--ssh-key K]
                               [--python PATH] [--controller-ip IP]]
+                             [--slurm [--nodes N] [--gpus-per-node G]
+                              [--partition P] [--time T] [--account A]]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F
                                [--ssh u@h[:port] [--ssh-key K]]
           %gpu_cluster status
@@ -133,6 +150,7 @@ class GpuClusterMagics(Magics):
           %gpu_cluster start --per-gpu 2     # two engines share each GPU
           %gpu_cluster start -n 2 --gpus none
           %gpu_cluster start --ssh gpu1,gpu2:2 --python /opt/venv/bin/python
+          %gpu_cluster start --slurm --nodes 2 --gpus-per-node 4 --time 1:00:00
           %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
           %gpu_cluster status
           %gpu_cluster select                # tick the devices later cells use
@@ -157,6 +175,22 @@ class GpuClusterMagics(Magics):
         args = parsers[cmd].parse_args(rest)
         try:
             if cmd == "start":
+                slurm = None
+                job = ("nodes", "gpus_per_node", "partition", "time", "account")
+                stray = [o for o in job if getattr(args, o) is not None]
+                if stray and not args.slurm:
+                    flag = "--" + stray[0].replace("_", "-")
+                    raise UsageError(f"%gpu_cluster start: {flag} is for --slurm.")
+                if args.slurm:
+                    from gpucell.cluster.slurm import SlurmRequest
+
+                    slurm = SlurmRequest(
+                        nodes=args.nodes or 1,
+                        gpus_per_node=args.gpus_per_node or 1,
+                        partition=args.partition,
+                        time=args.time,
+                        account=args.account,
+                    )
                 api.start_cluster(
                     args.n,
                     gpus=args.gpus,
@@ -169,6 +203,7 @@ class GpuClusterMagics(Magics):
                     ssh_key=args.ssh_key,
                     python=args.python,
                     controller_ip=args.controller_ip,
+                    slurm=slurm,
                 )
             elif cmd == "connect":
                 api.connect(

@@ -1,0 +1,180 @@
+"""``%gpu_cluster start --slurm``: engines as a job of a real Slurm.
+
+slurmctld and two slurmd (the second as ``node2``, in its own UTS namespace), with
+two fake GPUs each (tests/slurm_cluster.py).  Skipped with the reason where root or
+Slurm's packages are missing; ``.ci/run`` installs them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import slurm_cluster
+from IPython.core.error import UsageError
+
+import gpucell
+import gpucell.cluster.lifecycle as gc_mod
+from gpucell.cluster.slurm import SlurmRequest, batch_template
+from gpucell.errors import ClusterError
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory) -> Iterator[slurm_cluster.Slurm]:
+    why = slurm_cluster.missing()
+    if why:
+        pytest.skip(why)
+    # not under pytest's 0700 tmp folders: munged wants every directory above
+    # its socket searchable by all
+    root = Path(tempfile.mkdtemp(prefix="gpucell-slurm-"))
+    s = slurm_cluster.start(root)
+    saved = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(s.conf)  # as a user's login environment has it
+    try:
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+
+
+def _engine_env() -> dict:
+    import os
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "local": os.environ.get("SLURM_LOCALID"),
+        "job": os.environ.get("SLURM_JOB_ID"),
+    }
+
+
+def _wait_no_jobs(slurm, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return slurm.jobs()
+
+
+def test_two_nodes_of_two_gpus_give_four_pinned_engines_and_stop_cancels_the_job(
+    ip, slurm, no_active_cluster, capsys
+):
+    ip.run_line_magic(
+        "gpu_cluster", "start --slurm --nodes 2 --gpus-per-node 2 --timeout 90"
+    )
+    assert "4 engines" in capsys.readouterr().out
+    gc = gc_mod.current()
+    seen = gc.client[:].apply_sync(_engine_env)
+    assert {s["host"] for s in seen} == set(slurm.nodes)
+    for s in seen:  # each its own GPU first, by its rank on its node
+        own = str(int(s["local"]) % 2)
+        assert s["cvd"] == ",".join([own, *[g for g in "01" if g != own]]), s
+    assert sorted((s["host"], s["cvd"][0]) for s in seen) == sorted(
+        (h, g) for h in slurm.nodes for g in "01"
+    )
+    assert {e.kind for e in gc.engines.values()} == {"gpu"}
+    job = seen[0]["job"]
+    assert [j.split()[0] for j in slurm.jobs()] == [job]
+    ip.user_ns["out"] = []
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for i in range(40):\n    out.append(i * 3)\n"
+    )
+    assert ip.user_ns["out"] == [i * 3 for i in range(40)]
+    ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []
+
+
+def test_a_job_slurm_rejects_fails_with_sbatch_reason(ip, slurm, no_active_cluster):
+    with pytest.raises(UsageError, match="Slurm refused the job.*") as info:
+        ip.run_line_magic("gpu_cluster", "start --slurm --gpus-per-node 3 --timeout 30")
+    assert "configuration is not available" in str(info.value)
+    assert gc_mod._current is None
+    assert slurm.jobs() == []
+
+
+def test_a_job_that_stays_pending_says_so_and_is_cancelled(
+    ip, slurm, no_active_cluster, capsys
+):
+    hold = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            "--gpus-per-node=2",
+            "--exclusive",
+            "--wrap",
+            "sleep 300",
+        ],
+        capture_output=True,
+        text=True,
+        env=slurm.env,
+        check=True,
+    ).stdout.strip()
+    try:
+        with pytest.raises(UsageError, match="still pending after 8 s"):
+            ip.run_line_magic(
+                "gpu_cluster", "start --slurm --gpus-per-node 2 --timeout 8"
+            )
+        assert "is pending" in capsys.readouterr().out
+        assert [j.split()[0] for j in slurm.jobs()] == [hold]
+    finally:
+        subprocess.run(["scancel", hold], env=slurm.env)
+    assert _wait_no_jobs(slurm, 20) == []
+
+
+KERNEL = """
+import time
+import gpucell
+from gpucell.cluster.slurm import SlurmRequest
+gpucell.start_cluster(slurm=SlurmRequest(nodes=2, gpus_per_node=2), timeout=90)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_kernel_leaves_no_job_and_no_engine(slurm, tmp_path):
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=slurm.env,
+    )
+    try:
+        assert kernel.stdout.readline().strip() == "ready"
+        assert len(slurm.jobs()) == 1
+        kernel.kill()
+        kernel.wait(10)
+        assert _wait_no_jobs(slurm, 30) == [], "the job outlived its kernel by 30 s"
+    finally:
+        kernel.kill()
+
+
+def test_requests_are_checked_before_anything_is_submitted(ip, no_active_cluster):
+    with pytest.raises(ClusterError, match="at least 1 node"):
+        SlurmRequest(nodes=0)
+    with pytest.raises(ClusterError, match="plain Slurm value"):
+        batch_template(SlurmRequest(partition="gpu; rm -rf /"))
+    with pytest.raises(UsageError, match="--nodes is for --slurm"):
+        ip.run_line_magic("gpu_cluster", "start --nodes 2")
+    with pytest.raises(UsageError, match="choose one"):
+        ip.run_line_magic("gpu_cluster", "start --slurm --ssh node2")
+    t = batch_template(SlurmRequest(nodes=2, gpus_per_node=4, time="1:00:00"))
+    assert "#SBATCH --gpus-per-node=4" in t and "#SBATCH --ntasks=8" in t
+    assert "#SBATCH --time=1:00:00" in t and t.rstrip().endswith(
+        "srun {program_and_args}"
+    )
+    assert gpucell  # the package is importable without a Slurm
