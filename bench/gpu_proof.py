@@ -546,8 +546,11 @@ def _cached_device(name: str) -> str | None:
     """Where this engine keeps the input ``name`` it was sent (None: not cached)."""
     from gpucell.engine import worker
 
-    hit = worker._cache.get(name)
-    return None if hit is None else str(getattr(hit[1], "device", "not a tensor"))
+    try:
+        hit = worker.cached(name)
+    except KeyError:
+        return None
+    return str(getattr(hit, "device", "not a tensor"))
 
 
 def _async_copies(on: bool) -> bool:

@@ -119,10 +119,6 @@ def test_fake_gpus_pin_engines_by_cuda_visible_devices(no_active_cluster):
         ("start --gpus 3", "no GPU 3 on this host"),
         ("start -n 0", "-n 0"),
         (
-            "start --profile does-not-exist-xyz",
-            "No IPython profile 'does-not-exist-xyz'",
-        ),
-        (
             "connect --profile does-not-exist-xyz",
             "No IPython profile 'does-not-exist-xyz'",
         ),
@@ -213,7 +209,7 @@ def test_started_engines_are_tuned_and_log_quietly(cluster):
 def _has_cached_inputs() -> bool:
     from gpucell.engine import worker
 
-    return bool(worker._cache)
+    return bool(worker.cached_names())
 
 
 def _sampler_running() -> bool:

@@ -22,7 +22,7 @@ def _cached_names(c) -> dict[int, list[str]]:
     def names():
         from gpucell.engine import worker
 
-        return sorted(worker._cache)
+        return worker.cached_names()
 
     return {eid: c.client[eid].apply_sync(names) for eid in c.live_ids()}
 

@@ -474,7 +474,7 @@ def test_unchanged_big_input_is_sent_once(ip, cluster):
     def cached_id():
         from gpucell.engine import worker
 
-        return id(worker._cache["big"][1])
+        return id(worker.cached("big"))
 
     before = cluster.client[:].apply_sync(cached_id)
     ip.run_cell_magic("gpu_parallel", "--quiet", cell)

@@ -265,3 +265,45 @@ def test_remote_engines_end_soon_after_their_kernel_is_killed(node, tmp_path):
         assert node.engines() == [], "remote engines outlived their kernel by 30 s"
     finally:
         kernel.kill()
+
+
+OTHER_NOTEBOOK = """
+from IPython.testing.globalipapp import start_ipython
+import gpucell.cluster.lifecycle as gc_mod
+ip = start_ipython()
+ip.run_line_magic("load_ext", "gpucell")
+ip.run_line_magic("gpu_cluster", "connect --profile lab --timeout 30")
+print(sorted(e.label for e in gc_mod.current().engines.values()))
+ip.user_ns["out"] = []
+cell = "for i in range(20):\\n    out.append(-i)\\n"
+ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+print("ok" if ip.user_ns["out"] == [-i for i in range(20)] else "WRONG")
+ip.run_line_magic("gpu_cluster", "stop")
+"""
+
+
+def test_a_profile_remembers_its_hosts_and_another_notebook_reattaches(
+    ip, node, ssh_config, no_active_cluster, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    line = f"start -n 1 --gpus none --ssh node2:1 --python {sys.executable}"
+    ip.run_line_magic("gpu_cluster", f"{line} --profile lab --timeout 90")
+    other = subprocess.run(
+        [sys.executable, "-c", OTHER_NOTEBOOK],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    # the other kernel found the cluster by the profile's name, kept each
+    # engine's pinning, and ran a cell on it
+    assert "'node2/cpu0'" in other.stdout and "ok" in other.stdout, other
+    ip.run_line_magic("gpu_cluster", "stop")
+    capsys.readouterr()
+    ip.run_line_magic(
+        "gpu_cluster", "start -n 1 --gpus none --profile lab --timeout 90"
+    )
+    assert "starting as saved (--ssh node2:1)" in capsys.readouterr().out
+    assert [e.label for e in gc_mod.current().engines.values() if not e.local] == [
+        "node2/cpu0"
+    ]
+    ip.run_line_magic("gpu_cluster", "stop")

@@ -42,3 +42,34 @@ def test_tagged_stream_prefixes_every_line():
         "[engine 0 | iteration 3] a\n[engine 0 | iteration 3] bc\n"
         "[engine 0 | iteration 4] d\n"
     )
+
+
+def test_each_kernel_has_its_own_state_on_an_engine_and_old_ones_are_dropped():
+    """Several notebooks may share engines: programs and cached inputs are kept
+    per kernel, and a dead kernel's state cannot grow without bound."""
+    from gpucell.engine import worker
+
+    saved = dict(worker._sessions)
+    worker._sessions.clear()
+    try:
+        worker.load("a", "prog-a", ["x"], {"x": "k1"}, wire_frames({"x": 1}), None, "A")
+        worker.load("b", "prog-b", ["x"], {"x": "k2"}, wire_frames({"x": 2}), None, "B")
+        a, b = worker._session("A"), worker._session("B")
+        assert (a.cell, a.inputs, b.cell, b.inputs) == ("a", {"x": 1}, "b", {"x": 2})
+        worker.tidy(["x"], "A")
+        assert "x" not in a.cache and b.cache["x"] == ("k2", 2)
+        worker.leave("A")
+        assert list(worker._sessions) == ["B"]
+        for i in range(worker.MAX_SESSIONS + 3):
+            worker._session(f"k{i}")
+        assert len(worker._sessions) == worker.MAX_SESSIONS
+        assert "B" not in worker._sessions  # the least recently used went first
+    finally:
+        worker._sessions.clear()
+        worker._sessions.update(saved)
+
+
+def wire_frames(value):
+    from gpucell.protocol import wire
+
+    return wire.dumps(value)

@@ -24,7 +24,7 @@ from gpucell.core.costmodel import CostMemory
 from gpucell.core.states import BUSY, DEAD, IDLE, EngineState
 from gpucell.core.topology import EngineSpec, parse_gpu_selection, plan_engines
 from gpucell.devices.discovery import cpu_device, discover
-from gpucell.devices.host import identity, shares_pids
+from gpucell.devices.host import identity, kernel_key, pid_running, shares_pids
 from gpucell.errors import ClusterError, NoCluster
 
 if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
@@ -237,7 +237,8 @@ class GpuCluster:
         if not ids:
             return
         try:
-            self.client.direct_view(ids).apply_async(leave).get(timeout=timeout)
+            view = self.client.direct_view(ids)
+            view.apply_async(leave, kernel_key()).get(timeout=timeout)
         except Exception as e:
             self.warnings.append(f"could not clear gpucell's state on engines: {e!r}")
         self.input_cache.clear()
@@ -265,11 +266,23 @@ def _cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def _profile_dir(profile: str) -> str:
-    """The directory of an existing IPython profile, or a ClusterError saying so."""
+def _profile_dir(profile: str, create: bool = False) -> str:
+    """The directory of an IPython profile (made if ``create``), or a
+    ClusterError saying there is none."""
     from IPython.core.profiledir import ProfileDir, ProfileDirError
     from IPython.paths import get_ipython_dir
 
+    if create:
+        try:
+            return str(
+                ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location
+            )
+        except ProfileDirError:
+            try:
+                made = ProfileDir.create_profile_dir_by_name(get_ipython_dir(), profile)
+            except ProfileDirError as e:
+                raise ClusterError(f"--profile {profile!r}: {e}") from None
+            return str(made.location)
     try:
         return str(
             ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location
@@ -543,7 +556,16 @@ def start_cluster(
         )
     profile_kw: dict[str, Any] = {}
     if profile:
-        profile_kw["profile_dir"] = _profile_dir(profile)
+        profile_kw["profile_dir"] = _profile_dir(profile, create=True)
+        placed = _placement(ssh, ssh_key, python, controller_ip, slurm)
+        if placed:
+            _save_placement(profile_kw["profile_dir"], placed)
+        else:
+            saved = _saved_placement(profile_kw["profile_dir"])
+            if saved:
+                ssh, ssh_key, python, controller_ip, slurm = _unpack_placement(saved)
+                if echo:
+                    echo(f"gpucell: profile {profile}: {_describe_placement(saved)}")
     timeout = timeout if timeout is not None else s.start_timeout
     if python and ssh is None and slurm is None:
         raise ClusterError("--python is for --ssh hosts or --slurm nodes.")
@@ -740,6 +762,69 @@ def _plan_remote(
     return _Remote(tuple(plans), py, tuple(args))
 
 
+#: where a profile keeps how its cluster was placed (hosts, Slurm job, Python)
+_PLACEMENT_FILE = "gpucell_cluster.json"
+
+
+def _placement(
+    ssh: str | None,
+    ssh_key: str | None,
+    python: str | None,
+    controller_ip: str | None,
+    slurm: Any,
+) -> dict[str, Any]:
+    """The start's options that say where engines run (empty: this host only)."""
+    from dataclasses import asdict
+
+    if ssh is None and slurm is None:
+        return {}
+    out: dict[str, Any] = {"ssh": ssh, "ssh_key": ssh_key, "python": python}
+    out["controller_ip"] = controller_ip
+    out["slurm"] = asdict(slurm) if slurm is not None else None
+    return out
+
+
+def _unpack_placement(d: dict[str, Any]) -> tuple[Any, ...]:
+    slurm = None
+    if d.get("slurm"):
+        from gpucell.cluster.slurm import SlurmRequest
+
+        slurm = SlurmRequest(**d["slurm"])
+    ip = d.get("controller_ip")
+    return d.get("ssh"), d.get("ssh_key"), d.get("python"), ip, slurm
+
+
+def _describe_placement(d: dict[str, Any]) -> str:
+    if d.get("slurm"):
+        j = d["slurm"]
+        return (
+            f"starting as saved (--slurm --nodes {j['nodes']} --gpus-per-node "
+            f"{j['gpus_per_node']})"
+        )
+    return f"starting as saved (--ssh {d.get('ssh')})"
+
+
+def _save_placement(profile_dir: str, placed: dict[str, Any]) -> None:
+    import json
+
+    path = os.path.join(profile_dir, _PLACEMENT_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(placed, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _saved_placement(profile_dir: str) -> dict[str, Any] | None:
+    import json
+
+    try:
+        with open(os.path.join(profile_dir, _PLACEMENT_FILE)) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def _controller_ip(plans: Sequence[Any]) -> str:
     from gpucell.core.hosts import controller_address
 
@@ -822,6 +907,10 @@ def connect(
         args.append(os.path.abspath(os.path.expanduser(file)))
     if profile:
         kw["profile_dir"] = _profile_dir(profile)
+        if not cluster_id and not file:
+            # a cluster started with an id (gpucell's, `start --profile P`)
+            # has no plain ipcontroller-client.json: find the one running
+            cluster_id = _running_cluster_id(kw["profile_dir"], profile)
     if cluster_id:
         kw["cluster_id"] = cluster_id
     if ssh:
@@ -887,6 +976,39 @@ def connect(
         for w in gc.warnings:
             echo(f"gpucell: warning: {w}")
     return gc
+
+
+def _running_cluster_id(profile_dir: str, profile: str) -> str | None:
+    """The id of the one cluster running in a profile that has no plain
+    connection file (None: let ipyparallel look for the plain file)."""
+    import glob
+    import json
+
+    security = os.path.join(profile_dir, "security")
+    if os.path.exists(os.path.join(security, "ipcontroller-client.json")):
+        return None
+    found = []
+    for path in sorted(glob.glob(os.path.join(security, "cluster-*.json"))):
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            cid = d["cluster"]["cluster_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not cid or not os.path.exists(
+            os.path.join(security, f"ipcontroller-{cid}-client.json")
+        ):
+            continue
+        pid = ((d.get("controller") or {}).get("state") or {}).get("pid")
+        if isinstance(pid, int) and not pid_running(pid):
+            continue  # a killed kernel's (the next start sweeps it)
+        found.append(cid)
+    if len(found) > 1:
+        raise ClusterError(
+            f"Profile {profile!r} has {len(found)} clusters running "
+            f"({', '.join(found)}): pass --cluster-id with one of them."
+        )
+    return found[0] if found else None
 
 
 @contextlib.contextmanager
@@ -959,14 +1081,19 @@ def _release_all() -> None:
 def _assign_by_local_rank(
     client: ipp.Client, ids: list[int], timeout: float, channel: Any = None
 ) -> tuple[dict[int, EngineInfo], list[str]]:
-    from gpucell.engine.runtime import assign_device, host_facts
+    from gpucell.engine.runtime import assign_device, describe, host_facts
 
     view = client.direct_view(ids)
     answers = _answers(view.apply_async(host_facts), timeout, "describe")
+    described = _answers(view.apply_async(describe, channel), timeout, "describe")
     facts = dict(zip(ids, answers, strict=True))
+    # engines gpucell pinned already (a cluster another notebook started, or
+    # connected to first) keep their device
+    pinned = {e: d for e, d in zip(ids, described, strict=True) if d.get("label")}
     by_host: dict[str, list[int]] = {}
     for eid in ids:
-        by_host.setdefault(facts[eid]["host"], []).append(eid)
+        if eid not in pinned:
+            by_host.setdefault(facts[eid]["host"], []).append(eid)
     results = {}
     for _host, eids in by_host.items():
         for rank, eid in enumerate(sorted(eids)):
@@ -989,7 +1116,7 @@ def _assign_by_local_rank(
                 assign_device, *args, threads, f"r{rank}", channel
             )
             results[eid] = ar
-    engines = {}
+    engines = {eid: _info_from(eid, d) for eid, d in pinned.items()}
     warnings = []
     for eid, ar in results.items():
         d = _answers(ar, timeout, "pin")

@@ -14,7 +14,15 @@ import os
 import socket
 from collections.abc import Mapping
 
-__all__ = ["identity", "pid_running", "process_state", "shares_pids"]
+__all__ = ["identity", "kernel_key", "pid_running", "process_state", "shares_pids"]
+
+_TOKEN = os.urandom(4).hex()
+
+
+def kernel_key() -> str:
+    """This kernel's key for its state on engines (its programs and cached
+    inputs), which several notebooks' kernels may share: unique per process."""
+    return f"{socket.gethostname()}-{os.getpid()}-{_TOKEN}"
 
 
 def _read(path: str) -> str:

@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpucell.engine import checkin, tohost, writebehind
@@ -37,22 +38,58 @@ from gpucell.protocol.program import Setup, Watch
 
 __all__ = ["load", "run", "clear"]
 
-# name -> (fingerprint, value); survives across cells on this engine
-_cache: dict[str, tuple[Any, Any]] = {}
-_program: Any = None
-_cell: str | None = None
-_inputs: dict[str, Any] = {}
-# what the cell's chunks check in and out (gpucell.engine.checkin)
-_watch: Watch = {"names": [], "items": False}
+
+@dataclass
+class _Session:
+    """One kernel's state on this engine: several notebooks may share a cluster,
+    and each one's cells, programs and cached inputs stay its own."""
+
+    # name -> (fingerprint, value); survives across cells
+    cache: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    program: Any = None
+    cell: str | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)
+    # what the cell's chunks check in and out (gpucell.engine.checkin)
+    watch: Watch = field(default_factory=lambda: {"names": [], "items": False})
+    # the kernel's warnings filters, applied while this cell's chunks run
+    warning_filters: list[Any] | None = None
 
 
-def clear() -> None:
-    """Forget cached inputs (frees engine memory)."""
-    global _program, _cell
-    _cache.clear()
-    _inputs.clear()
-    _program = None
-    _cell = None
+#: kernel key (``gpucell.devices.host.kernel_key``) -> its state here, the most
+#: recently used last
+_sessions: dict[str, _Session] = {}
+
+#: kernels whose state an engine keeps: a kernel that died without saying so
+#: (killed) leaves its cached inputs here until this many others came after it
+MAX_SESSIONS = 16
+
+
+def _session(kernel: str) -> _Session:
+    s = _sessions.pop(kernel, None)
+    if s is None:
+        s = _Session()
+        while len(_sessions) >= MAX_SESSIONS:
+            _sessions.pop(next(iter(_sessions)))  # the least recently used
+    _sessions[kernel] = s
+    return s
+
+
+def cached(name: str) -> Any:
+    """The cached input ``name`` of any kernel (for tests and the GPU proof)."""
+    for s in _sessions.values():
+        if name in s.cache:
+            return s.cache[name][1]
+    raise KeyError(name)
+
+
+def cached_names() -> list[str]:
+    """Names cached for every kernel, sorted (for tests)."""
+    return sorted({n for s in _sessions.values() for n in s.cache})
+
+
+def clear(kernel: str = "") -> None:
+    """Forget a kernel's cached inputs and program (frees engine memory)."""
+    _sessions.pop(kernel, None)
 
 
 def _nbytes(value: Any) -> int:
@@ -74,47 +111,49 @@ def _nbytes(value: Any) -> int:
     return sys.getsizeof(value)
 
 
-def _evict(budget: int | None, keep: set[str]) -> None:
+def _evict(cache: dict[str, Any], budget: int | None, keep: set[str]) -> None:
     """Drop the least recently used cached inputs the running cell does not
     read until the cache fits ``budget`` bytes (``None``: no budget)."""
     if budget is None:
         return
-    sizes = {name: _nbytes(v) for name, (_k, v) in _cache.items()}
+    sizes = {name: _nbytes(v) for name, (_k, v) in cache.items()}
     total = sum(sizes.values())
-    for name in list(_cache):  # oldest first: used entries move to the end
+    for name in list(cache):  # oldest first: used entries move to the end
         if total <= budget:
             break
         if name in keep:
             continue
         total -= sizes[name]
-        _cache.pop(name, None)
+        cache.pop(name, None)
 
 
-def tidy(drop: list[str] | None = None) -> None:
+def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
     """After a cell, while the engine is idle: forget the cached inputs the
     kernel no longer holds (``drop``) and what this cell left behind (its
     program's namespace, reference cycles, cached CUDA blocks), so the memory
     returns now rather than when the next collection happens to run."""
-    global _program
+    s = _session(kernel)
     for name in drop or ():
-        _cache.pop(name, None)
-    _inputs.clear()
-    _program = None
+        s.cache.pop(name, None)
+    s.inputs.clear()
+    s.program = None
     import gc
 
     gc.collect()
     _release_cuda_cache()
 
 
-def leave() -> None:
+def leave(kernel: str = "") -> None:
     """A kernel disconnects from engines it does not own: take back what gpucell
-    left in them (cached inputs, the telemetry sampler thread)."""
-    clear()
+    left in them for it (cached inputs; the telemetry sampler thread once no
+    kernel is left)."""
+    clear(kernel)
     import gc
 
     from gpucell.engine import telemetry
 
-    telemetry.stop()
+    if not _sessions:
+        telemetry.stop()
     gc.collect()
 
 
@@ -125,6 +164,7 @@ def load(
     keys: dict[str, Any],
     frames: list[Any],
     watch: Watch | None = None,
+    kernel: str = "",
 ) -> dict[str, Any]:
     """Install a cell's program and inputs; reply what this engine now caches.
 
@@ -133,7 +173,8 @@ def load(
     the kernel decided to send; the others are expected in the cache with the
     fingerprint in ``keys``.
     """
-    global _program, _cell, _watch
+    st = _session(kernel)
+    cache = st.cache
     if frames and shm.spilled(frames):
         frames = shm.unspill(frames, shared=True)  # mapped, copy-on-write
     sent = wire.loads(frames, cuda_to=_cuda_target()) if frames else {}
@@ -143,40 +184,37 @@ def load(
         if name in sent:
             inputs[name] = sent[name]
             if keys.get(name) is not None:
-                _cache.pop(name, None)  # (re)inserted last: most recently used
-                _cache[name] = (keys[name], sent[name])
+                cache.pop(name, None)  # (re)inserted last: most recently used
+                cache[name] = (keys[name], sent[name])
             else:
-                _cache.pop(name, None)
+                cache.pop(name, None)
         elif (
-            name in _cache
+            name in cache
             and keys.get(name) is not None
-            and _cache[name][0] == keys[name]
+            and cache[name][0] == keys[name]
         ):
-            inputs[name] = _cache[name][1]
-            _cache[name] = _cache.pop(name)  # most recently used last
+            inputs[name] = cache[name][1]
+            cache[name] = cache.pop(name)  # most recently used last
         else:
             missing.append(name)
-    _inputs.clear()
-    _inputs.update(inputs)
-    _program = program
-    _cell = cell
-    _watch = watch or {"names": [], "items": False}
-    return {"missing": missing, "cached": {n: k for n, (k, _) in _cache.items()}}
+    st.inputs.clear()
+    st.inputs.update(inputs)
+    st.program = program
+    st.cell = cell
+    st.watch = watch or {"names": [], "items": False}
+    return {"missing": missing, "cached": {n: k for n, (k, _) in cache.items()}}
 
 
-# the kernel's warnings filters, applied while this cell's chunks run
-_warning_filters: list[Any] | None = None
-
-
-def _set_warning_filters(frames: list[Any]) -> None:
-    global _warning_filters
+def _set_warning_filters(st: _Session, frames: list[Any]) -> None:
     try:
-        _warning_filters = wire.loads(frames) if frames else None
+        st.warning_filters = wire.loads(frames) if frames else None
     except Exception:  # a filter's category class that cannot load here
-        _warning_filters = None
+        st.warning_filters = None
 
 
-def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
+def _set_up(
+    cell: str, setup: Setup, input_frames: list[Any], kernel: str = ""
+) -> dict[str, Any]:
     """An engine's first chunk of a cell: program, inputs, checks, filters."""
     loaded = load(
         cell,
@@ -185,12 +223,14 @@ def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
         setup["keys"],
         input_frames,
         setup["watch"],
+        kernel,
     )
-    _set_warning_filters(setup.get("warnings") or [])
-    _evict(setup.get("cache_bytes"), keep=set(setup["names"]))
-    loaded["cached"] = {n: k for n, (k, _) in _cache.items()}
+    st = _session(kernel)
+    _set_warning_filters(st, setup.get("warnings") or [])
+    _evict(st.cache, setup.get("cache_bytes"), keep=set(setup["names"]))
+    loaded["cached"] = {n: k for n, (k, _) in st.cache.items()}
     if loaded["missing"]:
-        clear()
+        clear(kernel)
         raise RuntimeError(
             "gpucell: inputs expected in this engine's cache are missing: "
             f"{', '.join(loaded['missing'])}. The cache was reset; run the cell "
@@ -199,13 +239,13 @@ def _set_up(cell: str, setup: Setup, input_frames: list[Any]) -> dict[str, Any]:
     return loaded
 
 
-def _kernel_warning_filters() -> Any:
+def _kernel_warning_filters(st: _Session) -> Any:
     """A ``catch_warnings`` context (entered) holding the kernel's filters: a
     warning the notebook silenced stays silent here."""
     caught = warnings.catch_warnings()
     caught.__enter__()
-    if _warning_filters is not None:
-        warnings.filters[:] = _warning_filters
+    if st.warning_filters is not None:
+        warnings.filters[:] = st.warning_filters
         for name in ("_filters_mutated", "_filters_mutated_lock_held"):
             mutated = getattr(warnings, name, None)
             if mutated is not None:  # drop the per-module "already warned" caches
@@ -397,6 +437,7 @@ def run(
     input_frames: list[Any] | None = None,
     results_to: shm.Channel | None = None,
     budget: float | None = None,
+    kernel: str = "",
 ) -> list[Any]:
     """Run one chunk; return wire frames of ``(status, payload, timing)``.
 
@@ -408,15 +449,17 @@ def run(
     ``results_to`` is the kernel's shared-memory channel: when this engine can see
     it, the result's big buffers go there instead of through the controller.
     ``budget``: a trial chunk starts no iteration after this many seconds of
-    running; ``timing["done"]`` says how many ran.
+    running; ``timing["done"]`` says how many ran.  ``kernel``: whose program and
+    inputs (``gpucell.devices.host.kernel_key``; several kernels may share engines).
     """
     loaded = None
     if setup is not None:
-        loaded = _set_up(cell, setup, input_frames or [])
+        loaded = _set_up(cell, setup, input_frames or [], kernel)
+    st = _session(kernel)
     chunk_obj = wire.loads(chunk_frames, cuda_to=_cuda_target())
-    if cell != _cell:
+    if cell != st.cell:
         raise RuntimeError(
-            f"gpucell: engine has cell {_cell!r} loaded, not {cell!r} "
+            f"gpucell: engine has cell {st.cell!r} loaded, not {cell!r} "
             "(was the engine restarted?)"
         )
     stamps: dict[int, float] = {}
@@ -426,11 +469,11 @@ def run(
     sys.stderr = _Tagged(err, engine_id, stamps)
     t0, c0 = time.time(), time.perf_counter()
     items = None
-    if _watch["items"]:
+    if st.watch["items"]:
         checkin.freeze(chunk_obj)
         items = lambda: chunk_items(chunk_obj)  # noqa: E731
-    checked_in = checkin.snapshot(_inputs, _watch["names"], items)
-    caught = _kernel_warning_filters()
+    checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
+    caught = _kernel_warning_filters(st)
     tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
     to_host = tohost.copier(device)
     behind = writebehind.start(results_to, tag) if to_host is not None else None
@@ -438,8 +481,8 @@ def run(
         to_host.sink = behind.add
     try:
         result = run_chunk(
-            _program,
-            _inputs,
+            st.program,
+            st.inputs,
             chunk_obj,
             start,
             seed_fn=_seeder(seed) if seed is not None else None,
@@ -448,11 +491,11 @@ def run(
             to_host=to_host,
             deadline=None if budget is None else c0 + budget,
         )
-        changed = checkin.changes(checked_in, _inputs, items)
+        changed = checkin.changes(checked_in, st.inputs, items)
         if changed:
             for name, _what in changed:
-                _cache.pop(name, None)  # the next cell gets a fresh copy
-            loaded = {"cached": {n: k for n, (k, _) in _cache.items()}}
+                st.cache.pop(name, None)  # the next cell gets a fresh copy
+            loaded = {"cached": {n: k for n, (k, _) in st.cache.items()}}
             raise checkin.Changed(changed)
         status, payload = "ok", result
     except KeyboardInterrupt:

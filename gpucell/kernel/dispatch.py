@@ -43,7 +43,7 @@ from gpucell.core.states import (
     EngineState,
     RunStatus,
 )
-from gpucell.devices.host import pid_running, process_state
+from gpucell.devices.host import kernel_key, pid_running, process_state
 from gpucell.errors import (
     CellTimeout,
     ClusterStopped,
@@ -390,7 +390,7 @@ class Run:
         for eid in self.sched.alive:
             drop = self.gc.forget_cached(eid, self.drop_inputs)
             try:
-                self.views[eid].apply_async(worker.tidy, drop)
+                self.views[eid].apply_async(worker.tidy, drop, kernel_key())
             except Exception:
                 pass
 
@@ -466,6 +466,7 @@ class Run:
                 input_frames,
                 self.channel,
                 TRIAL_SECONDS if c.trial else None,
+                kernel_key(),
             )
             # a chunk queued behind another waits on the engine, and an engine's
             # first chunk also loads the program and inputs (and the imports they

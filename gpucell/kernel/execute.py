@@ -567,6 +567,7 @@ def _drop_gone_inputs(gc: Any, ns: dict[str, Any]) -> None:
     """Engines forget cached inputs whose name the kernel no longer has (``del
     big``), whichever way the next cell runs (even in the kernel); the kernel
     does not wait."""
+    from gpucell.devices.host import kernel_key
     from gpucell.engine import worker
 
     live = gc.live_ids()
@@ -575,7 +576,7 @@ def _drop_gone_inputs(gc: Any, ns: dict[str, Any]) -> None:
         if not drop:
             continue
         try:
-            gc.view(eid).apply_async(worker.tidy, drop)
+            gc.view(eid).apply_async(worker.tidy, drop, kernel_key())
         except Exception:
             pass
 
