@@ -118,3 +118,29 @@ def test_probe_failures_say_how_to_fix_them(code, stderr, match):
     msg = describe_failure("h", "/x/python", code, stderr)
     assert "Nothing was started" in msg
     assert re.search(match, msg), msg
+
+
+def test_displays_list_this_hosts_engines_first_then_each_hosts_together():
+    from types import SimpleNamespace as E
+
+    from gpucell.core.runstate import EngineProgress, RunSnapshot
+    from gpucell.ui import model
+
+    engines = {
+        0: E(local=False, host="b"),
+        1: E(local=True, host="here"),
+        2: E(local=False, host="a"),
+        3: E(local=False, host="b"),
+        4: E(local=True, host="here"),
+    }
+    assert model.engine_order(engines) == [1, 4, 2, 0, 3]
+    snap = RunSnapshot(
+        total=10,
+        done=0,
+        elapsed=0.0,
+        engines=tuple(
+            EngineProgress(engine=i, host=h, device="CPU", name="CPU", pid=0)
+            for i, h in enumerate(["here", "b", "here", "a", "b"])
+        ),
+    )
+    assert [r.engine for r in model.run_view(snap).rows] == [0, 2, 1, 4, 3]

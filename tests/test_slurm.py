@@ -62,6 +62,22 @@ def _engine_env() -> dict:
     }
 
 
+def _job_engines(job: str) -> list[int]:
+    """Engine processes of Slurm job ``job`` still running on this machine."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "ipyparallel.engine" not in " ".join(p.info["cmdline"] or []):
+                continue
+            if p.environ().get("SLURM_JOB_ID") == job:
+                out.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
 def _wait_no_jobs(slurm, timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while slurm.jobs() and time.monotonic() < deadline:
@@ -93,8 +109,13 @@ def test_two_nodes_of_two_gpus_give_four_pinned_engines_and_stop_cancels_the_job
         "gpu_parallel", "--quiet", "for i in range(40):\n    out.append(i * 3)\n"
     )
     assert ip.user_ns["out"] == [i * 3 for i in range(40)]
+    assert len(_job_engines(job)) >= 4
     ip.run_line_magic("gpu_cluster", "stop")
     assert _wait_no_jobs(slurm, 20) == []
+    deadline = time.monotonic() + 10
+    while _job_engines(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _job_engines(job) == []
 
 
 def test_a_job_slurm_rejects_fails_with_sbatch_reason(ip, slurm, no_active_cluster):
@@ -115,6 +136,7 @@ def test_a_job_that_stays_pending_says_so_and_is_cancelled(
             "--nodes=2",
             "--gpus-per-node=2",
             "--exclusive",
+            "--output=/dev/null",
             "--wrap",
             "sleep 300",
         ],

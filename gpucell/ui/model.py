@@ -319,11 +319,29 @@ def overall_row(snap: RunSnapshot) -> OverallRow:
     return OverallRow(_clamp(snap.fraction) or 0.0, " · ".join(parts), snap.status)
 
 
+def engine_order(engines: dict[int, Any]) -> list[int]:
+    """Engine ids as displays list them: this host's first, then each other
+    host's together (``EngineInfo``-like values: ``local``, ``host``)."""
+    return sorted(
+        engines,
+        key=lambda e: (not getattr(engines[e], "local", True), engines[e].host, e),
+    )
+
+
+def _by_host(engines: Sequence[EngineProgress]) -> list[EngineProgress]:
+    """Each host's engines together, hosts in the order they first appear."""
+    first: dict[str, int] = {}
+    for i, e in enumerate(engines):
+        first.setdefault(e.host, i)
+    return sorted(engines, key=lambda e: first[e.host])
+
+
 def run_view(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> RunView:
-    """The whole display of a running (or finished) cell."""
+    """The whole display of a running (or finished) cell (each host's engines
+    together)."""
     by = samples_by_engine(samples)
     rows = []
-    for e in snap.engines:
+    for e in _by_host(snap.engines):
         load = _load(by.get(e.engine))
         # telemetry sees a vanished process before the dispatcher's next poll
         state = DEAD if load.dead else _state(e, snap.status)

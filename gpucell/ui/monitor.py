@@ -201,7 +201,7 @@ class DeviceMonitor:
     def refresh(self) -> None:
         """Sample once and redraw the rows (what the thread does each period)."""
         samples = list(self.telemetry.sample()) if self.telemetry else []
-        engines = [self.gc.engines[e] for e in sorted(self.gc.engines)]
+        engines = [self.gc.engines[e] for e in model.engine_order(self.gc.engines)]
         rows = model.monitor_rows(engines, samples)
         self._hosts = model.host_loads(rows)
         self._apply(self.table.changes(rows))
@@ -218,6 +218,7 @@ class DeviceMonitor:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         data = dict(self.widget._repr_mimebundle_(**kwargs))
-        rows = model.monitor_rows([self.gc.engines[e] for e in sorted(self.gc.engines)])
+        order = model.engine_order(self.gc.engines)
+        rows = model.monitor_rows([self.gc.engines[e] for e in order])
         data["text/plain"] = "gpucell monitor: " + ", ".join(r.label for r in rows)
         return data

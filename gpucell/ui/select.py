@@ -96,7 +96,7 @@ class DeviceSelector:
         check = w.Layout(width=px(W_LABEL + CHECK_W), margin=f"0 {GAP}px 0 0")
         rows = []
         sel = gc.selected
-        for eid in sorted(gc.engines):
+        for eid in model.engine_order(gc.engines):
             cb = w.Checkbox(
                 value=sel is None or eid in sel, indent=False, layout=check, tooltip=""
             )
@@ -149,7 +149,7 @@ class DeviceSelector:
         dead = set(getattr(self.gc, "dead", ()) or ())
         return [
             e
-            for e in sorted(self.gc.engines)
+            for e in model.engine_order(self.gc.engines)
             if e not in dead and getattr(self.gc.engines[e], "state", "") != "dead"
         ]
 
@@ -196,7 +196,7 @@ class DeviceSelector:
     def refresh(self) -> None:
         """Redraw labels and loads; follow selection changes made elsewhere."""
         samples = list(self.telemetry.sample()) if self.telemetry else []
-        engines = [self.gc.engines[e] for e in sorted(self.gc.engines)]
+        engines = [self.gc.engines[e] for e in model.engine_order(self.gc.engines)]
         rows = {r.engine: r for r in model.monitor_rows(engines, samples)}
         with self._lock:
             sel = self.gc.selected
