@@ -51,7 +51,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,7 +66,6 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "multinode.json"
-SSHD = "/usr/sbin/sshd"
 HOSTS = ("node2", "node3")
 GONE_TIMEOUT = 60.0
 
@@ -75,12 +73,6 @@ GONE_TIMEOUT = 60.0
 # --------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(ok: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:
@@ -138,118 +130,17 @@ def summary(xs: list[float]) -> dict | None:
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class SshHost:
-    """One sshd in its own UTS, pid and mount namespaces."""
-
-    name: str
-    port: int
-    proc: subprocess.Popen
-    ns: str = ""  # its pid namespace, /proc/PID/ns/pid
-
-    def engines(self) -> list[int]:
-        """Host pids of ipyparallel engines running inside this host."""
-        out = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if os.readlink(f"/proc/{p.pid}/ns/pid") != self.ns:
-                    continue
-            except OSError:
-                continue
-            if "ipyparallel.engine" in " ".join(p.info["cmdline"] or []):
-                out.append(p.pid)
-        return out
-
-
-def ssh_missing() -> str | None:
-    if not os.path.exists(SSHD) or shutil.which("ssh") is None:
-        return "needs OpenSSH's sshd and ssh (Debian: openssh-server)"
-    if os.geteuid() != 0:
-        return "needs root (sshd, unshare)"
-    if shutil.which("unshare") is None:
-        return "needs util-linux's unshare"
-    return None
-
-
-def start_ssh_hosts(d: Path, names: tuple[str, ...]) -> tuple[Path, list[SshHost]]:
-    """An sshd per name, in its own namespaces, and one ssh_config naming them all
-    (as tests/test_ssh_start.py's ``node`` fixture, once per host)."""
-    for key in ("hostkey", "userkey"):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)],
-            check=True,
-        )
-    (d / "authorized_keys").write_text((d / "userkey.pub").read_text())
-    Path("/run/sshd").mkdir(exist_ok=True)
-    hosts: list[SshHost] = []
-    cfg = ""
-    try:
-        for name in names:
-            port = free_port()
-            hosts.append(_start_sshd(d, name, port))
-            cfg += (
-                f"Host {name}\n  HostName 127.0.0.1\n  Port {port}\n  User root\n"
-                f"  UserKnownHostsFile {d}/known_hosts\n"
-                "  StrictHostKeyChecking accept-new\n  IdentitiesOnly yes\n"
-                f"  IdentityFile {d}/userkey\n"
-            )
-    except BaseException:
-        stop_ssh_hosts(hosts)
-        raise
-    (d / "ssh_config").write_text(cfg)
-    return d / "ssh_config", hosts
-
-
-def _start_sshd(d: Path, name: str, port: int) -> SshHost:
-    conf = d / f"sshd_config-{name}"
-    conf.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/hostkey\n"
-        f"AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-        "StrictModes no\nUsePAM no\nSubsystem sftp /usr/lib/openssh/sftp-server\n"
-        f"PidFile {d}/sshd-{name}.pid\n"
-    )
-    script = (
-        f"mount -t tmpfs -o size=2g tmpfs /dev/shm && hostname {name} && "
-        f"exec {SSHD} -D -f {conf} -E {d}/sshd-{name}.log"
-    )
-    cmd = ["unshare", "--uts", "--pid", "--mount", "--fork", "--kill-child"]
-    cmd += ["--mount-proc", "sh", "-c", script]
-    host = SshHost(name, port, subprocess.Popen(cmd, start_new_session=True))
-
-    def up() -> bool:
-        if host.proc.poll() is not None:
-            raise RuntimeError(f"sshd {name} exited: {_tail(d / f'sshd-{name}.log')}")
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        return False
-
-    if not wait_for(up, 15):
-        stop_ssh_hosts([host])
-        log = _tail(d / f"sshd-{name}.log")
-        raise RuntimeError(f"sshd {name} did not listen: {log}")
-    child = psutil.Process(host.proc.pid).children()[0]
-    host.ns = os.readlink(f"/proc/{child.pid}/ns/pid")
-    return host
-
-
-def stop_ssh_hosts(hosts: list[SshHost]) -> None:
-    """SIGKILL each ``unshare --kill-child``: its pid namespace goes with it."""
-    for h in hosts:
-        if h.proc.poll() is None:
-            h.proc.send_signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            h.proc.wait(10)
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-1000:] if path.exists() else ""
+# the namespaced sshd hosts and the Slurm are the tests' own (tests/ssh_hosts.py,
+# tests/slurm_cluster.py): the bench measures on the servers the tests use
+sys.path.insert(0, str(ROOT / "tests"))
+from ssh_hosts import SshHost  # noqa: E402
+from ssh_hosts import missing as ssh_missing  # noqa: E402
+from ssh_hosts import start_hosts as start_ssh_hosts  # noqa: E402
+from ssh_hosts import stop_hosts as stop_ssh_hosts  # noqa: E402
 
 
 def start_slurm(root: Path) -> Any:
     """tests/slurm_cluster.py's Slurm, with ``SLURM_CONF`` exported."""
-    sys.path.insert(0, str(ROOT / "tests"))
     import slurm_cluster
 
     why = slurm_cluster.missing()
@@ -324,7 +215,7 @@ def _gpucell_stop_quietly() -> None:
 
 
 def _hostname() -> str:
-    import socket
+    import socket  # runs on the engine
 
     return socket.gethostname()
 

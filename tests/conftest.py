@@ -134,3 +134,14 @@ def ipcluster(tmp_path):
             os.environ.pop("IPYTHONDIR", None)
         else:
             os.environ["IPYTHONDIR"] = old
+
+
+@pytest.fixture
+def channel(tmp_path):
+    """A kernel's /dev/shm channel in a folder of the test's own."""
+    from gpucell.cluster import shm_channel
+
+    ch = shm_channel.open_channel(str(tmp_path))
+    assert ch is not None
+    yield ch
+    shm_channel.close_channel(ch)

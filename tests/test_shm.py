@@ -22,14 +22,6 @@ from gpucell.protocol import shm, wire
 MiB = 1 << 20
 
 
-@pytest.fixture
-def channel(tmp_path):
-    ch = shm_channel.open_channel(str(tmp_path))
-    assert ch is not None
-    yield ch
-    shm_channel.close_channel(ch)
-
-
 def files(ch) -> list[str]:
     return sorted(n for n in os.listdir(ch.directory) if ch.token in n)
 

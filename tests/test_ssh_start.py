@@ -10,9 +10,6 @@ openssh-server (``.ci/run`` installs it); skipped with the reason elsewhere.
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
+import ssh_hosts
 from IPython.core.error import UsageError
 
 import gpucell
@@ -30,113 +27,29 @@ from gpucell import config as gconfig
 
 pytestmark = pytest.mark.cluster
 
-SSHD = "/usr/sbin/sshd"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @dataclass
 class Node:
-    """The namespaced sshd: ``ssh -F config node2`` logs in there."""
+    """The namespaced sshd (tests/ssh_hosts.py): ``ssh -F config node2`` logs in
+    there; ``refused`` and ``deadhost`` in the same config fail."""
 
     config: Path
-    ns: str  # its pid namespace (``/proc/PID/ns/pid``)
-    root: Path
+    host: ssh_hosts.SshHost
 
     def engines(self) -> list[int]:
-        """Host pids of engine processes (engines and their nannies) running
-        inside the node."""
-        out = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if os.readlink(f"/proc/{p.pid}/ns/pid") != self.ns:
-                    continue
-            except OSError:
-                continue
-            if "ipyparallel.engine" in " ".join(p.info["cmdline"] or []):
-                out.append(p.pid)
-        return out
-
-
-def _needs() -> str | None:
-    if not os.path.exists(SSHD) or shutil.which("ssh") is None:
-        return "needs OpenSSH's sshd and ssh (Debian: openssh-server)"
-    if os.geteuid() != 0:
-        return "needs root (sshd, and unshare for the node's namespaces)"
-    if shutil.which("unshare") is None:
-        return "needs util-linux's unshare"
-    return None
+        return self.host.engines()
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory) -> Iterator[Node]:
-    why = _needs()
+    why = ssh_hosts.missing()
     if why:
         pytest.skip(why)
-    d = tmp_path_factory.mktemp("node2")
-    for name in ("hostkey", "userkey", "otherkey"):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)],
-            check=True,
-        )
-    (d / "authorized_keys").write_text((d / "userkey.pub").read_text())
-    port, closed = _free_port(), _free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/hostkey\n"
-        f"AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-        "StrictModes no\nUsePAM no\nSubsystem sftp /usr/lib/openssh/sftp-server\n"
-        f"PidFile {d}/sshd.pid\n"
-    )
-    common = (
-        f"  HostName 127.0.0.1\n  User root\n  UserKnownHostsFile {d}/known_hosts\n"
-        "  StrictHostKeyChecking accept-new\n  IdentitiesOnly yes\n"
-    )
-    (d / "ssh_config").write_text(
-        f"Host node2\n{common}  Port {port}\n  IdentityFile {d}/userkey\n"
-        f"Host refused\n{common}  Port {port}\n  IdentityFile {d}/otherkey\n"
-        f"Host deadhost\n{common}  Port {closed}\n  IdentityFile {d}/userkey\n"
-    )
-    Path("/run/sshd").mkdir(exist_ok=True)
-    script = (
-        "mount -t tmpfs -o size=2g tmpfs /dev/shm && hostname node2 && "
-        f"exec {SSHD} -D -f {d}/sshd_config -E {d}/log"
-    )
-    proc = subprocess.Popen(
-        [
-            "unshare",
-            "--uts",
-            "--pid",
-            "--mount",
-            "--fork",
-            "--kill-child",
-            "--mount-proc",
-            "sh",
-            "-c",
-            script,
-        ],
-        start_new_session=True,
-    )
+    config, hosts = ssh_hosts.start_hosts(tmp_path_factory.mktemp("node2"), ("node2",))
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    log = (d / "log").read_text() if (d / "log").exists() else ""
-                    pytest.fail(f"the node's sshd did not start: {log}")
-                time.sleep(0.1)
-        child = psutil.Process(proc.pid).children()[0]
-        yield Node(d / "ssh_config", os.readlink(f"/proc/{child.pid}/ns/pid"), d)
+        yield Node(config, hosts[0])
     finally:
-        proc.send_signal(signal.SIGKILL)  # --kill-child: the namespace goes with it
-        proc.wait(10)
+        ssh_hosts.stop_hosts(hosts)
 
 
 @pytest.fixture

@@ -9,10 +9,8 @@ from __future__ import annotations
 import errno
 import os
 
-import pytest
 import torch
 
-from gpucell.cluster import shm_channel
 from gpucell.engine import writebehind
 from gpucell.protocol import shm, wire
 
@@ -27,14 +25,6 @@ class Landed:
 
     def synchronize(self) -> None:
         self.waited += 1
-
-
-@pytest.fixture
-def channel(tmp_path):
-    ch = shm_channel.open_channel(str(tmp_path))
-    assert ch is not None
-    yield ch
-    shm_channel.close_channel(ch)
 
 
 def files(ch) -> list[str]:

@@ -20,18 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucell.errors import ClusterError
+from gpucell.protocol.devices import THREAD_ENV_VARS
 
 __all__ = ["SlurmRequest", "batch_template", "start_slurm_engines", "wait_for_job"]
-
-#: engine variables every srun task gets (the boot step reads them)
-_THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "GPUCELL_NUM_THREADS",
-)
 
 
 @dataclass(frozen=True)
@@ -93,7 +84,7 @@ def start_slurm_engines(
 
     env = {
         "GPUCELL_PIN_BY_RANK": "1",
-        "GPUCELL_THREAD_VARS": ",".join(_THREAD_VARS),
+        "GPUCELL_THREAD_VARS": ",".join(THREAD_ENV_VARS),
         "GPUCELL_PREIMPORT": "numpy",
         # the task's parent is slurmstepd, which lives as long as the job step
     }
