@@ -133,7 +133,7 @@ def _last(text: str) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def remote_env(spec: EngineSpec, base: dict[str, str]) -> dict[str, str]:
+def remote_env(base: dict[str, str]) -> dict[str, str]:
     """A remote engine's environment: not tied to a parent there (the ssh
     receiver that starts it exits at once), its affinity applied by boot."""
     env = dict(base)
@@ -165,7 +165,7 @@ def start_remote_engines(
                     1,
                     engine_set_id=spec.label.replace("/", "-"),
                     engines={plan.dest: {"n": 1, "to_send": []}},
-                    environment=remote_env(spec, env_for(spec)),
+                    environment=remote_env(env_for(spec)),
                     engine_args=list(engine_args),
                     ssh_args=list(args),
                     scp_args=list(args),

@@ -132,11 +132,12 @@ def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
     kernel no longer holds (``drop``) and what this cell left behind (its
     program's namespace, reference cycles, cached CUDA blocks), so the memory
     returns now rather than when the next collection happens to run."""
-    s = _session(kernel)
-    for name in drop or ():
-        s.cache.pop(name, None)
-    s.inputs.clear()
-    s.program = None
+    s = _sessions.get(kernel)  # none: nothing of this kernel's is left here
+    if s is not None:
+        for name in drop or ():
+            s.cache.pop(name, None)
+        s.inputs.clear()
+        s.program = None
     import gc
 
     gc.collect()
