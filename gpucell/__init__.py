@@ -73,6 +73,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the panel's prebuilt extension (``pip install``
+    puts it in ``share/jupyter/labextensions/gpucell`` too)."""
+    return [{"src": "labextension/prebuilt", "dest": "gpucell"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpucell``: register the magics (loading twice is harmless)."""
     from gpucell.kernel.magics import load

@@ -23,6 +23,8 @@ STRICT = [
     "gpucell/protocol/fold.py",
     "gpucell/protocol/telemetry.py",
     "gpucell/protocol/devices.py",
+    "gpucell/protocol/panel.py",
+    "gpucell/ui/panel_state.py",
 ]
 
 

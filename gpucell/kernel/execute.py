@@ -699,6 +699,7 @@ def _run_with_display(
     on_chunk: Any = None,
 ) -> list[Any]:
     """The dispatcher's run, watched by the live display (widget or text line)."""
+    from gpucell.kernel import panel
     from gpucell.kernel.dispatch import run_chunks
     from gpucell.kernel.telemetry import for_cluster
     from gpucell.ui.model import initial_snapshot
@@ -708,10 +709,13 @@ def _run_with_display(
     tele = None if quiet else for_cluster(gc, targets)
     display = make_progress(shell, first, tele, quiet)
     last = [first]
+    panel.run_started(tele)
+    panel.run_progress(first)
 
     def on_progress(snap: Any) -> None:
         last[0] = snap
         display.update(snap)
+        panel.run_progress(snap)
 
     try:
         return run_chunks(
@@ -738,6 +742,7 @@ def _run_with_display(
         )
     finally:
         display.close(last[0])
+        panel.run_ended(last[0])
         if tele is not None:
             tele.close()
 

@@ -267,11 +267,17 @@ def load(ipython: Any) -> None:
     from gpucell.kernel.parallel_magic import GpuParallelMagics
 
     ipython.register_magics(GpuParallelMagics)
+    from gpucell.kernel import panel
+
+    panel.install(ipython)
 
 
 def unload(ipython: Any) -> None:
     import sys
 
+    from gpucell.kernel import panel
+
+    panel.uninstall()
     cluster = sys.modules.get("gpucell.cluster.lifecycle")
     if cluster is not None:
         cluster.stop()

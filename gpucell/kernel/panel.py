@@ -1,0 +1,322 @@
+"""The kernel's end of the JupyterLab panel: one comm, state pushed, requests served.
+
+``%load_ext gpucell`` registers the comm target (the panel opens a comm when it
+attaches to this kernel) and opens one itself (for a panel that attached before
+gpucell was loaded).  A daemon thread builds the panel's state twice a second
+(:mod:`gpucell.ui.panel_state`) and sends it only when it changed, so an idle
+notebook sends nothing; it never touches the ipyparallel client, which belongs
+to the main thread.  Requests (select, start, stop) run in the main thread, as
+comm messages are handled there, through the code the magics use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import threading
+from typing import Any
+
+from gpucell.protocol import panel as schema
+from gpucell.ui import panel_state
+
+__all__ = [
+    "PanelEndpoint",
+    "install",
+    "run_ended",
+    "run_progress",
+    "run_started",
+    "uninstall",
+]
+
+#: seconds between two looks at the state (2 Hz while something changes)
+PERIOD = 0.5
+
+_endpoint: PanelEndpoint | None = None
+
+
+def _cluster() -> Any:
+    mod = sys.modules.get("gpucell.cluster.lifecycle")
+    return None if mod is None else mod.current_or_none()
+
+
+def _connection(gc: Any) -> dict[str, Any]:
+    engines = list(gc.engines.values())
+    cluster = getattr(gc, "cluster", None)
+    profile = getattr(cluster, "profile", None) or None
+    launcher = str(getattr(cluster, "engine_launcher_class", "") or "")
+    if not gc.owned:
+        kind = "connected"
+    elif "slurm" in launcher.lower():
+        kind = "slurm"
+    elif any(not e.local for e in engines):
+        kind = "ssh"
+    else:
+        kind = "local"
+    return panel_state.connection_view(kind, engines, profile, "")
+
+
+class PanelEndpoint:
+    """Every open panel comm of this kernel, and the thread that feeds them."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.comms: list[Any] = []
+        self.seq = 0
+        self.errors = 0
+        self._last_sent = ""
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._run_snap: Any = None
+        self._run_tele: Any = None
+        self._tele: Any = None  # between cells: the cluster's own telemetry
+        self._tele_of: Any = None
+        self._last: tuple[Any, ...] = ()
+        self._last_view: dict[str, Any] | None = None
+        self._runs = 0
+        self._thread = threading.Thread(
+            target=self._loop, name="gpucell-panel", daemon=True
+        )
+
+    # ------------------------------------------------------------ comms
+
+    def start(self) -> None:
+        from comm import create_comm, get_comm_manager
+
+        get_comm_manager().register_target(schema.TARGET, self._on_open)
+        self._thread.start()
+        # a panel that attached before gpucell was loaded is told now
+        try:
+            c = create_comm(target_name=schema.TARGET, data=self._first_state())
+        except Exception:
+            self.errors += 1
+        else:
+            self._add(c)
+
+    def _on_open(self, comm: Any, msg: Any) -> None:
+        self._add(comm)
+        self.send(force=True)
+
+    def _add(self, comm: Any) -> None:
+        comm.on_msg(lambda msg: self._on_msg(comm, msg))
+        comm.on_close(lambda msg: self._drop(comm))
+        with self._lock:
+            self.comms.append(comm)
+        self._wake.set()
+
+    def _drop(self, comm: Any) -> None:
+        with self._lock:
+            if comm in self.comms:
+                self.comms.remove(comm)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            comms, self.comms = self.comms, []
+        for c in comms:
+            with contextlib.suppress(Exception):
+                c.close()
+        with contextlib.suppress(Exception):
+            from comm import get_comm_manager
+
+            get_comm_manager().unregister_target(schema.TARGET, self._on_open)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(2.0)
+        self._close_tele()
+
+    # ------------------------------------------------------------ state
+
+    def _samples(self, gc: Any) -> list[Any]:
+        """Engines on this host measured by the panel's own telemetry (its own
+        psutil handles: sampling the run's would halve the widget's CPU
+        intervals); engines elsewhere from what the running cell's dispatcher
+        collected (they publish only while they run a task)."""
+        key = (id(gc), tuple(sorted(gc.engines)))
+        if self._tele_of != key:
+            self._close_tele()
+            from gpucell.kernel.telemetry import for_cluster
+
+            self._tele, self._tele_of = for_cluster(gc), key
+        run_tele = self._run_tele
+        remote = run_tele.remote if run_tele is not None else self._tele.remote
+        return sorted(
+            list(self._tele.local.sample()) + list(remote.sample()),
+            key=lambda s: s.engine,
+        )
+
+    def _close_tele(self) -> None:
+        tele, self._tele, self._tele_of = self._tele, None, None
+        if tele is not None:
+            with contextlib.suppress(Exception):
+                tele.close()
+
+    def _last_run_view(self) -> dict[str, Any] | None:
+        gpucell = sys.modules.get("gpucell")
+        rec = getattr(gpucell, "last_run", None)
+        if rec is None or rec.status == "running":
+            return self._last_view
+        key = (id(rec), rec.status, len(rec.chunks))
+        if key != self._last:
+            self._runs += 1
+            self._last = key
+            self._last_view = panel_state.last_view(self._runs, rec)
+        return self._last_view
+
+    def state(self) -> dict[str, Any]:
+        """The whole state now, as one ``state`` message (seq not yet set)."""
+        gc = _cluster()
+        snap = self._run_snap
+        cluster = run = None
+        if gc is not None and not getattr(gc, "stopping", False):
+            samples: list[Any] = []
+            try:
+                samples = self._samples(gc)
+            except Exception:  # telemetry never breaks the panel
+                self.errors += 1
+            engines = list(gc.engines.values())
+            cluster = panel_state.cluster_view(
+                engines, _connection(gc), gc.selected, samples, snap
+            )
+        elif self._tele is not None:
+            self._close_tele()
+        if snap is not None:
+            run = panel_state.run_view(snap)
+        return panel_state.state_message(self.seq, cluster, run, self._last_run_view())
+
+    def _first_state(self) -> dict[str, Any]:
+        with self._lock:
+            self.seq += 1
+            return {**self.state(), "seq": self.seq}
+
+    def send(self, force: bool = False) -> bool:
+        """Send the state if it changed since the last send (or ``force``)."""
+        with self._lock:
+            if not self.comms:
+                return False
+            msg = self.state()
+            body = json.dumps({**msg, "seq": 0}, sort_keys=True)
+            if body == self._last_sent and not force:
+                return False
+            self._last_sent = body
+            self.seq += 1
+            msg["seq"] = self.seq
+            for c in list(self.comms):
+                try:
+                    c.send(msg)
+                except Exception:
+                    self.errors += 1
+                    self._drop(c)
+            return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(PERIOD)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.send()
+            except Exception:
+                self.errors += 1
+
+    # ------------------------------------------------------------ a cell's run
+
+    # plain assignments, no lock: the dispatcher's thread never waits on the
+    # panel's sampling
+
+    def run_started(self, tele: Any) -> None:
+        self._run_tele = tele
+        self._run_snap = None
+
+    def run_progress(self, snap: Any) -> None:
+        self._run_snap = snap
+
+    def run_ended(self, snap: Any) -> None:
+        self._run_snap = snap
+        self._run_tele = None
+        self._wake.set()
+
+    # ------------------------------------------------------------ requests
+
+    def _on_msg(self, comm: Any, msg: Any) -> None:
+        data = (msg or {}).get("content", {}).get("data", {})
+        problems = schema.validate(data)
+        if problems:
+            return  # a panel of another version: nothing to act on
+        kind = data["type"]
+        if kind == "hello":
+            self.send(force=True)
+            return
+        if kind not in schema.REQUESTS:
+            return
+        ok, text = self._serve(kind, data)
+        with contextlib.suppress(Exception):
+            comm.send(schema.reply(kind, ok, text))
+        self.send(force=True)
+
+    def _serve(self, kind: str, data: dict[str, Any]) -> tuple[bool, str]:
+        """Run the request through the magic's own code; its output is the reply."""
+        if kind == "select":
+            engines = data["engines"]
+            line = (
+                "select all"
+                if engines is None
+                else "select " + ",".join(str(int(e)) for e in engines)
+            )
+        elif kind == "start":
+            line = ("start " + data["args"]).strip()
+        else:
+            line = "stop"
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                self.shell.run_line_magic("gpu_cluster", line)
+        except BaseException as e:  # UsageError, KeyboardInterrupt: said, not raised
+            text = out.getvalue().strip()
+            return False, (text + "\n" if text else "") + f"{type(e).__name__}: {e}"
+        return True, out.getvalue().strip() or f"%gpu_cluster {line}: done"
+
+
+# ---------------------------------------------------------------- module API
+
+
+def install(shell: Any) -> PanelEndpoint | None:
+    """Start the panel's endpoint in an ipykernel (a no-op in a terminal)."""
+    global _endpoint
+    if _endpoint is not None:
+        return _endpoint
+    if getattr(shell, "kernel", None) is None:
+        return None
+    ep = PanelEndpoint(shell)
+    try:
+        ep.start()
+    except Exception:  # no comm support: the panel is optional
+        ep.close()
+        return None
+    _endpoint = ep
+    return ep
+
+
+def uninstall() -> None:
+    global _endpoint
+    ep, _endpoint = _endpoint, None
+    if ep is not None:
+        ep.close()
+
+
+def run_started(tele: Any) -> None:
+    if _endpoint is not None:
+        _endpoint.run_started(tele)
+
+
+def run_progress(snap: Any) -> None:
+    if _endpoint is not None:
+        _endpoint.run_progress(snap)
+
+
+def run_ended(snap: Any) -> None:
+    if _endpoint is not None:
+        _endpoint.run_ended(snap)

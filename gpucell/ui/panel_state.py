@@ -1,0 +1,165 @@
+"""What the JupyterLab panel shows, as the JSON of :mod:`gpucell.protocol.panel`.
+
+The panel renders strings made here, by the same formatting as the in-cell widget
+(:mod:`gpucell.ui.model`), so the two never disagree and the TypeScript side stays
+a thin renderer.  Pure: engine records, telemetry samples and run snapshots in,
+plain dicts out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gpucell.core.runstate import DEAD, RunSnapshot
+from gpucell.protocol.panel import VERSION
+from gpucell.ui import model
+
+__all__ = [
+    "NO_CLUSTER",
+    "cluster_view",
+    "connection_view",
+    "last_view",
+    "run_view",
+    "state_message",
+    "status_text",
+]
+
+NO_CLUSTER = "gpucell: no cluster"
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def connection_view(
+    kind: str, engines: Sequence[Any], profile: str | None, description: str
+) -> dict[str, Any]:
+    """Where the cluster is: ``kind`` (local, ssh, slurm or connected), its hosts
+    in display order (this host first) and one line of text."""
+    hosts: list[str] = []
+    for eid in model.engine_order({int(e.id): e for e in engines}):
+        host = next(e.host for e in engines if int(e.id) == eid)
+        if host not in hosts:
+            hosts.append(host)
+    text = description or (
+        f"{_plural(len(engines), 'engine')} on {', '.join(hosts) or 'no host'}"
+    )
+    if profile:
+        text += f" (profile {profile})"
+    return {"kind": kind, "text": text, "profile": profile, "hosts": hosts}
+
+
+def _device(row: model.DeviceRow, selected: Sequence[int] | None) -> dict[str, Any]:
+    eid = int(row.engine) if row.engine is not None else -1
+    return {
+        "engine": eid,
+        "host": row.host,
+        "label": row.label,
+        "state": row.state,
+        "color": row.color,
+        "selected": selected is None or eid in selected,
+        "util": row.util,
+        "util_text": row.util_text,
+        "mem": row.mem,
+        "mem_text": row.mem_text,
+        "extra": row.extra,
+        "note": row.note,
+        "done_text": row.done_text,
+    }
+
+
+def cluster_view(
+    engines: Sequence[Any],
+    connection: dict[str, Any],
+    selected: Sequence[int] | None,
+    samples: Iterable[Any] | None = None,
+    snap: RunSnapshot | None = None,
+) -> dict[str, Any]:
+    """One row per engine (``EngineInfo``-like), this host's first, then each
+    host's together; a running cell's rows carry its progress."""
+    samples = list(samples or ())
+    by_id = {int(e.id): e for e in engines}
+    order = model.engine_order(by_id)
+    rows = {
+        r.engine: r
+        for r in model.monitor_rows([by_id[i] for i in order], samples)
+        if r.engine is not None
+    }
+    if snap is not None and snap.status == "running":
+        for r in model.run_view(snap, samples).rows:
+            if r.engine is not None and r.engine in rows:
+                rows[r.engine] = r
+    sel = None if selected is None else [int(i) for i in selected]
+    return {
+        "connection": connection,
+        "selected": sel,
+        "devices": [_device(rows[i], sel) for i in order if i in rows],
+    }
+
+
+def status_text(cluster: dict[str, Any] | None) -> str:
+    """``gpucell: 4 GPUs · 2 hosts · 63% busy`` (``– busy`` when unknown)."""
+    if cluster is None:
+        return NO_CLUSTER
+    devices = [d for d in cluster["devices"] if d["state"] != DEAD]
+    gpus = sum(1 for d in devices if " GPU " in f" {d['label']} ")
+    cpus = len(devices) - gpus
+    parts = []
+    if gpus:
+        parts.append(_plural(gpus, "GPU"))
+    if cpus or not gpus:
+        parts.append(_plural(cpus, "CPU engine"))
+    what = " + ".join(parts)
+    hosts = _plural(len(cluster["connection"]["hosts"]), "host")
+    utils = [d["util"] for d in devices if d["util"] is not None]
+    busy = f"{100 * sum(utils) / len(utils):.0f}%" if utils else model.NA
+    dead = len(cluster["devices"]) - len(devices)
+    tail = f" · {dead} dead" if dead else ""
+    return f"gpucell: {what} · {hosts} · {busy} busy{tail}"
+
+
+def run_view(snap: RunSnapshot) -> dict[str, Any]:
+    overall = model.overall_row(snap)
+    return {
+        "total": snap.total,
+        "done": snap.done,
+        "elapsed": round(snap.elapsed, 3),
+        "eta": None if snap.eta is None else round(snap.eta, 3),
+        "status": snap.status,
+        "text": overall.text,
+    }
+
+
+def last_view(run_id: int, last_run: Any) -> dict[str, Any]:
+    """The last finished run: its summary lines and its timeline as SVG."""
+    lines = [ln for ln in str(last_run.summary()).splitlines() if ln.strip()]
+    lines += [f"error: {e}" for e in getattr(last_run, "errors", ())[:3]]
+    svg: str | None
+    try:
+        svg = last_run.timeline().svg() if getattr(last_run, "chunks", None) else None
+    except Exception:  # a picture never stops the panel
+        svg = None
+    return {
+        "id": run_id,
+        "status": str(last_run.status),
+        "lines": lines,
+        "timeline_svg": svg,
+    }
+
+
+def state_message(
+    seq: int,
+    cluster: dict[str, Any] | None,
+    run: dict[str, Any] | None,
+    last: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "type": "state",
+        "seq": seq,
+        "status": status_text(cluster),
+        "cluster": cluster,
+        "run": run,
+        "last": last,
+    }
