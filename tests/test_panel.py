@@ -317,7 +317,11 @@ def test_the_panel_follows_the_kernel_and_acts_through_the_magics(kernel):
         lambda s: s["cluster"] is None and s["seq"] > before,
         what="no cluster after stop",
     )
-    assert kernel.replies[-1]["request"] == "stop" and kernel.replies[-1]["ok"]
+    deadline = time.monotonic() + 20
+    while not any(r["request"] == "stop" for r in kernel.replies):
+        assert time.monotonic() < deadline
+        kernel.drain(0.2)
+    assert [r["ok"] for r in kernel.replies if r["request"] == "stop"] == [True]
 
 
 @pytest.mark.cluster
