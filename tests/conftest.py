@@ -10,6 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# the browser tests' fixtures (module-scoped: a Lab server and a browser per module)
+from lab_browser import chromium, lab, page  # noqa: E402, F401
+
 import gpucell
 import gpucell.cluster.lifecycle as gc_mod
 

@@ -20,31 +20,20 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from lab_browser import ERROR_RE, SHOTS, Cells, dump, poll, shot, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "build" / "browser"
 NOTEBOOK = "gpucell_browser.ipynb"
 
 #: iterations of the long cell, and seconds each: 2 engines -> about 10 s
 N_ITER, ITER_S = 40, 0.5
 #: DOM poll period while the long cell runs
 POLL_S = 0.2
-
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
 
 # The notebook, one entry per cell; the test refers to cells by these names.
 CELLS = {
@@ -126,146 +115,38 @@ PROBE_SELECTOR = """
 """
 
 
-# ----------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Debian's chromium and Playwright, or a skip saying which is missing.
-
-    Checked before the Lab server starts, so a machine without them skips at once.
-    """
-    pytest.importorskip("playwright.sync_api", reason="needs playwright (test extra)")
-    pytest.importorskip("jupyterlab", reason="needs jupyterlab (test extra)")
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip(
-        "needs Debian's chromium on PATH (apt-get install chromium; .ci/run does); "
-        "Playwright's own browser downloads are not used"
-    )
-
-
-@pytest.fixture(scope="module")
-def lab(chromium: str, tmp_path_factory: pytest.TempPathFactory):
-    from lab_server import LabServer
-
-    server = LabServer(tmp_path_factory.mktemp("lab")).start()
-    try:
-        yield server
-    finally:
-        stragglers = server.stop()
-        assert not stragglers, (
-            f"processes outlived the Lab server's shutdown by 10 s: {stragglers}"
-        )
-
-
-@pytest.fixture(scope="module")
-def page(chromium: str, lab):
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=chromium,
-            headless=True,
-            # Playwright gives each launch a fresh --user-data-dir of its own
-            args=CHROMIUM_FLAGS,
-        )
-        try:
-            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-            pg = ctx.new_page()
-            pg.set_default_timeout(30_000)
-            yield pg
-        finally:
-            browser.close()
-
-
 # ------------------------------------------------------------------ helpers
 
 
 def _write_notebook(root: Path) -> None:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3 (ipykernel)",
-        "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS.values()]
-    nbformat.write(nb, root / NOTEBOOK)
+    write_notebook(root / NOTEBOOK, CELLS)
 
 
 def _cell(page, name: str):
-    return page.locator(".jp-Notebook .jp-CodeCell").nth(INDEX[name])
+    return Cells(page, CELLS).cell(name)
 
 
 def _prompt(page, name: str) -> str:
-    return _cell(page, name).locator(".jp-InputPrompt").inner_text().strip()
+    return Cells(page, CELLS).prompt(name)
 
 
 def _run(page, name: str) -> None:
-    """Select the cell (command mode) and run it with Shift+Enter."""
-    cell = _cell(page, name)
-    cell.scroll_into_view_if_needed()
-    cell.locator(".jp-InputPrompt").click()
-    page.keyboard.press("Escape")  # command mode, whatever had focus
-    page.keyboard.press("Shift+Enter")
+    Cells(page, CELLS).run(name)
 
 
 def _wait_done(page, name: str, timeout: float = 60.0) -> str:
-    """Wait for the cell's prompt to show an execution count; return its text."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.fullmatch(r"\[\d+\]:", _prompt(page, name)):
-            return _output_text(page, name)
-        time.sleep(0.1)
-    _shot(page, f"timeout-{name}")
-    raise AssertionError(
-        f"cell {name!r} still not done after {timeout} s; prompt "
-        f"{_prompt(page, name)!r}; output:\n{_output_text(page, name)}"
-    )
+    return Cells(page, CELLS).wait_done(name, timeout)
 
 
 def _output_text(page, name: str) -> str:
-    out = _cell(page, name).locator(".jp-OutputArea")
-    return out.inner_text() if out.count() else ""
-
-
-#: how IPython's tracebacks and usage errors start, as Lab renders them
-ERROR_RE = re.compile(r"Traceback \(most recent call last\)|^\w*Error: ", re.M)
+    return Cells(page, CELLS).output_text(name)
 
 
 def _assert_no_error(name: str, text: str) -> None:
     assert not ERROR_RE.search(text), f"cell {name!r} failed:\n{text}"
 
 
-def _shot(page, stem: str, locator=None) -> None:
-    try:
-        (locator or page).screenshot(path=str(SHOTS / f"{stem}.png"))
-    except Exception:  # a screenshot is evidence, never the failure itself
-        pass
-
-
-def _poll(get, ok, timeout: float = 10.0):
-    """``get()`` until ``ok`` of it holds (then return it) or ``timeout`` passes
-    (then return the last value, for the assertion that follows to show)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if ok(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
-def _dump(locator, stem: str) -> None:
-    """The rendered DOM beside the screenshot: what the selectors were run on."""
-    try:
-        (SHOTS / f"{stem}.html").write_text(locator.evaluate("e => e.outerHTML"))
-    except Exception:
-        pass
+_shot, _poll, _dump = shot, poll, dump
 
 
 def _saved_outputs(root: Path, name: str) -> list[str]:
