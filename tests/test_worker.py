@@ -6,6 +6,7 @@ import io
 
 import torch
 
+from gpucell.engine.chunk import Where
 from gpucell.engine.worker import _oom_note, _Tagged, describe_oom
 
 
@@ -32,11 +33,11 @@ def test_oom_note_is_only_for_cuda_oom(monkeypatch):
 
 def test_tagged_stream_prefixes_every_line():
     buf = io.StringIO()
-    current = [3]
-    s = _Tagged(buf, 0, current)
+    stamps = {3: 0.0}
+    s = _Tagged(buf, 0, Where(stamps, 3))
     s.write("a\nb")
     s.write("c\n")
-    current[0] = 4
+    stamps[4] = 0.1
     s.write("d\n")
     assert buf.getvalue() == (
         "[engine 0 | iteration 3] a\n[engine 0 | iteration 3] bc\n"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import CodeType, ModuleType
 from typing import Any
 
-from gpucell.protocol.chunks import ChunkResult, chunk_items
+from gpucell.protocol.chunks import DETAIL_MAX, ChunkResult, chunk_items
 from gpucell.protocol.fold import fold, is_numpy, is_torch, own
 from gpucell.protocol.program import (
     AS_DEVICE,
@@ -42,6 +42,11 @@ from gpucell.protocol.program import (
 __all__ = ["ChunkResult", "Recorder", "run_chunk", "resolve_device"]
 
 _MISSING = object()
+
+#: a chunk of more items than this runs the unstamped program (a stamp per
+#: iteration costs more than a cheap body, and the worker sends a chunk's stamps
+#: only up to DETAIL_MAX anyway)
+UNSTAMPED_MIN = DETAIL_MAX
 
 
 class _Start:
@@ -107,6 +112,7 @@ class Recorder:
         device: Any = None,
         stamps: dict[int, float] | None = None,
         to_host: Any = None,
+        where: Where | None = None,
     ) -> None:
         self.ns = ns
         # GPU engines: starts each recorded value's copy to the host at once
@@ -118,6 +124,7 @@ class Recorder:
         # iteration index -> wall-clock start: provenance, and which iteration
         # is running (the last key) for output tags and error reports
         self.stamps: dict[int, float] = {} if stamps is None else stamps
+        self.where = where if where is not None else Where(self.stamps, start)
         self.locals: tuple[str, ...] = ()
         self.red_ops: dict[str, str] = {}
         self.keyed_ops: dict[str, str] = {}
@@ -132,7 +139,7 @@ class Recorder:
     @property
     def current(self) -> int | None:
         """The iteration running (or that ran last)."""
-        return next(reversed(self.stamps), None)
+        return self.where.current()
 
     # -- called by the program ---------------------------------------------------
 
@@ -306,8 +313,10 @@ class Recorder:
             # them), so the namespace holds each one's last value in this chunk,
             # exactly as a serial run would; merge only compares chunks, so the
             # chunk's last index orders them.
-            r.count = len(self.stamps)
-            last_index = next(reversed(self.stamps), r.start)
+            r.count = self.where.done()
+            last_index = self.where.current()
+            if last_index is None:
+                last_index = r.start
             ns, last = self.ns, r.last_values
             for name in self.locals:
                 value = ns.get(name, _MISSING)
@@ -348,8 +357,8 @@ class Recorder:
 def _as_code(program: Any) -> CodeType:
     if isinstance(program, CodeType):
         return program
-    if isinstance(program, tuple) and len(program) == 3:
-        filename, source, code = program
+    if isinstance(program, tuple) and len(program) in (3, 4):
+        filename, source, code = program[:3]
         if source and filename not in linecache.cache:
             lines = source.splitlines(True)
             linecache.cache[filename] = (len(source), None, lines, filename)
@@ -364,6 +373,63 @@ def _as_code(program: Any) -> CodeType:
     if isinstance(program, str):
         return compile(program, "<gpucell-chunk>", "exec", dont_inherit=True)
     raise TypeError(f"cannot run a chunk program of type {type(program).__name__}")
+
+
+def _unstamped_code(program: Any) -> CodeType | None:
+    """The program's unstamped variant (``LoopPlan.engine_program()[3]``)."""
+    if isinstance(program, tuple) and len(program) == 4 and program[3] is not None:
+        _as_code(program[:3])  # the cell's lines for tracebacks
+        return _as_code(program[3])
+    return None
+
+
+class Where:
+    """Which iteration of a chunk runs now, and how many have started.
+
+    A stamped program records each iteration's start (``stamps``: the last key
+    is the iteration running).  The unstamped one records nothing: the items'
+    iterator says how far it got (``__length_hint__`` of a range, list or tuple
+    iterator), so a print is still tagged and an error still names its iteration.
+    """
+
+    __slots__ = ("_it", "_n", "stamps", "start")
+
+    def __init__(self, stamps: dict[int, float], start: int) -> None:
+        self.stamps = stamps
+        self.start = start
+        self._it: Any = None
+        self._n = 0
+
+    def follow(self, it: Any, n: int) -> None:
+        self._it, self._n = it, n
+
+    @property
+    def unstamped(self) -> bool:
+        return self._it is not None
+
+    def done(self) -> int:
+        """Iterations started (all of them once the chunk finished)."""
+        if self._it is not None:
+            return int(self._n - self._it.__length_hint__())
+        return len(self.stamps)
+
+    def current(self) -> int | None:
+        """The iteration running (or that ran last); ``None`` before the first."""
+        if self._it is not None:
+            done = self.done()
+            return self.start + done - 1 if done > 0 else None
+        return next(reversed(self.stamps), None)
+
+
+def _unstamped_items(chunk_obj: tuple[Any, ...]) -> Any:
+    """The chunk's own range, list or tuple when it is one long enough for the
+    unstamped program (``None`` otherwise)."""
+    if chunk_obj[0] not in ("range", "seq"):
+        return None
+    seq = chunk_obj[1]
+    if type(seq) not in (range, list, tuple) or len(seq) <= UNSTAMPED_MIN:
+        return None
+    return seq
 
 
 def _until(items: Iterable[Any], deadline: float) -> Iterator[Any]:
@@ -387,6 +453,7 @@ def run_chunk(
     stamps: dict[int, float] | None = None,
     to_host: Any = None,
     deadline: float | None = None,
+    where: Where | None = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -416,6 +483,11 @@ def run_chunk(
     deadline : float, optional
         ``time.perf_counter()`` after which no further iteration starts (a trial
         chunk); the result's ``count`` says how many ran (at least one).
+    where : Where, optional
+        Filled so the caller can ask which iteration runs (output tags, errors)
+        and how many ran.  A chunk of more than ``UNSTAMPED_MIN`` items of a
+        range, list or tuple, without ``seed_fn`` or ``deadline``, runs the
+        program's unstamped variant when it has one: ``stamps`` stays empty.
 
     Raises
     ------
@@ -424,6 +496,18 @@ def run_chunk(
         note naming the iteration; ``exc.gpucell_iteration`` holds its index.
     """
     code = _as_code(program)
+    where = where if where is not None else Where({} if stamps is None else stamps,
+                                                  start_index)
+    if stamps is None:
+        stamps = where.stamps
+    seq = None
+    if seed_fn is None and deadline is None:
+        seq = _unstamped_items(chunk_obj)
+        fast = _unstamped_code(program) if seq is not None else None
+        if fast is not None:
+            code = fast
+        else:
+            seq = None
     ns: dict[str, Any] = dict(namespace)
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
@@ -434,12 +518,18 @@ def run_chunk(
         device=device,
         stamps=stamps,
         to_host=to_host,
+        where=where,
     )
     ns[REC] = rec
-    items: Iterable[Any] = zip(
-        itertools.count(start_index), chunk_items(chunk_obj), strict=False
-    )
-    ns[ITEMS] = items if deadline is None else _until(items, deadline)
+    if seq is not None:
+        it = iter(seq)
+        where.follow(it, len(seq))
+        ns[ITEMS] = it
+    else:
+        items: Iterable[Any] = zip(
+            itertools.count(start_index), chunk_items(chunk_obj), strict=False
+        )
+        ns[ITEMS] = items if deadline is None else _until(items, deadline)
     try:
         exec(code, ns)
         if rec.suppressed is not None:

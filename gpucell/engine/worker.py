@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucell.engine import checkin, tohost, writebehind
-from gpucell.engine.chunk import run_chunk
+from gpucell.engine.chunk import Where, run_chunk
 from gpucell.engine.runtime import interrupts_held
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import DETAIL_MAX, chunk_items
@@ -256,10 +256,14 @@ def _kernel_warning_filters(st: _Session) -> Any:
 
 
 def _error_payload(
-    exc: BaseException, stamps: dict[int, float], start: int, chunk_obj: Any
+    exc: BaseException, where: Where, start: int, chunk_obj: Any
 ) -> dict[str, Any]:
     """An iteration's exception as data the kernel can re-raise with context."""
-    it = getattr(exc, "gpucell_iteration", next(reversed(stamps), start))
+    it = getattr(exc, "gpucell_iteration", None)
+    if it is None:
+        it = where.current()
+    if it is None:
+        it = start
     try:
         pickled = wire.dumps(exc)
     except Exception:
@@ -321,15 +325,15 @@ def _seeder(seed: int):
 class _Tagged(io.TextIOBase):
     """A stream that prefixes each line with the engine and iteration."""
 
-    def __init__(self, target: Any, engine: int, stamps: dict[int, float]) -> None:
+    def __init__(self, target: Any, engine: int, where: Where) -> None:
         self._target = target
         self._engine = engine
-        self._stamps = stamps  # iteration -> start, filled as the chunk runs
+        self._where = where  # which iteration runs, as the chunk runs
         self._at_line_start = True
         self.written = False  # flushing costs a round trip to the I/O thread
 
     def _prefix(self) -> str:
-        i = next(reversed(self._stamps), None)
+        i = self._where.current()
         if i is None:
             return f"[engine {self._engine}] "
         return f"[engine {self._engine} | iteration {i}] "
@@ -464,10 +468,11 @@ def run(
             "(was the engine restarted?)"
         )
     stamps: dict[int, float] = {}
+    where = Where(stamps, start)
     device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
     out, err = sys.stdout, sys.stderr
-    sys.stdout = _Tagged(out, engine_id, stamps)
-    sys.stderr = _Tagged(err, engine_id, stamps)
+    sys.stdout = _Tagged(out, engine_id, where)
+    sys.stderr = _Tagged(err, engine_id, where)
     t0, c0 = time.time(), time.perf_counter()
     items = None
     if st.watch["items"]:
@@ -491,6 +496,7 @@ def run(
             stamps=stamps,
             to_host=to_host,
             deadline=None if budget is None else c0 + budget,
+            where=where,
         )
         changed = checkin.changes(checked_in, st.inputs, items)
         if changed:
@@ -504,7 +510,7 @@ def run(
             behind.discard()
         raise
     except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
-        status, payload = "error", _error_payload(exc, stamps, start, chunk_obj)
+        status, payload = "error", _error_payload(exc, where, start, chunk_obj)
         if payload["oom"]:
             _release_cuda_cache()  # the kernel may retry here: start it clean
     finally:
@@ -526,8 +532,12 @@ def run(
         "compute": compute,
         # per-iteration stamps travel only for chunks a run's detail can keep
         "starts": list(stamps.values()) if len(stamps) <= DETAIL_MAX else [],
-        "median": _median_iteration(stamps, end),
-        "done": len(stamps),
+        "median": (
+            compute / max(where.done(), 1)  # unstamped: the mean is what is known
+            if where.unstamped
+            else _median_iteration(stamps, end)
+        ),
+        "done": where.done(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "cached": loaded["cached"] if loaded is not None else None,

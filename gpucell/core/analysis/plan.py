@@ -20,13 +20,15 @@ from gpucell.core.analysis.classify import (
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.core.analysis.iterspace import IterSpace
 from gpucell.core.analysis.ownrows import OwnRow
+from gpucell.core.analysis.rewrite import unstamped
 from gpucell.core.analysis.split import Layer
 from gpucell.protocol.program import Watch
 
 __all__ = ["LoopPlan", "NameInfo", "Reduction", "EngineProgram"]
 
-#: what ``LoopPlan.engine_program`` returns: (filename, cell source, marshalled code)
-EngineProgram = tuple[str, str, bytes]
+#: what ``LoopPlan.engine_program`` returns: (filename, cell source, marshalled
+#: code, marshalled unstamped code or None)
+EngineProgram = tuple[str, str, bytes, bytes | None]
 
 
 @dataclass(frozen=True)
@@ -200,14 +202,31 @@ class LoopPlan:
             raise ValueError("this plan has no chunk program (the loop was refused)")
         return compile(self.chunk_ast, self.filename, "exec", dont_inherit=True)
 
+    def compile_unstamped(self) -> CodeType | None:
+        """The chunk program without per-iteration stamps (``None`` when the
+        body needs the iteration's index); see ``rewrite.unstamped``."""
+        if self.chunk_ast is None:
+            return None
+        m = unstamped(self.chunk_ast)
+        if m is None:
+            return None
+        return compile(m, self.filename, "exec", dont_inherit=True)
+
     def engine_program(self) -> EngineProgram:
-        """What to send to engines: ``(filename, cell source, marshalled code)``.
+        """What to send to engines: ``(filename, cell source, marshalled code,
+        marshalled unstamped code or None)``.
 
         Code objects do not pickle; ``marshal`` bytes do, between engines running
         the same Python version as the kernel (which ipyparallel requires anyway).
         The cell source lets the engine show the cell's lines in tracebacks.
         """
-        return (self.filename, self.source, marshal.dumps(self.compile_chunk()))
+        fast = self.compile_unstamped()
+        return (
+            self.filename,
+            self.source,
+            marshal.dumps(self.compile_chunk()),
+            None if fast is None else marshal.dumps(fast),
+        )
 
     def compile_prelude(self) -> CodeType | None:
         """The prelude as code with the cell's line numbers (``None`` if empty)."""

@@ -670,3 +670,45 @@ def rewrite_cuda(module: ast.Module) -> tuple[ast.Module, tuple[int, ...], bool]
         if isinstance(node, ast.Call):
             rw.call(node)
     return module, tuple(sorted(set(rw.lines))), rw.wrapped > 0
+
+
+def unstamped(module: ast.Module) -> ast.Module | None:
+    """The chunk program without its per-iteration stamp: ``for <target> in
+    __gpucell_items__`` and the body alone, or ``None`` when the body itself
+    needs the iteration's index (``rec.end``, own rows).
+
+    Engines run it over long chunks of a range, list or tuple, where a stamp per
+    iteration costs more than a cheap body and its times would not be kept
+    anyway; they read which iteration runs from the items' iterator instead.
+    """
+    m = copy.deepcopy(module)
+    for node in ast.walk(m):
+        if not (
+            isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Name)
+            and node.iter.id == ITEMS
+        ):
+            continue
+        tgt, body = node.target, node.body
+        if not (
+            isinstance(tgt, ast.Tuple)
+            and len(tgt.elts) == 2
+            and isinstance(tgt.elts[0], ast.Name)
+            and tgt.elts[0].id == INDEX
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Call)
+            and isinstance(body[0].value.func, ast.Name)
+            and body[0].value.func.id == BEGIN
+        ):
+            return None
+        rest = body[1:]
+        if any(
+            isinstance(n, ast.Name) and n.id == INDEX for b in rest for n in ast.walk(b)
+        ):
+            return None
+        node.target = tgt.elts[1]
+        node.body = rest or [ast.copy_location(ast.Pass(), node)]
+        return m
+    return None
+
