@@ -496,8 +496,11 @@ def run_chunk(
         note naming the iteration; ``exc.gpucell_iteration`` holds its index.
     """
     code = _as_code(program)
-    where = where if where is not None else Where({} if stamps is None else stamps,
-                                                  start_index)
+    where = (
+        where
+        if where is not None
+        else Where({} if stamps is None else stamps, start_index)
+    )
     if stamps is None:
         stamps = where.stamps
     seq = None

@@ -711,4 +711,3 @@ def unstamped(module: ast.Module) -> ast.Module | None:
         node.body = rest or [ast.copy_location(ast.Pass(), node)]
         return m
     return None
-
