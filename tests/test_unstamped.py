@@ -90,3 +90,33 @@ def test_short_chunks_seeds_and_trials_keep_their_stamps():
         prog, {"n": N}, ("range", range(N)), 0, where=where, seed_fn=lambda i: None
     )
     assert not where.unstamped and len(where.stamps) == N
+
+
+def test_cheap_iterations_run_unstamped_from_a_shorter_chunk():
+    prog = _program("acc = 0\nfor i in range(n):\n    acc += i\n", ["acc", "n"])
+    where = Where({}, 0)
+    r = run_chunk(prog, {"n": 5000}, ("range", range(5000)), 0, where=where, cheap=True)
+    assert where.unstamped and r.count == 5000
+
+
+@pytest.mark.cluster
+def test_a_cheap_loop_on_the_cluster_equals_the_serial_one(ip, cluster):
+    cell = (
+        "acc = 0\nlast = None\nfor i in range(600_000):\n    last = i % 7\n"
+        "    acc += i * last\n"
+    )
+    ip.run_cell(cell, store_history=False).raise_error()
+    serial = (ip.user_ns["acc"], ip.user_ns["last"], ip.user_ns["i"])
+    for _ in range(2):  # the second run knows its iterations are cheap
+        ip.user_ns.update(acc=None, last=None, i=None)
+        ip.run_cell(
+            "%%gpu_parallel --quiet --schedule dynamic --chunksize 50000\n" + cell,
+            store_history=False,
+        ).raise_error()
+        assert (ip.user_ns["acc"], ip.user_ns["last"], ip.user_ns["i"]) == serial
+    import gpucell
+
+    chunks = gpucell.last_run.chunks
+    assert sum(c.stop - c.start for c in chunks) == 600_000
+    # each engine's first chunk of a cell is stamped (it measures), later ones not
+    assert 0 < sum(1 for c in chunks if not c.iteration_starts) < len(chunks)

@@ -47,6 +47,12 @@ _MISSING = object()
 #: iteration costs more than a cheap body, and the worker sends a chunk's stamps
 #: only up to DETAIL_MAX anyway)
 UNSTAMPED_MIN = DETAIL_MAX
+#: ... and so does a chunk of more than CHEAP_MIN items once this cell's
+#: iterations took less than CHEAP_ITERATION seconds each here: a stamp (about
+#: 0.25 us) would cost more than 1% of such an iteration, and their times say
+#: nothing the chunk's own time does not
+CHEAP_ITERATION = 20e-6
+CHEAP_MIN = 1000
 
 
 class _Start:
@@ -421,13 +427,15 @@ class Where:
         return next(reversed(self.stamps), None)
 
 
-def _unstamped_items(chunk_obj: tuple[Any, ...]) -> Any:
+def _unstamped_items(chunk_obj: tuple[Any, ...], cheap: bool) -> Any:
     """The chunk's own range, list or tuple when it is one long enough for the
     unstamped program (``None`` otherwise)."""
     if chunk_obj[0] not in ("range", "seq"):
         return None
     seq = chunk_obj[1]
-    if type(seq) not in (range, list, tuple) or len(seq) <= UNSTAMPED_MIN:
+    if type(seq) not in (range, list, tuple):
+        return None
+    if len(seq) <= (CHEAP_MIN if cheap else UNSTAMPED_MIN):
         return None
     return seq
 
@@ -454,6 +462,7 @@ def run_chunk(
     to_host: Any = None,
     deadline: float | None = None,
     where: Where | None = None,
+    cheap: bool = False,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -488,6 +497,9 @@ def run_chunk(
         and how many ran.  A chunk of more than ``UNSTAMPED_MIN`` items of a
         range, list or tuple, without ``seed_fn`` or ``deadline``, runs the
         program's unstamped variant when it has one: ``stamps`` stays empty.
+    cheap : bool
+        This cell's iterations were measured cheap here: chunks of more than
+        ``CHEAP_MIN`` items run unstamped too.
 
     Raises
     ------
@@ -505,7 +517,7 @@ def run_chunk(
         stamps = where.stamps
     seq = None
     if seed_fn is None and deadline is None:
-        seq = _unstamped_items(chunk_obj)
+        seq = _unstamped_items(chunk_obj, cheap)
         fast = _unstamped_code(program) if seq is not None else None
         if fast is not None:
             code = fast

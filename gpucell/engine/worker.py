@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucell.engine import checkin, tohost, writebehind
-from gpucell.engine.chunk import Where, run_chunk
+from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import interrupts_held
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import DETAIL_MAX, chunk_items
@@ -53,6 +53,9 @@ class _Session:
     watch: Watch = field(default_factory=lambda: {"names": [], "items": False})
     # the kernel's warnings filters, applied while this cell's chunks run
     warning_filters: list[Any] | None = None
+    # seconds per iteration of this cell's last chunk here: cheap iterations
+    # run the unstamped program (gpucell.engine.chunk.CHEAP_ITERATION)
+    iteration_mean: float | None = None
 
 
 #: kernel key (``gpucell.devices.host.kernel_key``) -> its state here, the most
@@ -202,6 +205,7 @@ def load(
     st.inputs.update(inputs)
     st.program = program
     st.cell = cell
+    st.iteration_mean = None
     st.watch = watch or {"names": [], "items": False}
     return {"missing": missing, "cached": {n: k for n, (k, _) in cache.items()}}
 
@@ -497,6 +501,9 @@ def run(
             to_host=to_host,
             deadline=None if budget is None else c0 + budget,
             where=where,
+            cheap=(
+                st.iteration_mean is not None and st.iteration_mean < CHEAP_ITERATION
+            ),
         )
         changed = checkin.changes(checked_in, st.inputs, items)
         if changed:
@@ -526,6 +533,8 @@ def run(
                 if getattr(tagged, "written", True):
                     tagged.flush()
             sys.stdout, sys.stderr = out, err
+    if status == "ok" and where.done():
+        st.iteration_mean = compute / where.done()
     timing = {
         "start": t0,
         "end": end,
