@@ -45,6 +45,13 @@ ALLOWED: dict[str, set[str]] = {
 IPYPARALLEL_FOLDERS = {"kernel", "cluster"}
 
 
+def _py(root: Path) -> list[Path]:
+    """The package's Python modules (not the Lab extension's node_modules)."""
+    return sorted(
+        p for p in root.rglob("*.py") if "labextension" not in p.relative_to(PKG).parts
+    )
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -94,7 +101,7 @@ def _known_layer(layer: str) -> bool:
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_folder_imports_only_the_layers_below_it(folder: str) -> None:
     bad = []
-    for path in sorted((PKG / folder).rglob("*.py")):
+    for path in _py(PKG / folder):
         for name, line in _imports(path):
             layer = _layer_of(name)
             if layer is None or not _known_layer(layer):
@@ -112,7 +119,7 @@ def test_every_folder_has_a_rule() -> None:
 def test_only_kernel_and_cluster_import_ipyparallel() -> None:
     bad = [
         f"{path.relative_to(ROOT)}:{line}: {name}"
-        for path in sorted(PKG.rglob("*.py"))
+        for path in _py(PKG)
         for name, line in _imports(path)
         if name.split(".")[0] == "ipyparallel"
         and _folder(path) not in IPYPARALLEL_FOLDERS
@@ -190,7 +197,7 @@ def _inside_load_functions(tree: ast.Module) -> set[int]:
 def test_magics_are_imported_only_by_the_extension_loader() -> None:
     """Nothing depends on the magics: they are the thin top of the kernel side."""
     bad: list[str] = []
-    for path in sorted(PKG.rglob("*.py")):
+    for path in _py(PKG):
         rel = path.relative_to(ROOT).as_posix()
         if rel == "gpucell/kernel/magics.py":
             continue  # the line magics register the %%gpu_parallel cell magic

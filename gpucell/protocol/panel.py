@@ -178,7 +178,7 @@ def validate(msg: Any) -> list[str]:
     """
     if not isinstance(msg, Mapping):
         return ["a message must be a JSON object"]
-    if msg.get("v") != VERSION:
+    if not _is_int(msg.get("v")) or msg.get("v") != VERSION:
         return [f"v must be {VERSION}, not {msg.get('v')!r}"]
     kind = msg.get("type")
     if kind == "state":

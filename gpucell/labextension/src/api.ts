@@ -1,0 +1,345 @@
+/**
+ * The messages of the one Jupyter comm between the kernel and the panel.
+ *
+ * The TypeScript twin of `gpucell/protocol/panel.py` (schema v1).  Both sides
+ * check themselves against `tests/fixtures/panel_v1.json` (pytest and jest),
+ * so the two definitions cannot drift apart unseen.  Pure: no DOM, no Jupyter.
+ */
+
+/** The comm target both sides register. */
+export const TARGET = 'gpucell.panel';
+/** The schema version every message carries as `"v"`. */
+export const VERSION = 1;
+/** What the panel may ask the kernel to do. */
+export const REQUESTS = ['select', 'start', 'stop'] as const;
+export type Request = (typeof REQUESTS)[number];
+
+export const CONNECTION_KINDS = ['local', 'ssh', 'slurm', 'connected'] as const;
+export type ConnectionKind = (typeof CONNECTION_KINDS)[number];
+
+export const RUN_STATUSES = [
+  'running',
+  'ok',
+  'error',
+  'timeout',
+  'interrupted'
+] as const;
+export type RunStatus = (typeof RUN_STATUSES)[number];
+
+export interface Connection {
+  kind: ConnectionKind;
+  /** e.g. "4 engines on node1, node2 (profile gpucell)" */
+  text: string;
+  profile: string | null;
+  hosts: string[];
+}
+
+export interface Device {
+  engine: number;
+  host: string;
+  label: string;
+  /** "idle" | "busy" | "retrying" | "dead" | "done" | "stopped" (any string is valid) */
+  state: string;
+  /** a CSS colour for the state */
+  color: string;
+  selected: boolean;
+  /** fraction in [0, 1] */
+  util: number | null;
+  util_text: string;
+  /** fraction in [0, 1] */
+  mem: number | null;
+  mem_text: string;
+  extra: string;
+  note: string;
+  done_text: string;
+}
+
+export interface Cluster {
+  connection: Connection;
+  /** null: every engine */
+  selected: number[] | null;
+  devices: Device[];
+}
+
+export interface Run {
+  total: number;
+  done: number;
+  elapsed: number;
+  eta: number | null;
+  status: RunStatus;
+  text: string;
+}
+
+export interface Last {
+  id: number;
+  status: string;
+  lines: string[];
+  timeline_svg: string | null;
+}
+
+/** Kernel -> panel: the whole state (seq grows with every state sent). */
+export interface StateMessage {
+  v: 1;
+  type: 'state';
+  seq: number;
+  /** the status-bar text */
+  status: string;
+  cluster: Cluster | null;
+  run: Run | null;
+  last: Last | null;
+}
+
+/** Kernel -> panel: the answer to a request. */
+export interface ReplyMessage {
+  v: 1;
+  type: 'reply';
+  request: Request;
+  ok: boolean;
+  text: string;
+}
+
+/** Panel -> kernel: send me the whole state now. */
+export interface HelloMessage {
+  v: 1;
+  type: 'hello';
+}
+
+/** Panel -> kernel: run later cells on these engines (null: every engine). */
+export interface SelectMessage {
+  v: 1;
+  type: 'select';
+  engines: number[] | null;
+}
+
+/** Panel -> kernel: `%gpu_cluster start ARGS`. */
+export interface StartMessage {
+  v: 1;
+  type: 'start';
+  args: string;
+}
+
+/** Panel -> kernel: `%gpu_cluster stop`. */
+export interface StopMessage {
+  v: 1;
+  type: 'stop';
+}
+
+export type KernelMessage = StateMessage | ReplyMessage;
+export type PanelRequest =
+  HelloMessage | SelectMessage | StartMessage | StopMessage;
+export type Message = KernelMessage | PanelRequest;
+
+export function hello(): HelloMessage {
+  return { v: VERSION, type: 'hello' };
+}
+
+export function select(engines: number[] | null): SelectMessage {
+  return { v: VERSION, type: 'select', engines };
+}
+
+export function start(args: string): StartMessage {
+  return { v: VERSION, type: 'start', args };
+}
+
+export function stop(): StopMessage {
+  return { v: VERSION, type: 'stop' };
+}
+
+// ------------------------------------------------------------------ checks
+
+type Obj = Record<string, unknown>;
+/** a check and what the value must be */
+type Check = [(x: unknown) => boolean, string];
+
+function isObject(x: unknown): x is Obj {
+  return typeof x === 'object' && x !== null && !Array.isArray(x);
+}
+
+function isNum(x: unknown): x is number {
+  return typeof x === 'number';
+}
+
+function isInt(x: unknown): x is number {
+  return Number.isInteger(x);
+}
+
+const STR: Check = [x => typeof x === 'string', 'a string'];
+const BOOL: Check = [x => typeof x === 'boolean', 'true or false'];
+const INT: Check = [isInt, 'an integer'];
+const NUMBER: Check = [isNum, 'a number'];
+const FRACTION: Check = [
+  x => isNum(x) && x >= 0 && x <= 1,
+  'a number in [0, 1]'
+];
+const INTS: Check = [
+  x => Array.isArray(x) && x.every(isInt),
+  'a list of integers'
+];
+const STRS: Check = [
+  x => Array.isArray(x) && x.every(i => typeof i === 'string'),
+  'a list of strings'
+];
+const OBJECT: Check = [isObject, 'an object'];
+const OBJECT_OR_NULL: Check = [x => x === null || isObject(x), 'an object'];
+const LIST: Check = [Array.isArray, 'a list'];
+
+function nullable(c: Check): Check {
+  return [x => x === null || c[0](x), c[1] + ' or null'];
+}
+
+function oneOf(...values: readonly string[]): Check {
+  return [
+    x => typeof x === 'string' && values.includes(x),
+    'one of ' + values.map(v => `'${v}'`).join(', ')
+  ];
+}
+
+const CONNECTION: Record<string, Check> = {
+  kind: oneOf(...CONNECTION_KINDS),
+  text: STR,
+  profile: nullable(STR),
+  hosts: STRS
+};
+const DEVICE: Record<string, Check> = {
+  engine: INT,
+  host: STR,
+  label: STR,
+  state: STR,
+  color: STR,
+  selected: BOOL,
+  util: nullable(FRACTION),
+  util_text: STR,
+  mem: nullable(FRACTION),
+  mem_text: STR,
+  extra: STR,
+  note: STR,
+  done_text: STR
+};
+const RUN: Record<string, Check> = {
+  total: INT,
+  done: INT,
+  elapsed: NUMBER,
+  eta: nullable(NUMBER),
+  status: oneOf(...RUN_STATUSES),
+  text: STR
+};
+const LAST: Record<string, Check> = {
+  id: INT,
+  status: STR,
+  lines: STRS,
+  timeline_svg: nullable(STR)
+};
+
+function repr(x: unknown): string {
+  try {
+    return JSON.stringify(x) ?? String(x);
+  } catch {
+    return String(x);
+  }
+}
+
+function fields(
+  obj: unknown,
+  spec: Record<string, Check>,
+  where: string
+): string[] {
+  if (!isObject(obj)) {
+    return [`${where} must be an object`];
+  }
+  const problems: string[] = [];
+  for (const [key, [ok, what]] of Object.entries(spec)) {
+    if (!Object.prototype.hasOwnProperty.call(obj, key)) {
+      problems.push(`${where}.${key} is missing`);
+    } else if (!ok(obj[key])) {
+      problems.push(`${where}.${key} must be ${what}, not ${repr(obj[key])}`);
+    }
+  }
+  return problems;
+}
+
+function cluster(c: unknown): string[] {
+  const problems = fields(
+    c,
+    { connection: OBJECT, selected: nullable(INTS), devices: LIST },
+    'cluster'
+  );
+  if (problems.length) {
+    return problems;
+  }
+  const obj = c as Obj;
+  problems.push(...fields(obj.connection, CONNECTION, 'cluster.connection'));
+  (obj.devices as unknown[]).forEach((d, i) => {
+    problems.push(...fields(d, DEVICE, `cluster.devices[${i}]`));
+  });
+  return problems;
+}
+
+/**
+ * What is wrong with `msg` as a panel message (`[]`: nothing).
+ *
+ * Unknown extra keys are allowed (a newer kernel may add some); missing keys,
+ * wrong types, another version or an unknown type are not.  Mirrors
+ * `gpucell.protocol.panel.validate` rule for rule.
+ */
+export function validate(msg: unknown): string[] {
+  if (!isObject(msg)) {
+    return ['a message must be a JSON object'];
+  }
+  // strict: a boolean `true` is not the version 1 (booleans are not numbers)
+  if (!(isInt(msg.v) && msg.v === VERSION)) {
+    return [`v must be ${VERSION}, not ${repr(msg.v)}`];
+  }
+  const kind = msg.type;
+  switch (kind) {
+    case 'state': {
+      const problems = fields(
+        msg,
+        {
+          seq: INT,
+          status: STR,
+          cluster: OBJECT_OR_NULL,
+          run: OBJECT_OR_NULL,
+          last: OBJECT_OR_NULL
+        },
+        'state'
+      );
+      if (problems.length) {
+        return problems;
+      }
+      if (msg.cluster !== null) {
+        problems.push(...cluster(msg.cluster));
+      }
+      if (msg.run !== null) {
+        problems.push(...fields(msg.run, RUN, 'run'));
+      }
+      if (msg.last !== null) {
+        problems.push(...fields(msg.last, LAST, 'last'));
+      }
+      return problems;
+    }
+    case 'reply':
+      return fields(
+        msg,
+        { request: oneOf(...REQUESTS), ok: BOOL, text: STR },
+        'reply'
+      );
+    case 'hello':
+      return [];
+    case 'select':
+      return fields(msg, { engines: nullable(INTS) }, 'select');
+    case 'start':
+      return fields(msg, { args: STR }, 'start');
+    case 'stop':
+      return [];
+    default:
+      return [
+        'type must be one of state, reply, hello, select, start, stop, ' +
+          `not ${repr(kind)}`
+      ];
+  }
+}
+
+/** `msg` as a typed message if it is a valid one, else null. */
+export function parse(msg: unknown): Message | null {
+  return validate(msg).length ? null : (msg as unknown as Message);
+}

@@ -1,0 +1,367 @@
+/**
+ * The side panel and the status-bar item: plain DOM, filled from a
+ * {@link ViewModel} (see `view.ts`, where every decision is made).
+ *
+ * Elements are created once and updated in place; device rows are keyed by
+ * engine, so a checkbox being clicked is never replaced under the pointer.
+ */
+
+import { Widget } from '@lumino/widgets';
+
+import { DeviceView, ViewModel } from './view';
+
+/** What the panel's controls ask for. */
+export interface PanelActions {
+  start(args: string): void;
+  stop(): void;
+  select(ticks: Array<{ engine: number; checked: boolean }>): void;
+}
+
+export const PANEL_ID = 'gpucell-panel';
+export const PANEL_TITLE = 'GPU cluster';
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  cls: string,
+  parent?: HTMLElement
+): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  e.className = cls;
+  if (parent) {
+    parent.appendChild(e);
+  }
+  return e;
+}
+
+/** Set a node's text only when it changed (no needless DOM mutations). */
+function setText(e: HTMLElement, text: string): void {
+  if (e.textContent !== text) {
+    e.textContent = text;
+  }
+}
+
+function setAttr(e: HTMLElement, name: string, value: string | null): void {
+  if (value === null) {
+    e.removeAttribute(name);
+  } else if (e.getAttribute(name) !== value) {
+    e.setAttribute(name, value);
+  }
+}
+
+function show(e: HTMLElement, visible: boolean): void {
+  if (e.hidden === visible) {
+    e.hidden = !visible;
+  }
+}
+
+/** A horizontal bar: a fill of `pct`% and a text over it. */
+class Bar {
+  constructor(cls: string, parent: HTMLElement) {
+    this.root = el('div', `gpucell-bar ${cls}`, parent);
+    this.fill = el('div', 'gpucell-bar-fill', this.root);
+    this.text = el('span', 'gpucell-bar-text', this.root);
+  }
+
+  update(pct: number | null, text: string): void {
+    const width = `${(pct ?? 0).toFixed(1)}%`;
+    if (this.fill.style.width !== width) {
+      this.fill.style.width = width;
+    }
+    this.root.classList.toggle('gpucell-bar-none', pct === null);
+    setText(this.text, text);
+  }
+
+  readonly root: HTMLDivElement;
+  readonly fill: HTMLDivElement;
+  readonly text: HTMLSpanElement;
+}
+
+/** One device's row: `div.gpucell-device[data-engine]`. */
+class DeviceRow {
+  constructor(engine: number, onTick: () => void) {
+    this.engine = engine;
+    this.root = el('div', 'gpucell-device');
+    this.root.setAttribute('data-engine', String(engine));
+    const head = el('label', 'gpucell-device-head', this.root);
+    this.check = el('input', 'gpucell-select', head);
+    this.check.type = 'checkbox';
+    this.check.title = 'Run later cells on this engine';
+    this.check.addEventListener('change', onTick);
+    this.label = el('span', 'gpucell-label', head);
+    this.state = el('span', 'gpucell-state', head);
+    this.done = el('span', 'gpucell-done', head);
+    this.done.title = 'chunks done in the current or last run';
+    const bars = el('div', 'gpucell-bars', this.root);
+    this.util = new Bar('gpucell-util', bars);
+    this.util.root.title = 'utilisation';
+    this.mem = new Bar('gpucell-mem', bars);
+    this.mem.root.title = 'memory';
+    this.extra = el('div', 'gpucell-extra', this.root);
+    this.note = el('div', 'gpucell-note', this.root);
+  }
+
+  update(d: DeviceView): void {
+    if (this.check.checked !== d.selected) {
+      this.check.checked = d.selected;
+    }
+    setText(this.label, d.label);
+    setAttr(this.label, 'title', d.label);
+    setText(this.state, d.state);
+    setAttr(this.state, 'data-state', d.state);
+    if (
+      this.state.style.getPropertyValue('--gpucell-state-color') !== d.color
+    ) {
+      this.state.style.setProperty('--gpucell-state-color', d.color);
+    }
+    setText(this.done, d.doneText);
+    show(this.done, d.doneText !== '');
+    this.util.update(d.utilPct, d.utilText);
+    this.mem.update(d.memPct, d.memText);
+    setText(this.extra, d.extra);
+    show(this.extra, d.extra !== '');
+    setText(this.note, d.note);
+    show(this.note, d.note !== '');
+  }
+
+  readonly engine: number;
+  readonly root: HTMLDivElement;
+  readonly check: HTMLInputElement;
+  private label: HTMLSpanElement;
+  private state: HTMLSpanElement;
+  private done: HTMLSpanElement;
+  private util: Bar;
+  private mem: Bar;
+  private extra: HTMLDivElement;
+  private note: HTMLDivElement;
+}
+
+/** The "GPU cluster" side panel. */
+export class GpucellPanel extends Widget {
+  constructor(actions: PanelActions) {
+    super();
+    this._actions = actions;
+    this.id = PANEL_ID;
+    this.addClass('gpucell-panel');
+    this.title.label = PANEL_TITLE;
+    this.title.caption = PANEL_TITLE;
+    const root = this.node;
+
+    this._hint = el('div', 'gpucell-hint', root);
+    this._body = el('div', 'gpucell-body', root);
+
+    const conn = el('div', 'gpucell-connection', this._body);
+    this._connText = el('div', 'gpucell-connection-text', conn);
+    this._connHosts = el('div', 'gpucell-connection-hosts', conn);
+
+    const controls = el('div', 'gpucell-controls', this._body);
+    this._args = el('input', 'gpucell-start-args jp-mod-styled', controls);
+    this._args.type = 'text';
+    this._args.placeholder = '-n 2 --gpus none';
+    this._args.title = 'arguments of %gpu_cluster start';
+    this._args.addEventListener('keydown', e => {
+      if (e.key === 'Enter' && !this._start.disabled) {
+        this._startClicked();
+      }
+    });
+    this._start = el(
+      'button',
+      'gpucell-start jp-mod-styled jp-mod-accept',
+      controls
+    );
+    this._start.textContent = 'Start';
+    this._start.title = '%gpu_cluster start ARGS';
+    this._start.addEventListener('click', () => this._startClicked());
+    this._stop = el(
+      'button',
+      'gpucell-stop jp-mod-styled jp-mod-warn',
+      controls
+    );
+    this._stop.textContent = 'Stop';
+    this._stop.title = '%gpu_cluster stop';
+    this._stop.addEventListener('click', () => this._actions.stop());
+
+    this._devices = el('div', 'gpucell-devices', this._body);
+
+    this._run = el('div', 'gpucell-run', this._body);
+    this._runBar = new Bar('gpucell-run-bar', this._run);
+    this._runText = el('div', 'gpucell-run-text', this._run);
+
+    this._last = el('div', 'gpucell-last', this._body);
+    this._lastTitle = el('div', 'gpucell-last-title', this._last);
+    this._lastLines = el('div', 'gpucell-last-lines', this._last);
+    this._timelineBox = el('div', 'gpucell-timeline-box', this._last);
+
+    this._reply = el('div', 'gpucell-reply', this._body);
+  }
+
+  /** Show a view model (cheap when little changed). */
+  render(vm: ViewModel): void {
+    setAttr(this.node, 'data-seq', vm.seq === null ? null : String(vm.seq));
+    show(this._hint, vm.hint !== null);
+    setText(this._hint, vm.hint ?? '');
+    show(this._body, vm.loaded);
+
+    setText(this._connText, vm.connection?.text ?? '');
+    setText(
+      this._connHosts,
+      vm.connection?.hosts ? `hosts: ${vm.connection.hosts}` : ''
+    );
+    show(this._connHosts, !!vm.connection?.hosts);
+    this._start.disabled = !vm.canStart;
+    this._args.disabled = !vm.canStart;
+    this._stop.disabled = !vm.canStop;
+
+    this._renderDevices(vm);
+
+    show(this._run, vm.run !== null);
+    if (vm.run) {
+      setAttr(this._run, 'data-done', String(vm.run.done));
+      setAttr(this._run, 'data-status', vm.run.status);
+      this._runBar.update(vm.run.pct, '');
+      setText(this._runText, vm.run.text);
+    }
+
+    show(this._last, vm.last !== null);
+    if (vm.last) {
+      setText(this._lastTitle, `Last run #${vm.last.id}: ${vm.last.status}`);
+      const key = JSON.stringify(vm.last.lines);
+      if (key !== this._linesKey) {
+        this._linesKey = key;
+        this._lastLines.replaceChildren(
+          ...vm.last.lines.map(line => {
+            const e = el('div', 'gpucell-last-line');
+            e.textContent = line;
+            return e;
+          })
+        );
+      }
+      this._renderTimeline(vm.last.timelineSrc);
+    }
+
+    show(this._reply, vm.reply !== null);
+    setText(this._reply, vm.reply?.text ?? '');
+    this._reply.classList.toggle('gpucell-reply-error', !!vm.reply?.error);
+  }
+
+  private _renderTimeline(src: string | null): void {
+    if (src === null) {
+      this._timeline?.remove();
+      this._timeline = null;
+      return;
+    }
+    if (this._timeline === null) {
+      const img = el('img', 'gpucell-timeline', this._timelineBox);
+      img.alt = 'timeline of the last run: chunks per engine over time';
+      img.title = 'click: full size / fit';
+      // full size scrolls sideways in its box; fitted it is the panel's width
+      img.addEventListener('click', () =>
+        img.classList.toggle('gpucell-mod-full')
+      );
+      this._timeline = img;
+    }
+    if (this._timeline.getAttribute('src') !== src) {
+      this._timeline.setAttribute('src', src);
+    }
+  }
+
+  private _renderDevices(vm: ViewModel): void {
+    const container = this._devices;
+    const seenHosts = new Set<string>();
+    const seenEngines = new Set<number>();
+    const order: number[] = [];
+    vm.hosts.forEach((g, hi) => {
+      seenHosts.add(g.host);
+      let group = this._groups.get(g.host);
+      if (!group) {
+        const root = el('div', 'gpucell-host-group');
+        root.setAttribute('data-host', g.host);
+        const header = el('div', 'gpucell-host', root);
+        group = { root, header };
+        this._groups.set(g.host, group);
+      }
+      setText(group.header, g.host);
+      if (container.children[hi] !== group.root) {
+        container.insertBefore(group.root, container.children[hi] ?? null);
+      }
+      g.devices.forEach((d, di) => {
+        seenEngines.add(d.engine);
+        order.push(d.engine);
+        let row = this._rows.get(d.engine);
+        if (!row) {
+          row = new DeviceRow(d.engine, () => this._ticked());
+          this._rows.set(d.engine, row);
+        }
+        const at = group!.root.children[di + 1] ?? null; // 0 is the header
+        if (at !== row.root) {
+          group!.root.insertBefore(row.root, at);
+        }
+        row.update(d);
+      });
+    });
+    for (const [engine, row] of this._rows) {
+      if (!seenEngines.has(engine)) {
+        row.root.remove();
+        this._rows.delete(engine);
+      }
+    }
+    for (const [host, group] of this._groups) {
+      if (!seenHosts.has(host)) {
+        group.root.remove();
+        this._groups.delete(host);
+      }
+    }
+    this._order = order;
+  }
+
+  private _ticked(): void {
+    const ticks = this._order.map(engine => ({
+      engine,
+      checked: this._rows.get(engine)?.check.checked ?? false
+    }));
+    this._actions.select(ticks);
+  }
+
+  private _startClicked(): void {
+    this._actions.start(this._args.value.trim());
+  }
+
+  private _actions: PanelActions;
+  private _hint: HTMLDivElement;
+  private _body: HTMLDivElement;
+  private _connText: HTMLDivElement;
+  private _connHosts: HTMLDivElement;
+  private _args: HTMLInputElement;
+  private _start: HTMLButtonElement;
+  private _stop: HTMLButtonElement;
+  private _devices: HTMLDivElement;
+  private _groups = new Map<
+    string,
+    { root: HTMLDivElement; header: HTMLDivElement }
+  >();
+  private _rows = new Map<number, DeviceRow>();
+  private _order: number[] = [];
+  private _run: HTMLDivElement;
+  private _runBar: Bar;
+  private _runText: HTMLDivElement;
+  private _last: HTMLDivElement;
+  private _lastTitle: HTMLDivElement;
+  private _lastLines: HTMLDivElement;
+  private _linesKey = '';
+  private _timelineBox: HTMLDivElement;
+  private _timeline: HTMLImageElement | null = null;
+  private _reply: HTMLDivElement;
+}
+
+/** The status-bar item: `.gpucell-status`, the state's status text. */
+export class StatusItem extends Widget {
+  constructor(onClick: () => void) {
+    super();
+    this.addClass('gpucell-status');
+    this.node.title = `Show the ${PANEL_TITLE} panel`;
+    this.node.addEventListener('click', onClick);
+  }
+
+  render(vm: ViewModel): void {
+    setText(this.node, vm.status);
+  }
+}

@@ -1,0 +1,267 @@
+/**
+ * What the panel and the status bar show, computed from the comm's messages.
+ *
+ * Pure functions (no DOM, no Jupyter) so jest checks them without a browser;
+ * `panel.ts` only copies a {@link ViewModel} into elements.
+ */
+
+import {
+  Device,
+  ReplyMessage,
+  RunStatus,
+  SelectMessage,
+  StateMessage,
+  select
+} from './api';
+
+/** The status-bar text whenever there is no gpucell cluster to describe. */
+export const NO_CLUSTER = 'gpucell: no cluster';
+
+/**
+ * Where the panel stands with the active notebook's kernel.
+ *
+ * - `no-notebook`: no notebook is active;
+ * - `no-kernel`: the active notebook has no kernel (yet);
+ * - `connecting`: our comm is open but gpucell has not answered yet;
+ * - `not-loaded`: the kernel closed our comm (gpucell is not loaded in it);
+ * - `restarting`: the kernel is restarting or dead;
+ * - `loaded`: gpucell sent a valid state.
+ */
+export type Phase =
+  | 'no-notebook'
+  | 'no-kernel'
+  | 'connecting'
+  | 'not-loaded'
+  | 'restarting'
+  | 'loaded';
+
+/** Everything the views are computed from. */
+export interface Snapshot {
+  phase: Phase;
+  /** the latest valid state (only meaningful when phase is `loaded`) */
+  state: StateMessage | null;
+  /** the latest reply to one of our requests */
+  reply: ReplyMessage | null;
+  /**
+   * ticks the user changed that the kernel has not confirmed yet (engine ->
+   * ticked); they win over the state's until the `select` reply arrives
+   */
+  pending?: ReadonlyMap<number, boolean> | null;
+}
+
+export const NOT_LOADED_HINT =
+  "gpucell is not loaded in this notebook's kernel: run %load_ext gpucell";
+
+export interface DeviceView {
+  engine: number;
+  label: string;
+  state: string;
+  color: string;
+  selected: boolean;
+  /** bar width in percent, 0-100; null: not measured */
+  utilPct: number | null;
+  utilText: string;
+  memPct: number | null;
+  memText: string;
+  extra: string;
+  note: string;
+  doneText: string;
+}
+
+export interface HostGroup {
+  host: string;
+  devices: DeviceView[];
+}
+
+export interface RunView {
+  done: number;
+  total: number;
+  status: RunStatus;
+  /** progress bar width in percent, 0-100 */
+  pct: number;
+  text: string;
+}
+
+export interface LastView {
+  id: number;
+  status: string;
+  lines: string[];
+  /** a `data:image/svg+xml;base64,...` URI, or null when there is no picture */
+  timelineSrc: string | null;
+}
+
+export interface ReplyView {
+  request: string;
+  text: string;
+  error: boolean;
+}
+
+export interface ViewModel {
+  /** the state's seq, or null when there is no gpucell state */
+  seq: number | null;
+  /** the status-bar text */
+  status: string;
+  /** the hint shown instead of the cluster when gpucell is not in the kernel */
+  hint: string | null;
+  /** gpucell answered: connection, controls and devices are shown */
+  loaded: boolean;
+  connection: { text: string; hosts: string } | null;
+  canStart: boolean;
+  canStop: boolean;
+  hosts: HostGroup[];
+  run: RunView | null;
+  last: LastView | null;
+  reply: ReplyView | null;
+}
+
+/** The status-bar text: the state's own, or {@link NO_CLUSTER}. */
+export function statusText(s: Snapshot): string {
+  if (s.phase === 'loaded' && s.state && s.state.cluster) {
+    return s.state.status;
+  }
+  return NO_CLUSTER;
+}
+
+/** The panel's hint for a phase (null: gpucell is there, no hint). */
+export function hintText(phase: Phase): string | null {
+  switch (phase) {
+    case 'no-notebook':
+      return 'No notebook is active.';
+    case 'no-kernel':
+      return 'This notebook has no kernel.';
+    case 'restarting':
+      return (
+        'The kernel is restarting (or has died): gpucell is not loaded in it; ' +
+        'run %load_ext gpucell once it is back.'
+      );
+    case 'connecting':
+    case 'not-loaded':
+      return NOT_LOADED_HINT;
+    default:
+      return null;
+  }
+}
+
+/** A fraction as a bar width in percent, clamped to 0-100 (null stays null). */
+export function percent(fraction: number | null): number | null {
+  if (fraction === null || !Number.isFinite(fraction)) {
+    return null;
+  }
+  return Math.min(1, Math.max(0, fraction)) * 100;
+}
+
+export function deviceView(d: Device, selected?: boolean): DeviceView {
+  return {
+    engine: d.engine,
+    label: d.label,
+    state: d.state,
+    color: d.color,
+    selected: selected ?? d.selected,
+    utilPct: percent(d.util),
+    utilText: d.util_text,
+    memPct: percent(d.mem),
+    memText: d.mem_text,
+    extra: d.extra,
+    note: d.note,
+    doneText: d.done_text
+  };
+}
+
+/**
+ * Devices grouped by host, hosts in the order they first appear, devices in
+ * their given order.  `pending`: ticks the user changed that the kernel has
+ * not confirmed yet (they win over the state's).
+ */
+export function groupByHost(
+  devices: Device[],
+  pending: ReadonlyMap<number, boolean> | null = null
+): HostGroup[] {
+  const groups = new Map<string, HostGroup>();
+  for (const d of devices) {
+    let g = groups.get(d.host);
+    if (!g) {
+      g = { host: d.host, devices: [] };
+      groups.set(d.host, g);
+    }
+    g.devices.push(deviceView(d, pending?.get(d.engine)));
+  }
+  return [...groups.values()];
+}
+
+/** The `select` request for the panel's ticks: null engines when all are ticked. */
+export function selectionMessage(
+  ticks: ReadonlyArray<{ engine: number; checked: boolean }>
+): SelectMessage {
+  if (ticks.length > 0 && ticks.every(t => t.checked)) {
+    return select(null);
+  }
+  return select(ticks.filter(t => t.checked).map(t => t.engine));
+}
+
+/** Base64 of a string's UTF-8 bytes (btoa alone only takes Latin-1). */
+export function base64Utf8(text: string): string {
+  const bytes = new TextEncoder().encode(text);
+  let binary = '';
+  const CHUNK = 0x8000;
+  for (let i = 0; i < bytes.length; i += CHUNK) {
+    binary += String.fromCharCode(...bytes.subarray(i, i + CHUNK));
+  }
+  return btoa(binary);
+}
+
+/** An SVG document as an image URI (shown in an <img>: no script in it runs). */
+export function svgDataUri(svg: string): string {
+  return 'data:image/svg+xml;base64,' + base64Utf8(svg);
+}
+
+/** The whole view from a snapshot. */
+export function viewModel(s: Snapshot): ViewModel {
+  const loaded = s.phase === 'loaded' && s.state !== null;
+  const state = loaded ? s.state : null;
+  const cluster = state?.cluster ?? null;
+  const run = state?.run ?? null;
+  const last = state?.last ?? null;
+  return {
+    seq: state ? state.seq : null,
+    status: statusText(s),
+    hint: loaded ? null : (hintText(s.phase) ?? NOT_LOADED_HINT),
+    loaded,
+    connection: !loaded
+      ? null
+      : cluster
+        ? {
+            text: cluster.connection.text,
+            hosts: cluster.connection.hosts.join(', ')
+          }
+        : { text: 'no cluster', hosts: '' },
+    canStart: loaded && cluster === null,
+    canStop: loaded && cluster !== null,
+    hosts: cluster ? groupByHost(cluster.devices, s.pending ?? null) : [],
+    run: run
+      ? {
+          done: run.done,
+          total: run.total,
+          status: run.status,
+          pct:
+            run.total > 0
+              ? (percent(run.done / run.total) ?? 0)
+              : run.status === 'running'
+                ? 0
+                : 100,
+          text: run.text
+        }
+      : null,
+    last: last
+      ? {
+          id: last.id,
+          status: last.status,
+          lines: last.lines,
+          timelineSrc: last.timeline_svg ? svgDataUri(last.timeline_svg) : null
+        }
+      : null,
+    reply:
+      loaded && s.reply
+        ? { request: s.reply.request, text: s.reply.text, error: !s.reply.ok }
+        : null
+  };
+}

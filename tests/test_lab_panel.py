@@ -1,0 +1,209 @@
+"""The JupyterLab extension in a real JupyterLab, driven through Chromium.
+
+The extension (``gpucell/labextension``, installed by ``pip install -e .``) is
+checked as a user meets it:
+
+- the status bar says "gpucell: no cluster" before gpucell is loaded, and
+  "gpucell: 2 CPU engines · 1 host · ..." once a 2-engine cluster runs;
+- a click on it opens the "GPU cluster" panel: a hint first, then two device rows;
+- while a ~10 s cell runs, the panel's run progress changes at least 3 times
+  (pushed by the kernel, the panel polls nothing), then it shows the summary and
+  the timeline picture;
+- unticking a device in the panel makes the next cell run on the other engine
+  only, and ``%gpu_cluster select`` in the notebook changes the panel's ticks;
+- after a kernel restart the panel says "no cluster", then shows the new cluster.
+
+Screenshots go to ``build/browser/lab-panel-*.png`` (gitignored);
+``lab-panel-running.png`` is the README's picture.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from lab_browser import SHOTS, Cells, dump, poll, shot, write_notebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+if not (Path(sys.prefix) / "share/jupyter/labextensions/gpucell/package.json").exists():
+    pytestmark.append(
+        pytest.mark.skip(
+            reason="the Lab extension is not built into this environment (pip "
+            "install -e . without Node >= 20.19; .ci/run checks it is there)"
+        )
+    )
+
+NOTEBOOK = "gpucell_panel.ipynb"
+N_ITER, ITER_S = 40, 0.5  # 2 engines: about 10 s
+
+CELLS = {
+    "start": "%load_ext gpucell\n%gpu_cluster start -n 2 --gpus none",
+    "long": (
+        "%%gpu_parallel\nimport time\nsquares = []\n"
+        f"for i in range({N_ITER}):\n    time.sleep({ITER_S})\n"
+        "    squares.append(i * i)"
+    ),
+    "short": "%%gpu_parallel\ncubes = []\nfor i in range(8):\n    cubes.append(i ** 3)",
+    "check": (
+        "import gpucell\n"
+        'print("ENGINES", sorted(gpucell.last_run.engines), '
+        "cubes == [i ** 3 for i in range(8)])"
+    ),
+    "select": "%gpu_cluster select 0",
+    "stop": "%gpu_cluster stop",
+}
+
+STATUS = "#jp-main-statusbar .gpucell-status"
+PANEL = "#gpucell-panel"
+
+PROBE_PANEL = """
+() => {
+  const root = document.querySelector('#gpucell-panel');
+  const status = document.querySelector('#jp-main-statusbar .gpucell-status');
+  if (!root) return {status: status ? status.textContent.trim() : null};
+  const run = root.querySelector('.gpucell-run');
+  const hint = root.querySelector('.gpucell-hint');
+  return {
+    status: status ? status.textContent.trim() : null,
+    seq: root.getAttribute('data-seq'),
+    visible: root.offsetParent !== null,
+    hint: hint && hint.offsetParent !== null ? hint.textContent.trim() : null,
+    rows: [...root.querySelectorAll('.gpucell-device')].map(r => ({
+      engine: r.getAttribute('data-engine'),
+      checked: r.querySelector('input.gpucell-select').checked,
+      state: (r.querySelector('.gpucell-state') || {}).textContent,
+    })),
+    run: run && run.offsetParent !== null ? {
+      done: run.getAttribute('data-done'),
+      status: run.getAttribute('data-status'),
+      text: run.textContent.trim(),
+    } : null,
+    last: [...root.querySelectorAll('.gpucell-last-line')]
+      .map(l => l.textContent.trim()),
+    timeline: root.querySelectorAll('img.gpucell-timeline').length,
+  };
+}
+"""
+
+
+def _panel(page) -> dict:
+    return page.evaluate(PROBE_PANEL)
+
+
+def _wait_panel(page, ok, what: str, timeout: float = 30.0) -> dict:
+    got = poll(lambda: _panel(page), ok, timeout)
+    if not ok(got):
+        shot(page, "lab-panel-failed")
+        dump(page.locator("body"), "lab-panel-failed")
+        raise AssertionError(f"the panel never showed {what} in {timeout} s: {got}")
+    return got
+
+
+def _two_cpu_engines(p: dict) -> bool:
+    return (p.get("status") or "").startswith(
+        "gpucell: 2 CPU engines · 1 host · "
+    ) and len(p.get("rows") or []) == 2
+
+
+def test_the_lab_panel_follows_the_kernel(lab, page):
+    write_notebook(lab.root / NOTEBOOK, CELLS)
+    cells = Cells(page, CELLS)
+    page.goto(lab.lab_url(NOTEBOOK))
+    page.locator(".jp-Notebook .jp-CodeCell").nth(len(CELLS) - 1).wait_for()
+    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(
+        timeout=60_000
+    )
+
+    # ---- before gpucell: the status bar says so, the panel gives a hint
+    page.locator(STATUS).wait_for(timeout=30_000)
+    assert page.locator(STATUS).inner_text().strip() == "gpucell: no cluster"
+    page.locator(STATUS).click()
+    p = _wait_panel(page, lambda p: p.get("visible") and p.get("hint"), "its hint")
+    assert "%load_ext gpucell" in p["hint"], p
+    shot(page, "lab-panel-00-hint")
+
+    # ---- a 2-engine cluster: the status bar and two device rows
+    cells.run_ok("start", timeout=90)
+    p = _wait_panel(page, _two_cpu_engines, "2 CPU engines")
+    assert [r["engine"] for r in p["rows"]] == ["0", "1"], p
+    assert all(r["checked"] for r in p["rows"]), p
+    assert re.fullmatch(r"gpucell: 2 CPU engines · 1 host · (\d+%|–) busy", p["status"])
+    shot(page, "lab-panel-01-cluster")
+
+    # ---- a ~10 s cell: pushed updates while it runs, then the summary
+    cells.run("long")
+    seen: list[dict] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        p = _panel(page)
+        if p.get("run") and p["run"]["status"] == "running":
+            seen.append(
+                {"t": round(time.monotonic() - t0, 2), **p["run"], "seq": p["seq"]}
+            )
+            if len(seen) == 12:
+                shot(page, "lab-panel-running")
+        if re.fullmatch(r"\[\d+\]:", cells.prompt("long")):
+            break
+        time.sleep(0.2)
+    cells.wait_done("long")
+    (SHOTS / "lab-panel-polls.json").write_text(json.dumps(seen, indent=1))
+    dones = [int(s["done"]) for s in seen]
+    assert dones == sorted(dones), f"progress went backwards: {dones}"
+    assert len(set(dones)) >= 3, f"the run's progress changed {len(set(dones))} times"
+    assert len({s["seq"] for s in seen}) >= 3, seen
+    p = _wait_panel(
+        page,
+        lambda p: any(f"{N_ITER} iterations on 2 engines" in x for x in p["last"]),
+        "the last run's summary",
+    )
+    assert p["timeline"] == 1, p
+    assert p["run"]["status"] == "ok" and p["run"]["done"] == str(N_ITER), p
+    shot(page, "lab-panel-02-summary")
+
+    # ---- untick engine 0 in the panel: the next cell runs on engine 1 only
+    tick = '.gpucell-device[data-engine="0"] input.gpucell-select'
+    page.locator(f"{PANEL} {tick}").click()
+    _wait_panel(
+        page,
+        lambda p: [r["checked"] for r in p.get("rows", [])] == [False, True],
+        "engine 0 unticked",
+    )
+    cells.run_ok("short")
+    text = cells.run_ok("check")
+    assert "ENGINES [1] True" in text, text
+
+    # ---- the magic's selection shows in the panel's ticks
+    cells.run_ok("select")
+    _wait_panel(
+        page,
+        lambda p: [r["checked"] for r in p.get("rows", [])] == [True, False],
+        "the magic's selection (engine 0 only)",
+    )
+    shot(page, "lab-panel-03-selected")
+
+    # ---- a kernel restart: "no cluster", then the new kernel's cluster
+    cells.cell("start").locator(".jp-InputPrompt").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("0")
+    page.keyboard.press("0")
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    _wait_panel(
+        page,
+        lambda p: p.get("status") == "gpucell: no cluster" and not p.get("rows"),
+        "no cluster after the restart",
+    )
+    shot(page, "lab-panel-04-restarted")
+    page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(
+        timeout=60_000
+    )
+    cells.run_ok("start", timeout=90)
+    p = _wait_panel(page, _two_cpu_engines, "the new kernel's 2 CPU engines")
+    assert all(r["checked"] for r in p["rows"]), p
+    shot(page, "lab-panel-05-new-cluster")
+    cells.run_ok("stop")
+    _wait_panel(page, lambda p: p.get("status") == "gpucell: no cluster", "no cluster")
