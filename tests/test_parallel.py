@@ -565,15 +565,17 @@ def test_a_cuda_device_held_in_a_variable_runs_on_cpu_engines(ip, cluster):
         assert not gpucell.last_run.inline
 
 
-def test_a_cheap_loops_first_run_takes_one_chunk_per_engine(ip, cluster):
-    """Trial chunks: an unmeasured engine gets its whole part with a time budget,
-    so a cheap loop needs no separate calibration round trip."""
+def test_a_cheap_loops_first_run_takes_one_round_trip(ip, cluster):
+    """Trial chunks: an unmeasured engine gets its whole part (in two chunks sent
+    together) with a time budget, so a cheap loop needs no separate calibration
+    round trip."""
     cluster.cost_history.clear()
     assert_serial_equivalent(
         ip, "out = []\nfor i in range(2000):\n    out.append(i * i)\n", {"out": []}
     )
     done = [c for c in gpucell.last_run.chunks if c.state == "done"]
-    assert len(done) == len(cluster.ids)
+    assert len(done) == 2 * len(cluster.ids)
+    assert {c.engine for c in done} == set(cluster.ids)
 
 
 def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):

@@ -361,24 +361,33 @@ def test_a_cheap_start_does_not_make_later_chunks_huge_on_equal_devices():
     assert h.min_chunk(0) > h.min_chunk(1)
 
 
-def test_a_trial_chunk_is_the_whole_part_and_its_unrun_rest_goes_out_first():
-    s = Schedule(100, [0, 1], trial=True)
+def test_trial_chunks_are_the_whole_part_in_two_and_the_unrun_rest_goes_out_first():
+    s = Schedule(1000, [0, 1], trial=True)
     first = s.fill()
-    assert [(c.engine, c.start, c.stop) for c in first] == [(0, 0, 50), (1, 50, 100)]
+    # each engine's part in two trial chunks sent at once: the second is queued
+    # behind the first, so the engine works on while the first's result travels
+    assert [(c.engine, c.start, c.stop) for c in first] == [
+        (0, 0, 250),
+        (1, 250, 500),
+        (0, 500, 750),
+        (1, 750, 1000),
+    ]
+    assert all(c.trial for c in first)
     assert s.calibrating(0) and s.calibrating(1)
     s.complete(first[0].id, 0.05, done=7)  # the engine stopped after 7 iterations
     assert (first[0].start, first[0].stop) == (0, 7)
     assert not s.calibrating(0)
     nxt = s.fill()
     assert nxt and nxt[0].engine == 0 and nxt[0].start == 7  # the rest, first
-    s.complete(first[1].id, 0.5)  # engine 1 ran its whole part
+    for c in first[1:]:
+        s.complete(c.id, 0.01 * c.size)  # ran whole
     while not s.finished:
         for c in s.fill():
             s.complete(c.id, 0.01 * c.size)
         for e in (0, 1):
             for c in s.outstanding(e):
                 s.complete(c.id, 0.01 * c.size)
-    assert covers(s.chunks, 100)
+    assert covers(s.chunks, 1000)
 
 
 @settings(max_examples=200, deadline=None)

@@ -132,10 +132,12 @@ class Schedule:
         costs, so work is shared equally.
     trial
         Guided calibration chunks are trials (:attr:`Chunk.trial`): an unmeasured
-        engine gets its whole fair part, which the dispatcher lets run for a
-        short time budget only; the iterations it did not reach come back
-        through ``complete(..., done=k)``.  A cheap loop then takes one round
-        trip per engine instead of a calibration round first.  (For loops whose
+        engine gets its whole fair part, as two chunks sent together (the second
+        queued behind the first, so the engine does not idle while the first
+        one's result travels), which the dispatcher lets run for a short time
+        budget each; the iterations it did not reach come back through
+        ``complete(..., done=k)``.  A cheap loop then takes one round trip per
+        engine instead of a calibration round first.  (For loops whose
         chunks cost little to send: the unreached part travels twice.)  Off for
         static, dynamic, fixed-``chunksize`` and profiled schedules: their chunks
         are what was asked for.
@@ -165,6 +167,7 @@ class Schedule:
     heterogeneous: bool = False
     profile: Sequence[float] | None = field(default=None, repr=False)
     trial: bool = False
+    trial_seconds: float = 0.05
     kept: Sequence[tuple[int, int]] = ()
     profiled: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
@@ -180,6 +183,12 @@ class Schedule:
     _running: dict[int, dict[int, Chunk]] = field(default_factory=dict)
     _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
     _max_pace: float = 0.0  # the slowest seconds per iteration of any done chunk
+    _min_pace: float = math.inf  # the fastest, over chunks of positive seconds
+    _paced: int = 0  # done chunks with a pace
+    # start of a free run of iterations -> the seconds per iteration its trial
+    # measured just before it (the trial stopped there): an estimate of its cost
+    _rest_pace: dict[int, float] = field(default_factory=dict)
+    _rest_owner: dict[int, int] = field(default_factory=dict)  # start -> engine
     _kept_iterations: int = 0  # done by an earlier run (``kept``)
     # iterations to re-run on one engine first (an out-of-memory retry)
     _pinned: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
@@ -278,15 +287,17 @@ class Schedule:
         """True when ``engine`` has fewer chunks outstanding than it should."""
         if engine not in self._alive or not self._has_unassigned(engine):
             return False
-        depth = self.depth if self._plenty_left() else 1
+        depth = self.depth if self._plenty_left() or self._trial_for(engine) else 1
         if any(c.attempt > 0 for c in self.outstanding(engine)):
             # a re-run of iterations whose engine died runs alone on its engine:
             # if this one dies too, the chunk that killed it is known
             return False
-        if self._pace(engine) is None:
+        if self._pace(engine) is None and not self._trial_for(engine):
             # one calibration chunk at a time: queueing a second before the first
             # is measured would commit work at a guessed size (and, for cheap
-            # loops, cost a message more than it saves)
+            # loops, cost a message more than it saves).  Trial chunks are the
+            # exception: an engine's part goes out as two, both cut short by
+            # time, so the second runs while the first's result travels
             depth = 1
         return len(self.outstanding(engine)) < depth
 
@@ -338,11 +349,22 @@ class Schedule:
         size = self._size_for(engine)
         trial = self._trial_for(engine)
         if self._free:
-            start, stop, attempt = self._free.pop(0)
+            j = self._pick_free(engine)
+            start, stop, attempt = self._free.pop(j)
+            pace = self._rest_pace.pop(start, None)
+            self._rest_owner.pop(start, None)
             if attempt > 0 and stop - start <= ISOLATE_MAX:
                 size = 1  # one iteration at a time: a second death names it
+            elif (
+                pace is not None
+                and not self.calibrating(engine)
+                and self._factor() != 1.0
+            ):
+                size = min(size, self._size_at_pace(engine, pace, stop - start))
             if stop - start > size:
-                self._free.insert(0, (start + size, stop, attempt))
+                self._free.insert(j, (start + size, stop, attempt))
+                if pace is not None:
+                    self._rest_pace[start + size] = pace
                 stop = start + size
             return self._new(start, stop, engine, attempt, trial)
         if self._cursor >= self.n:
@@ -380,6 +402,10 @@ class Schedule:
         if c.trial and done is not None and 0 < done < c.size:
             self._free.append((c.start + done, c.stop, c.attempt))
             self._free.sort()
+            if seconds > 0:
+                self._rest_pace[c.start + done] = seconds / done
+            if c.engine is not None:
+                self._rest_owner[c.start + done] = c.engine
             c.stop = c.start + done
         move(c, DONE)
         c.seconds = seconds
@@ -390,6 +416,8 @@ class Schedule:
             tally[1] += seconds
         if c.size and seconds > 0:
             self._max_pace = max(self._max_pace, seconds / c.size)
+            self._min_pace = min(self._min_pace, seconds / c.size)
+            self._paced += 1
         if c.engine is not None and c.engine in self._stats:
             st = self._stats[c.engine]
             st.iterations += c.size
@@ -491,7 +519,10 @@ class Schedule:
         k = max(1, len(self._alive))
         if self.profiled:
             return self._remaining_cost() >= 2 * k * self._floor_cost(None)
-        return self._remaining() >= 2 * k * max(1, self.min_chunk())
+        if self._factor() == 1.0 and not self.heterogeneous:
+            return True  # looks uniform: equal counts, nothing to unbalance
+        left = self._remaining() + self._trial_rests()
+        return left >= 2 * k * max(1, self.min_chunk())
 
     def _pace(self, engine: int) -> float | None:
         """Engine's measured seconds per unit of work (an iteration, or a profile
@@ -516,6 +547,82 @@ class Schedule:
             return 1.0
         return min(4.0, max(0.25, share))
 
+    def _pick_free(self, engine: int) -> int:
+        """Which free run goes out next: re-runs of lost work first (in order);
+        then, in a loop that looks uniform, the rest of this engine's own trial
+        (every engine's part was equal, so each finishing its own keeps them
+        equal); else the run whose trial measured the costliest iterations, so
+        a loop whose costs rise along its range does not end on its dearest
+        part."""
+        uniform = self._factor() == 1.0
+        best, key = 0, (-1, -1, -1.0)
+        for j, (start, _stop, attempt) in enumerate(self._free):
+            own = uniform and self._rest_owner.get(start) == engine
+            k = (
+                1 if attempt > 0 else 0,
+                1 if own else 0,
+                self._rest_pace.get(start, -1.0),
+            )
+            if k > key:
+                best, key = j, k
+        return best
+
+    def _factor(self) -> float:
+        """Guided's divisor: ``factor``, or 1 (classic guided self-scheduling:
+        fewer, larger chunks) once trials spread over the whole range all
+        measured the same pace (within 25%): the loop looks uniform."""
+        k = max(1, len(self._alive))
+        if (
+            self.trial
+            and self._paced >= min(k, 3)
+            and self._max_pace <= 1.25 * self._min_pace
+        ):
+            return 1.0
+        return self.factor
+
+    def _size_at_pace(self, engine: int, pace: float, run: int) -> int:
+        """Iterations of a free run whose trial measured ``pace`` seconds each
+        that make a guided share of the work's estimated seconds left."""
+        known = [self._rest_pace.get(a) for a, _b, _t in self._free]
+        mean = self._mean_pace() or pace
+        left = (
+            sum(
+                (b - a) * (p if p is not None else mean)
+                for (a, b, _t), p in zip(self._free, known, strict=True)
+            )
+            + (self.n - self._cursor + self._trial_rests()) * mean
+            + run * pace  # the run being cut
+        )
+        k = max(1, len(self._alive))
+        share = left / (self._factor() * k) * self._speed_share(engine)
+        return max(1, int(share / pace))
+
+    def _will_run(self, c: Chunk) -> int:
+        """Iterations a running chunk is expected to run: all of them, or for a
+        trial chunk those that fit its time budget at the pace measured so far
+        (the slowest seen: the first iteration also pays warm-up)."""
+        if not c.trial:
+            return c.size
+        pace = self._max_pace
+        if pace <= 0:
+            return c.size  # not measured yet, or cheap so far
+        return max(1, min(c.size, math.ceil(self.trial_seconds / pace)))
+
+    def _trial_rests(self) -> int:
+        """Iterations of trial chunks still running that they will likely not
+        reach (they come back to be handed out again)."""
+        return sum(
+            c.size - self._will_run(c)
+            for out in self._running.values()
+            for c in out.values()
+            if c.trial
+        )
+
+    def _mean_pace(self) -> float | None:
+        its = sum(st.iterations for st in self._stats.values())
+        secs = sum(st.seconds for st in self._stats.values())
+        return secs / its if its and secs > 0 else None
+
     def _size_for(self, engine: int) -> int:
         remaining = self._remaining()
         if remaining <= 0:
@@ -526,19 +633,34 @@ class Schedule:
         # whatever the overhead floor says: cheap iterations must not leave the
         # others idle, and an engine served while the others are busy with
         # their part may take the rest.
-        held = {e: sum(c.size for c in self.outstanding(e)) for e in self._alive}
+        held = {
+            e: sum(self._will_run(c) for c in self.outstanding(e)) for e in self._alive
+        }
+        # what trial chunks still out will not reach comes back to be shared
+        remaining += self._trial_rests()
         total = remaining + sum(held.values())
         # weighted by speed only once a clear gap is established (a GPU beside a
         # CPU engine); iterations' own costs vary too much to read more into it
         part = min(1.0, self._speed_share(engine) / k)
         fair = max(1, math.ceil(total * part) - held.get(engine, 0))
+        if self._factor() == 1.0 and not self.heterogeneous:
+            # a loop that looks uniform: every engine ends with an equal count
+            # (a fair part of what is left favours whoever asks first)
+            mine = int(self._done[engine][0]) + held.get(engine, 0)
+            fair = max(1, math.ceil((self.n - self._kept_iterations) / k) - mine)
+            if not self.calibrating(engine):
+                return max(1, min(remaining, fair))  # no tail to balance
         floor = min(self.min_chunk(engine), fair)
         if self.mode == "dynamic":
             return max(1, min(remaining, floor))
-        share = remaining / (self.factor * k) * self._speed_share(engine)
+        share = remaining / (self._factor() * k) * self._speed_share(engine)
         if self.calibrating(engine):
             if self._trial_for(engine):
-                return max(1, min(remaining, fair))  # cut short on the engine
+                # cut short on the engine: the first half of its part, then the
+                # rest queued behind it (no idle round trip after the first)
+                if not self._running.get(engine) and fair > 1:
+                    return max(1, min(remaining, (fair + 1) // 2))
+                return max(1, min(remaining, fair))
             if len(self._alive) > 1:
                 # calibration: an unmeasured engine gets a small first chunk, so
                 # a slow engine cannot be handed a quarter of the loop before

@@ -194,3 +194,32 @@ def preimport(names: list[str]) -> None:
                     importlib.import_module(name)
                 except Exception:  # the cell that needs it will say what is missing
                     pass
+        collect()  # the libraries' objects are frozen now, not at a cell's end
+
+
+#: every this many collections, :func:`collect` scans the frozen survivors too
+FULL_EVERY = 16
+_collections = 0
+
+
+def collect(full: bool = False) -> None:
+    """Free the reference cycles a cell left, at the cost of scanning only what
+    was made since the last collection.
+
+    A full collection scans every object the engine holds: about 35 ms for the
+    66,000 objects of an idle engine (more once torch is imported), and on a host
+    whose engines share cores that delayed the next cell's first chunks by up to
+    100 ms.  So the survivors of each collection are frozen (``gc.freeze``: what
+    an engine keeps, modules and cached inputs, is not scanned again) and the
+    next collection scans only new objects.  A frozen object that later dies in
+    a cycle waits for a full collection: when cached inputs are dropped (the
+    likeliest owners of such cycles) and every ``FULL_EVERY`` collections.
+    """
+    import gc
+
+    global _collections
+    _collections += 1
+    if full or _collections % FULL_EVERY == 0:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()

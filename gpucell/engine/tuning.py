@@ -6,8 +6,10 @@ written, and it builds a log record for every debug line that its handler then
 drops.  On a 2-core host that was about 0.8 ms of an engine's 2.1 ms of CPU per
 trivial task (psutil and cProfile on the engines), paid again for every chunk.
 
-:func:`tune` removes both, and only on engines of a cluster gpucell started: engines
-we merely connect to belong to someone else and are left as they are.  Output is
+:func:`tune` removes both (and freezes the start-up objects for the garbage
+collector: see :func:`gpucell.engine.runtime.collect`), and only on engines of a
+cluster gpucell started: engines we merely connect to belong to someone else and
+are left as they are.  Output is
 unchanged: a flush with nothing written since the last one has nothing to send,
 and any other flush still runs.  Runs on engines (imported there by name).
 """
@@ -80,3 +82,6 @@ def tune() -> None:
     missing or already tuned)."""
     _skip_empty_flushes()
     _quiet_loggers()
+    from gpucell.engine.runtime import collect
+
+    collect()  # freeze what start-up made: later collections skip it

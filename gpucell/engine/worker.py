@@ -30,7 +30,7 @@ from typing import Any
 
 from gpucell.engine import checkin, tohost, writebehind
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
-from gpucell.engine.runtime import interrupts_held
+from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import DETAIL_MAX, chunk_items
 from gpucell.protocol.fold import is_torch
@@ -136,14 +136,13 @@ def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
     program's namespace, reference cycles, cached CUDA blocks), so the memory
     returns now rather than when the next collection happens to run."""
     s = _sessions.get(kernel)  # none: nothing of this kernel's is left here
+    dropped = False
     if s is not None:
         for name in drop or ():
-            s.cache.pop(name, None)
+            dropped = s.cache.pop(name, None) is not None or dropped
         s.inputs.clear()
         s.program = None
-    import gc
-
-    gc.collect()
+    collect(full=dropped)
     _release_cuda_cache()
 
 
@@ -152,13 +151,11 @@ def leave(kernel: str = "") -> None:
     left in them for it (cached inputs; the telemetry sampler thread once no
     kernel is left)."""
     clear(kernel)
-    import gc
-
     from gpucell.engine import telemetry
 
     if not _sessions:
         telemetry.stop()
-    gc.collect()
+    collect(full=True)
 
 
 def load(
@@ -461,6 +458,7 @@ def run(
     running; ``timing["done"]`` says how many ran.  ``kernel``: whose program and
     inputs (``gpucell.devices.host.kernel_key``; several kernels may share engines).
     """
+    entered = time.time()
     loaded = None
     if setup is not None:
         loaded = _set_up(cell, setup, input_frames or [], kernel)
@@ -537,6 +535,7 @@ def run(
         st.iteration_mean = compute / where.done()
     timing = {
         "start": t0,
+        "entered": entered,
         "end": end,
         "compute": compute,
         # per-iteration stamps travel only for chunks a run's detail can keep
