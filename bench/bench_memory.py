@@ -2,7 +2,10 @@
 
 A numpy input of ``--gib`` GiB read by every engine of a real 2-engine cluster,
 with shared memory on (the input travels through ``/dev/shm`` and each engine
-maps it) and off (it travels through the controller, as to a remote engine).
+maps it), with the engines told they cannot see the kernel's ``/dev/shm`` (as on
+another host: one engine receives the input through the controller and publishes
+it in its host's ``/dev/shm`` for the other), and off (it travels through the
+controller to each engine).
 For each: memory before the input exists, at the cell's end, and after
 ``del big`` plus one more cell.
 
@@ -74,7 +77,10 @@ def measure(gc, settle: float = 0.5) -> dict[str, int]:
     return out
 
 
-def run(shared: bool, gib: float) -> dict[str, dict[str, int]]:
+def run(shared: bool, gib: float, remote: bool = False) -> dict[str, dict[str, int]]:
+    """``remote``: shared memory on, but the engines are told they cannot map
+    the kernel's /dev/shm (as engines on another host): one of them receives
+    the input and publishes it for the other (gpucell.engine.hostcopy)."""
     from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
 
@@ -87,6 +93,11 @@ def run(shared: bool, gib: float) -> dict[str, dict[str, int]]:
     config.settings().shared_memory = shared
     config.settings().inline_below = 0.0
     gc = gpucell.start_cluster(2, gpus="none")
+    if remote:
+        import dataclasses
+
+        for e in list(gc.engines):
+            gc.engines[e] = dataclasses.replace(gc.engines[e], shm=False)
     try:
         ip.run_cell("import numpy as np")
         cell = (
@@ -126,9 +137,12 @@ def main() -> None:
         "input_gib": args.gib,
         "results": {},
     }
-    for shared in (True, False):
-        name = "shared memory" if shared else "no shared memory"
-        report["results"][name] = run(shared, args.gib)
+    for name, shared, remote in (
+        ("shared memory", True, False),
+        ("engines as on another host", True, True),
+        ("no shared memory", False, False),
+    ):
+        report["results"][name] = run(shared, args.gib, remote)
     for name, phases in report["results"].items():
         print(f"\n{name}: change from before (MiB), input {args.gib:g} GiB")
         keys = list(phases["before"])

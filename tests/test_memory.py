@@ -9,6 +9,8 @@ import numpy as np
 import psutil
 import pytest
 
+import gpucell
+
 pytestmark = pytest.mark.cluster
 
 MIB = 2**20
@@ -113,3 +115,62 @@ def test_engines_keep_cached_inputs_within_their_budget(ip, private_cluster):
         assert all("b" in n and "a" not in n for n in cached.values()), cached
     finally:
         settings.engine_cache_bytes = old
+
+
+def _host_files() -> list[str]:
+    import os
+
+    try:
+        return sorted(f for f in os.listdir("/dev/shm") if "-host-" in f)
+    except OSError:
+        return []
+
+
+def test_engines_that_cannot_map_the_kernels_shm_get_one_copy_per_host(
+    ip, private_cluster
+):
+    """Engines on another host: the input crosses to one of them, which publishes
+    it in its host's /dev/shm; the other maps it (its private memory does not
+    grow) and the files are gone after the cell.  The 'other host' here is this
+    one, with the engines told they cannot see the kernel's /dev/shm."""
+    import dataclasses
+
+    c = private_cluster
+    if not all(c.sees_shm(e) for e in c.live_ids()):
+        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+    saved = dict(c.engines)
+    for e in c.live_ids():  # as for engines on another host
+        c.engines[e] = dataclasses.replace(c.engines[e], shm=False)
+    try:
+        size = 192 * MIB
+        ip.user_ns["np"] = np
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
+        )
+        time.sleep(0.3)
+        before = {e: _uss(c.engines[e].pid) for e in c.live_ids()}
+        ip.user_ns["big2"] = np.arange(size // 8, dtype=np.float64)
+        cell = (
+            "sums = []\nfor i in range(8):\n    sums.append(float(big2[i::8].sum()))\n"
+        )
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        expected = [float(ip.user_ns["big2"][i::8].sum()) for i in range(8)]
+        assert ip.user_ns["sums"] == expected
+        assert {r.engine for r in gpucell.last_run.chunks} == set(c.live_ids())
+        assert gpucell.last_run.shared_bytes >= size  # the follower's copy
+        time.sleep(0.3)
+        grown = {e: _uss(c.engines[e].pid) - before[e] for e in c.live_ids()}
+        assert min(grown.values()) < 0.1 * size, f"both engines copied it: {grown}"
+        assert max(grown.values()) < 0.1 * size, f"an engine kept a copy: {grown}"
+        deadline = time.monotonic() + 5
+        while _host_files():
+            assert time.monotonic() < deadline, f"left behind: {_host_files()}"
+            time.sleep(0.1)
+        # both keep it cached: the next cell sends nothing
+        assert all("big2" in n for n in _cached_names(c).values())
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert ip.user_ns["sums"] == expected
+        assert gpucell.last_run.shared_bytes == 0
+    finally:
+        c.engines.update(saved)
+        ip.user_ns.pop("big2", None)

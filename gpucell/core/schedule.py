@@ -181,6 +181,7 @@ class Schedule:
     # kept as chunks change state, so the per-assignment queries below do not
     # rescan every chunk (dynamic schedules make tens of thousands of them)
     _running: dict[int, dict[int, Chunk]] = field(default_factory=dict)
+    _trials: dict[int, Chunk] = field(default_factory=dict)  # trial chunks running
     _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
     _max_pace: float = 0.0  # the slowest seconds per iteration of any done chunk
     _min_pace: float = math.inf  # the fastest, over chunks of positive seconds
@@ -409,6 +410,7 @@ class Schedule:
             c.stop = c.start + done
         move(c, DONE)
         c.seconds = seconds
+        self._trials.pop(c.id, None)
         if c.engine is not None:
             self._running[c.engine].pop(c.id, None)
             tally = self._done[c.engine]
@@ -435,6 +437,7 @@ class Schedule:
         move(c, state)
         if c.engine is not None:
             self._running.get(c.engine, {}).pop(c.id, None)
+        self._trials.pop(c.id, None)
         return c
 
     def add_engine(self, engine: int) -> None:
@@ -477,6 +480,8 @@ class Schedule:
         lost = list(self._running.get(engine, {}).values())
         self._running[engine] = {}
         for c in lost:
+            self._trials.pop(c.id, None)
+        for c in lost:
             move(c, LOST)
             self._free.append((c.start, c.stop, c.attempt + 1))
             if self.profiled:
@@ -501,6 +506,8 @@ class Schedule:
         c = Chunk(len(self.chunks), start, stop, engine, RUNNING, attempt, trial=trial)
         self.chunks.append(c)
         self._running[engine][c.id] = c
+        if c.trial:
+            self._trials[c.id] = c
         return c
 
     def _remaining(self) -> int:
@@ -611,12 +618,7 @@ class Schedule:
     def _trial_rests(self) -> int:
         """Iterations of trial chunks still running that they will likely not
         reach (they come back to be handed out again)."""
-        return sum(
-            c.size - self._will_run(c)
-            for out in self._running.values()
-            for c in out.values()
-            if c.trial
-        )
+        return sum(c.size - self._will_run(c) for c in self._trials.values())
 
     def _mean_pace(self) -> float | None:
         its = sum(st.iterations for st in self._stats.values())

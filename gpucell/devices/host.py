@@ -19,10 +19,18 @@ __all__ = ["identity", "kernel_key", "pid_running", "process_state", "shares_pid
 _TOKEN = os.urandom(4).hex()
 
 
+_KEY: tuple[int, str] = (0, "")
+
+
 def kernel_key() -> str:
     """This kernel's key for its state on engines (its programs and cached
-    inputs), which several notebooks' kernels may share: unique per process."""
-    return f"{socket.gethostname()}-{os.getpid()}-{_TOKEN}"
+    inputs), which several notebooks' kernels may share: unique per process
+    (sent with every chunk: computed once per process)."""
+    global _KEY
+    pid = os.getpid()
+    if _KEY[0] != pid:
+        _KEY = (pid, f"{socket.gethostname()}-{pid}-{_TOKEN}")
+    return _KEY[1]
 
 
 def _read(path: str) -> str:

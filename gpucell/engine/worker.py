@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucell.engine import checkin, tohost, writebehind
+from gpucell.engine import checkin, hostcopy, tohost, writebehind
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
@@ -93,6 +93,7 @@ def cached_names() -> list[str]:
 def clear(kernel: str = "") -> None:
     """Forget a kernel's cached inputs and program (frees engine memory)."""
     _sessions.pop(kernel, None)
+    hostcopy.unpublish(kernel)
 
 
 def _nbytes(value: Any) -> int:
@@ -130,6 +131,15 @@ def _evict(cache: dict[str, Any], budget: int | None, keep: set[str]) -> None:
         cache.pop(name, None)
 
 
+def tidy_each(drops: dict[int, list[str]], kernel: str = "") -> None:
+    """:func:`tidy` sent to several engines as one task (one message to build
+    in the kernel, not one per engine): each finds its own ``drop`` by its id."""
+    from IPython import get_ipython
+
+    me = getattr(getattr(get_ipython(), "kernel", None), "engine_id", None)
+    tidy(drops.get(me, []) if isinstance(me, int) else [], kernel)
+
+
 def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
     """After a cell, while the engine is idle: forget the cached inputs the
     kernel no longer holds (``drop``) and what this cell left behind (its
@@ -142,6 +152,7 @@ def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
             dropped = s.cache.pop(name, None) is not None or dropped
         s.inputs.clear()
         s.program = None
+    hostcopy.unpublish(kernel)  # the host's engines all mapped it by now
     collect(full=dropped)
     _release_cuda_cache()
 
@@ -176,6 +187,8 @@ def load(
     """
     st = _session(kernel)
     cache = st.cache
+    if frames:
+        frames = hostcopy.receive(frames, cell, kernel)  # one copy per host
     if frames and shm.spilled(frames):
         frames = shm.unspill(frames, shared=True)  # mapped, copy-on-write
     sent = wire.loads(frames, cuda_to=_cuda_target()) if frames else {}

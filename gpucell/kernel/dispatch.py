@@ -281,6 +281,9 @@ class Run:
         # with the engine's first chunk
         self.setups: dict[int, tuple[Any, Any]] = {}
         self.mapped: dict[tuple[str, ...], list[Any]] = {}  # inputs in /dev/shm
+        # (host, input names) -> (engine, its pid, tag): who publishes them there
+        self.leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]] = {}
+        self.host_share: dict[int, tuple[tuple[str, ...], int]] = {}
         self.channel = gc.results_channel()
         self.sched = Schedule(
             n,
@@ -360,12 +363,16 @@ class Run:
         frames = encoded[send]
         nbytes = wire.frames_nbytes(frames)
         ch = self.channel
-        if ch is not None and nbytes >= ch.min_bytes:
+        if ch is not None and nbytes >= ch.min_bytes and gc.sees_shm(eid):
             if send not in self.mapped:  # written once, mapped by each engine
                 self.mapped[send] = shm.spill(frames, ch, f"in-{self.cell[:12]}-{eid}")
-            if shm.spilled(self.mapped[send]) and gc.sees_shm(eid):
+            if shm.spilled(self.mapped[send]):
                 frames = self.mapped[send]
                 self.record.shared_bytes += nbytes
+        elif ch is not None and nbytes >= ch.min_bytes and send:
+            # decided as its first chunk leaves: the first of its host to get a
+            # chunk publishes (an engine given no chunk never would)
+            self.host_share[eid] = (send, nbytes)
         setup: Setup = {
             "program": self.programs[eid],
             "names": sorted(inputs),
@@ -377,6 +384,35 @@ class Run:
         self.setups[eid] = (setup, frames)
         gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
 
+    def _once_per_host(
+        self, eid: int, send: tuple[str, ...], nbytes: int, frames: list[Any]
+    ) -> list[Any]:
+        """Engine ``eid`` cannot map the kernel's /dev/shm (another host): the
+        first such engine of its host gets the input and publishes it in its
+        host's /dev/shm, the others of that host map it from there
+        (gpucell.engine.hostcopy): one copy per host through the controller."""
+        info = self.gc.engines.get(eid)
+        if info is None or not info.host:
+            return frames
+        peers = [
+            e
+            for e in self.alive
+            if e != eid
+            and not self.gc.sees_shm(e)
+            and getattr(self.gc.engines.get(e), "host", None) == info.host
+        ]
+        key = (info.host, send)
+        leader = self.leaders.get(key)
+        if leader is None or leader[0] not in self.alive:
+            if not peers:
+                return frames  # alone on its host: nothing to share
+            tag = f"host-{self.cell[:12]}-{len(self.leaders)}"
+            self.leaders[key] = (eid, info.pid, tag)
+            return shm.lead(frames, self.channel, tag)
+        lead_id, lead_pid, tag = leader
+        self.record.shared_bytes += nbytes
+        return shm.follow(self.channel, tag, lead_pid, lead_id)
+
     def _restarts(self) -> Any:
         return getattr(self.gc, "restarts", None)
 
@@ -387,12 +423,14 @@ class Run:
 
         if self.status != "ok":
             return  # after a failure an engine may still be busy or hung
-        for eid in self.sched.alive:
-            drop = self.gc.forget_cached(eid, self.drop_inputs)
-            try:
-                self.views[eid].apply_async(worker.tidy, drop, kernel_key())
-            except Exception:
-                pass
+        alive = list(self.sched.alive)
+        drops = {e: self.gc.forget_cached(e, self.drop_inputs) for e in alive}
+        try:  # one task for all (its message is built once)
+            self.gc.client.direct_view(alive).apply_async(
+                worker.tidy_each, drops, kernel_key()
+            )
+        except Exception:
+            pass
 
     def _forget_tasks(self) -> None:
         """The client keeps every task's result and metadata for ever (its
@@ -455,6 +493,9 @@ class Run:
             frames = wire.dumps(self.chunk_of(c.start, c.stop))
             queued_behind = any(f.chunk.engine == eid for f in self.inflight.values())
             setup, input_frames = self.setups.pop(eid, (None, None))
+            share = self.host_share.pop(eid, None)
+            if share is not None and input_frames is not None:
+                input_frames = self._once_per_host(eid, *share, input_frames)
             ar = self.views[eid].apply_async(
                 worker.run,
                 self.cell,

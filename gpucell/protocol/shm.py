@@ -42,9 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "FOLLOW",
+    "LEAD",
     "MARK",
     "Channel",
     "Prewritten",
+    "follow",
+    "host_role",
+    "lead",
     "reachable",
     "release",
     "spill",
@@ -81,6 +86,33 @@ class Channel:
 
     def path(self, tag: str) -> str:
         return os.path.join(self.directory, f"{PREFIX}{self.token}-{tag}")
+
+
+#: First frame of an input an engine is to publish in its host's /dev/shm for the
+#: other engines of its host (:func:`lead`), and of the note those engines get
+#: instead of the input (:func:`follow`).
+LEAD = b"gpucell.host-lead/1"
+FOLLOW = b"gpucell.host-follow/1"
+
+
+def lead(frames: list[Any], ch: Channel, tag: str) -> list[Any]:
+    """Input frames for the one engine of a host that writes them to the host's
+    /dev/shm (``ch.path(tag)``) for the others (see gpucell.engine.hostcopy)."""
+    return [LEAD, pickle.dumps((ch, tag), protocol=5), *frames]
+
+
+def follow(ch: Channel, tag: str, leader_pid: int, leader: int) -> list[Any]:
+    """What the other engines of that host get: where the input will appear, and
+    which engine (id and pid on their host) writes it."""
+    return [FOLLOW, pickle.dumps((ch, tag, leader_pid, leader), protocol=5)]
+
+
+def host_role(frames: Sequence[Any]) -> bytes | None:
+    """``LEAD``, ``FOLLOW`` or ``None`` (plain or spilled input frames)."""
+    if not frames:
+        return None
+    head = bytes(frames[0]) if len(frames[0]) in (len(LEAD), len(FOLLOW)) else b""
+    return head if head in (LEAD, FOLLOW) else None
 
 
 def spilled(frames: Sequence[Any]) -> bool:
@@ -169,6 +201,8 @@ def spill(
     ch: Channel | None,
     tag: str,
     prewritten: Prewritten | None = None,
+    *,
+    own: bool = False,
 ) -> list[Any]:
     """Write the big buffers among ``frames[2:]`` to one shared-memory file.
 
@@ -176,7 +210,9 @@ def spill(
     ``frames`` unchanged when the channel is unusable here, the buffers are small,
     or the write fails (``/dev/shm`` full): the caller sends what it gets.
     ``prewritten``: the file already holds some of the buffers; only the others
-    are written, after them (and on any failure the file is removed).
+    are written, after them (and on any failure the file is removed).  ``own``:
+    the file is for this host's own readers (an engine publishing an input for
+    the engines beside it), so the kernel's probe need not be visible here.
     """
     if ch is None or len(frames) <= 2:
         if prewritten is not None:
@@ -194,7 +230,8 @@ def spill(
         prewritten = None
     if prewritten is None:
         total = sum(v.nbytes for _, v in big)
-        if total < ch.min_bytes or not reachable(ch) or not _room(ch.directory, total):
+        seen = own or reachable(ch)
+        if total < ch.min_bytes or not seen or not _room(ch.directory, total):
             return frames
         path, offset, flags = ch.path(tag), 0, os.O_RDWR | os.O_CREAT | os.O_EXCL
     else:
