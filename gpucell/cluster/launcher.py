@@ -47,10 +47,11 @@ class PinnedEngineSetLauncher(LocalEngineSetLauncher):
 
 
 class PinnedControllerLauncher(LocalControllerLauncher):
-    """A local controller that dies with the process that started it."""
+    """A local controller that dies with the process that started it; its direct
+    queue tells the hub of each message without the buffers (lean_monitor)."""
 
     controller_cmd = List(
-        [*_BOOT, "ipyparallel.controller"],
+        [*_BOOT, "gpucell.cluster.controller"],
         config=True,
         help="Command to launch the controller (through gpucell.cluster.boot).",
     )
