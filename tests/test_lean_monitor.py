@@ -13,7 +13,7 @@ DELIM = b"<IDS|MSG>"
 
 
 def test_the_hub_gets_the_routing_and_signed_parts_only():
-    parts = [b"client", b"engine", DELIM, b"sig", b"{hdr}", b"{parent}", b"{md}", b"{c}"]
+    parts = [b"client", b"engine", DELIM, b"sig", b"{h}", b"{p}", b"{md}", b"{c}"]
     frames = [zmq.Frame(p) for p in [*parts, b"x" * 1000, b"y" * 1000]]
     lean = monitor_frames(frames)
     assert [f.bytes for f in lean] == parts
