@@ -11,7 +11,10 @@ checked as a user meets it:
   the timeline picture;
 - unticking a device in the panel makes the next cell run on the other engine
   only, and ``%gpu_cluster select`` in the notebook changes the panel's ticks;
-- after a kernel restart the panel says "no cluster", then shows the new cluster.
+- after a kernel restart the panel says "no cluster", then shows the new cluster;
+- with two notebooks open, the panel and the status bar follow the focused tab:
+  "no cluster" and the hint for a notebook without gpucell, the cluster again
+  when the tab of the notebook that runs it is clicked.
 
 Screenshots go to ``build/browser/lab-panel-*.png`` (gitignored);
 ``lab-panel-running.png`` is the README's picture.
@@ -24,6 +27,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from lab_browser import SHOTS, Cells, dump, poll, shot, write_notebook
@@ -206,4 +210,84 @@ def test_the_lab_panel_follows_the_kernel(lab, page):
     assert all(r["checked"] for r in p["rows"]), p
     shot(page, "lab-panel-05-new-cluster")
     cells.run_ok("stop")
+    _wait_panel(page, lambda p: p.get("status") == "gpucell: no cluster", "no cluster")
+
+
+class _TabCells(Cells):
+    """The cells of one notebook among several open ones (its dock panel)."""
+
+    def __init__(self, page, cells: dict[str, str], panel) -> None:
+        super().__init__(page, cells)
+        self.panel = panel
+
+    def cell(self, name: str):
+        return self.panel.locator(".jp-Notebook .jp-CodeCell").nth(self.index[name])
+
+
+def _open_tab(page, name: str, cells: dict[str, str]) -> _TabCells:
+    """The focused notebook's cells, once they are rendered and its kernel is
+    idle: Shift+Enter before it is connected skips the cell without a word (the
+    toolbar's indicator says "idle" from the start, the status bar does not; its
+    file name and kernel status change together, so a stale "Idle" of the tab
+    focused before is not taken for this one's)."""
+    tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text=name)
+    tab.wait_for()
+    nb = _TabCells(page, cells, page.locator(f"[id='{tab.get_attribute('data-id')}']"))
+    nb.cell(list(cells)[-1]).wait_for(timeout=60_000)
+    bar = page.locator("#jp-main-statusbar")
+    text = poll(bar.inner_text, lambda t: name in t and "| Idle" in t, 60)
+    assert name in text and "| Idle" in text, f"{name}'s kernel is not idle: {text}"
+    return nb
+
+
+def test_the_lab_panel_follows_the_focused_notebook(lab, page):
+    a_name, b_name = "gpucell_switch_a.ipynb", "gpucell_switch_b.ipynb"
+    a_cells = {"start": CELLS["start"], "stop": CELLS["stop"]}
+    b_cells = {"plain": "import sys\nprint('B', 'gpucell' in sys.modules)"}
+    write_notebook(lab.root / a_name, a_cells)
+    write_notebook(lab.root / b_name, b_cells)
+
+    # ---- notebook A in a workspace of its own (nothing restored from another
+    # test); a page left dirty by one asks before it is left: leave it
+    def leave(dialog) -> None:
+        dialog.accept()
+
+    page.on("dialog", leave)
+    page.goto(f"{lab.url}/lab/workspaces/switch/tree/{quote(a_name)}?token={lab.token}")
+    page.remove_listener("dialog", leave)
+    a = _open_tab(page, a_name, a_cells)
+    a.run_ok("start", timeout=90)
+    page.locator(STATUS).click()
+    _wait_panel(
+        page, lambda p: p.get("visible") and _two_cpu_engines(p), "A's 2 CPU engines"
+    )
+    shot(page, "lab-panel-10-notebook-a")
+
+    # ---- notebook B (its own kernel, no gpucell) opened from the file browser
+    page.locator(".jp-DirListing-item", has_text=b_name).dblclick()
+    b = _open_tab(page, b_name, b_cells)
+    text = b.run_ok("plain")
+    assert "B False" in text, f"notebook B's own kernel should not have gpucell: {text}"
+    p = _wait_panel(
+        page,
+        lambda p: (
+            p.get("status") == "gpucell: no cluster"
+            and not p.get("rows")
+            and "%load_ext gpucell" in (p.get("hint") or "")
+        ),
+        "'no cluster' and the hint for notebook B",
+    )
+    shot(page, "lab-panel-11-notebook-b")
+
+    # ---- back to A's tab: A's cluster again
+    page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text=a_name).click()
+    p = _wait_panel(
+        page,
+        lambda p: _two_cpu_engines(p) and not p.get("hint"),
+        "A's 2 CPU engines again after its tab was clicked",
+    )
+    assert [r["engine"] for r in p["rows"]] == ["0", "1"], p
+    shot(page, "lab-panel-12-back-to-a")
+
+    a.run_ok("stop")
     _wait_panel(page, lambda p: p.get("status") == "gpucell: no cluster", "no cluster")
