@@ -441,3 +441,43 @@ def test_missing_ranges_of_overlapping_and_unsorted_done_ranges():
     assert missing_ranges(10, [(4, 6), (0, 2), (5, 7)]) == [(2, 4), (7, 10)]
     assert missing_ranges(3, []) == [(0, 3)]
     assert missing_ranges(3, [(0, 3)]) == []
+
+
+def _cheap_first_run(trial_paces: list[float], later_pace: float) -> Schedule:
+    """A first run of 10^7 cheap iterations on 2 engines: each trial chunk stops
+    after 50 ms at the pace given (the engine's first pays warm-up), later
+    chunks run at ``later_pace`` (the unstamped program, faster per iteration).
+    The engine that asks next is the one whose outstanding chunks end first."""
+    s = Schedule(10**7, [0, 1], trial=True, overhead=0.004)
+    paces = iter(trial_paces)
+    clock = {0: 0.0, 1: 0.0}
+    while not s.finished:
+        s.fill()
+        e = min((e for e in (0, 1) if s.outstanding(e)), key=lambda e: clock[e])
+        c = s.outstanding(e)[0]
+        if c.trial:
+            pace = next(paces)
+            done = min(c.size, int(0.05 / pace))
+            s.complete(c.id, done * pace, done=done)
+            clock[e] += done * pace + 0.004
+        else:
+            s.complete(c.id, c.size * later_pace)
+            clock[e] += c.size * later_pace + 0.004
+    assert covers(s.chunks, 10**7)
+    return s
+
+
+def test_a_cheap_loop_whose_trials_agree_ends_without_a_tail():
+    """Later chunks run faster per iteration than the trials did (unstamped):
+    that is no sign of uneven costs, so each engine finishes its own part."""
+    s = _cheap_first_run([3.6e-7, 3.4e-7, 3.5e-7, 3.3e-7], later_pace=7e-8)
+    assert len(s.chunks) <= 8, [(c.engine, c.start, c.size) for c in s.chunks]
+
+
+def test_trial_rests_of_a_cheap_loop_are_not_cut_below_the_overhead_floor():
+    """Trials that disagree (warm-up made the first slow) make guided cut the
+    rests by their pace, but never into a tail of tiny chunks, each of which
+    costs a round trip."""
+    s = _cheap_first_run([5.3e-7, 3.4e-7, 3.5e-7, 3.3e-7], later_pace=7e-8)
+    assert len(s.chunks) <= 24, [(c.engine, c.start, c.size) for c in s.chunks]
+    assert min(c.size for c in s.chunks) >= 1000, sorted(c.size for c in s.chunks)

@@ -99,6 +99,75 @@ def test_cheap_iterations_run_unstamped_from_a_shorter_chunk():
     assert where.unstamped and r.count == 5000
 
 
+def _trial(cell: str, known, ns, seq, *, budget: float, start: int = 0, **kw):
+    import time
+
+    where = Where({}, start)
+    kind = "range" if isinstance(seq, range) else "seq"
+    deadline = time.perf_counter() + budget
+    r = run_chunk(
+        _program(cell, known),
+        ns,
+        (kind, seq),
+        start,
+        where=where,
+        deadline=deadline,
+        cheap=True,
+        **kw,
+    )
+    return r, where
+
+
+@pytest.mark.parametrize("kind", [lambda r: r, list, tuple])
+def test_a_cheap_trial_runs_unstamped_in_blocks_and_stops_between_them(kind):
+    """A trial chunk of iterations measured cheap: no stamps, the deadline met at
+    a block's end, and what ran is exactly the first ``count`` iterations."""
+    n = 3_000_000
+    cell = "acc = 0\nfor i in xs:\n    x = i * 3\n    acc += x\n"
+    seq = kind(range(7, 7 + n))
+    r, where = _trial(cell, ["acc", "xs"], {"xs": None}, seq, budget=0.02, start=7)
+    assert where.unstamped and not where.stamps
+    assert 0 < r.count < n  # stopped by the budget (3e6 iterations take ~0.2 s)
+    assert where.done() == r.count
+    assert r.reductions["acc"] == ("+", sum(3 * i for i in range(7, 7 + r.count)))
+    last = 7 + r.count - 1
+    assert r.last_values["x"] == (last, "value", 3 * last)
+    assert r.last_values["i"] == (last, "value", last)
+
+
+def test_a_cheap_trial_runs_whole_within_its_budget_and_names_a_failing_iteration():
+    cell = "acc = 0\nfor i in range(n):\n    acc += i\n"
+    r, where = _trial(cell, ["acc", "n"], {"n": 5000}, range(5000), budget=10.0)
+    assert where.unstamped and r.count == 5000
+    assert r.reductions["acc"] == ("+", sum(range(5000)))
+    bad = (
+        "acc = 0\nfor i in range(n):\n    if i == 4321:\n        raise ValueError(i)\n"
+        "    acc += i\n"
+    )
+    with pytest.raises(ValueError) as e:
+        _trial(bad, ["acc", "n"], {"n": 5000}, range(5000), budget=10.0)
+    assert e.value.gpucell_iteration == 4321
+
+
+def test_a_trial_not_known_cheap_or_seeded_keeps_its_stamps():
+    import time
+
+    prog = _program("acc = 0\nfor i in range(n):\n    acc += i\n", ["acc", "n"])
+    for kw in ({"cheap": False}, {"cheap": True, "seed_fn": lambda i: None}):
+        where = Where({}, 0)
+        deadline = time.perf_counter() + 10
+        r = run_chunk(
+            prog,
+            {"n": 5000},
+            ("range", range(5000)),
+            0,
+            where=where,
+            deadline=deadline,
+            **kw,
+        )
+        assert not where.unstamped and len(where.stamps) == r.count == 5000
+
+
 @pytest.mark.cluster
 def test_a_cheap_loop_on_the_cluster_equals_the_serial_one(ip, cluster):
     cell = (

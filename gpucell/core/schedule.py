@@ -60,6 +60,12 @@ __all__ = ["Chunk", "Schedule", "missing_ranges"]
 ISOLATE_MAX = 256
 
 
+#: a run of free iterations is not cut so as to leave a rest of at most
+#: 1/CRUMB of the chunk cut from it: estimates of what engines hold are rounded
+#: (a chunk of 2,361,111 left 1 iteration behind, sent alone)
+CRUMB = 64
+
+
 @dataclass
 class Chunk:
     """A contiguous run of iterations ``[start, stop)`` and its fate."""
@@ -184,8 +190,8 @@ class Schedule:
     _trials: dict[int, Chunk] = field(default_factory=dict)  # trial chunks running
     _done: dict[int, list[float]] = field(default_factory=dict)  # [its, seconds]
     _max_pace: float = 0.0  # the slowest seconds per iteration of any done chunk
-    _min_pace: float = math.inf  # the fastest, over chunks of positive seconds
-    _paced: int = 0  # done chunks with a pace
+    _min_pace: float = math.inf  # the fastest trial chunk's
+    _paced: int = 0  # done trial chunks with a pace
     # start of a free run of iterations -> the seconds per iteration its trial
     # measured just before it (the trial stopped there): an estimate of its cost
     _rest_pace: dict[int, float] = field(default_factory=dict)
@@ -361,7 +367,13 @@ class Schedule:
                 and not self.calibrating(engine)
                 and self._factor() != 1.0
             ):
-                size = min(size, self._size_at_pace(engine, pace, stop - start))
+                # a guided share of the run, but never under the overhead floor:
+                # shares of what is left shrink geometrically, and a tail of
+                # single iterations costs a round trip each
+                paced = self._size_at_pace(engine, pace, stop - start)
+                size = min(size, max(paced, self.min_chunk(engine)))
+            if 0 < stop - start - size <= size // CRUMB and attempt == 0:
+                size = stop - start  # a crumb left behind would cost a round trip
             if stop - start > size:
                 self._free.insert(j, (start + size, stop, attempt))
                 if pace is not None:
@@ -390,12 +402,21 @@ class Schedule:
                         progress = True
         return out
 
-    def complete(self, chunk_id: int, seconds: float, done: int | None = None) -> None:
+    def complete(
+        self,
+        chunk_id: int,
+        seconds: float,
+        done: int | None = None,
+        stamped: bool = True,
+    ) -> None:
         """Record a chunk done, with its engine-measured compute time.
 
         ``done``: iterations the engine ran when it stopped a trial chunk early;
         the chunk shrinks to them and the rest goes back to be handed out first
-        (ignored for other chunks: they always run whole).
+        (ignored for other chunks: they always run whole).  ``stamped``: the
+        chunk ran with a stamp per iteration (a cheap trial chunk may not:
+        faster per iteration, so its pace is not compared with stamped ones'
+        to judge whether the loop looks uniform).
         """
         c = self.chunks[chunk_id]
         if c.state != RUNNING:
@@ -418,8 +439,12 @@ class Schedule:
             tally[1] += seconds
         if c.size and seconds > 0:
             self._max_pace = max(self._max_pace, seconds / c.size)
-            self._min_pace = min(self._min_pace, seconds / c.size)
-            self._paced += 1
+            if c.trial and stamped:
+                # the fastest pace is read off stamped trials only: other chunks
+                # may run the program's unstamped variant, faster per iteration
+                # for the same iterations (which is no sign of uneven costs)
+                self._min_pace = min(self._min_pace, seconds / c.size)
+                self._paced += 1
         if c.engine is not None and c.engine in self._stats:
             st = self._stats[c.engine]
             st.iterations += c.size

@@ -569,10 +569,14 @@ class Run:
         done = timing.get("done", chunk.size)  # fewer when a trial stopped early
         # a profiled schedule compares each chunk's time with the profile's cost
         # of the same iterations: it needs the whole time, not a median estimate
+        # an unstamped chunk's pace (no stamp per iteration) is no measure of
+        # how uneven the loop is beside stamped ones
+        stamped = not timing.get("unstamped", False)
         if sched.profiled:
-            sched.complete(chunk.id, timing["compute"], done=done)
+            sched.complete(chunk.id, timing["compute"], done=done, stamped=stamped)
         else:
-            sched.complete(chunk.id, _robust_seconds(timing, done), done=done)
+            seconds = _robust_seconds(timing, done)
+            sched.complete(chunk.id, seconds, done=done, stamped=stamped)
         if flight.timed_from is not None:
             sched.observe_overhead(
                 max(0.0, time.perf_counter() - flight.timed_from - timing["compute"])
