@@ -100,12 +100,56 @@ def test_start_over_ssh_runs_a_cell_on_the_other_host_and_stop_leaves_nothing(
     assert ip.user_ns["out"] == [i * i for i in range(60)]
     hosts = {c.host for c in gpucell.last_run.chunks}
     assert "node2" in hosts, hosts
+    _an_input_crosses_once_to_the_other_host(ip, gc, node)
     ip.run_line_magic("gpu_cluster", "stop")
     deadline = time.monotonic() + 20
     while node.engines() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert node.engines() == []
     assert wait_gone(children() - before, 10) == set()
+
+
+def _node_shm(node: Node) -> list[str]:
+    """gpucell's files in node2's own /dev/shm (its mount namespace, seen through
+    an engine's /proc root)."""
+    for pid in node.engines():
+        try:
+            return sorted(
+                f for f in os.listdir(f"/proc/{pid}/root/dev/shm") if "gpucell" in f
+            )
+        except OSError:
+            continue
+    return []
+
+
+def _an_input_crosses_once_to_the_other_host(ip, gc, node: Node) -> None:
+    """A big input reaches node2 once: one of its engines receives it and
+    publishes it in node2's /dev/shm, the other maps it from there; the result is
+    the serial one and the files are gone after the cell."""
+    import numpy as np
+
+    size = 32 << 20
+    ip.user_ns["np"] = np
+    ip.user_ns["big"] = np.arange(size // 8, dtype=np.float64)
+    ip.run_cell("import time")
+    cell = (
+        "sums = []\nfor i in range(24):\n    time.sleep(0.05)\n"
+        "    sums.append(float(big[i::24].sum()))\n"
+    )
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    big = ip.user_ns["big"]
+    assert ip.user_ns["sums"] == [float(big[i::24].sum()) for i in range(24)]
+    remote = {e for e, info in gc.engines.items() if info.host == "node2"}
+    ran = {c.engine for c in gpucell.last_run.chunks if c.host == "node2"}
+    assert ran == remote, (ran, remote)
+    # mapped, not sent: by the local engine (the kernel's /dev/shm) and by
+    # node2's follower (node2's /dev/shm); only node2's leader received it
+    assert gpucell.last_run.shared_bytes >= 2 * size, gpucell.last_run.shared_bytes
+    deadline = time.monotonic() + 10
+    while _node_shm(node):
+        assert time.monotonic() < deadline, f"left on node2: {_node_shm(node)}"
+        time.sleep(0.2)
+    ip.user_ns.pop("big", None)
 
 
 @pytest.mark.parametrize(
