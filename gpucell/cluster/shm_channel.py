@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 
+from gpucell.devices.host import pid_running
 from gpucell.protocol.shm import DEFAULT_DIR, PREFIX, Channel
 
 __all__ = ["STALE_AFTER", "close_channel", "open_channel", "sweep", "sweep_stale"]
@@ -112,7 +113,7 @@ def sweep_stale(directory: str = DEFAULT_DIR) -> int:
         if not name.startswith(PREFIX):
             continue
         pid = name[len(PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_running(int(pid)):
             continue
         path = os.path.join(directory, name)
         try:
@@ -123,13 +124,3 @@ def sweep_stale(directory: str = DEFAULT_DIR) -> int:
         except OSError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

@@ -26,6 +26,7 @@ import pickle
 import time
 from typing import Any
 
+from gpucell.devices.host import pid_running
 from gpucell.protocol import shm
 
 __all__ = ["receive", "unpublish"]
@@ -94,16 +95,6 @@ def _lead(frames: list[Any], paths: list[str]) -> list[Any]:
     return spilled  # mapped like the others' (what was received can go)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, not ours to signal
-    return True
-
-
 def _follow(frames: list[Any], paths: list[str]) -> list[Any]:
     ch, tag, leader_pid, leader = pickle.loads(frames[1])
     path = ch.path(tag)
@@ -127,8 +118,8 @@ def _follow(frames: list[Any], paths: list[str]) -> list[Any]:
             )
         except FileNotFoundError:
             pass
-        if not _alive(leader_pid) or time.monotonic() > deadline:
-            what = "died" if not _alive(leader_pid) else "did not answer in time"
+        if not pid_running(leader_pid) or time.monotonic() > deadline:
+            what = "died" if not pid_running(leader_pid) else "did not answer in time"
             raise RuntimeError(
                 f"gpucell: engine {leader}, which was to share an input with the "
                 f"engines of this host through {ch.directory}, {what} before "
