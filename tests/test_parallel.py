@@ -602,6 +602,36 @@ def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
     assert len(chunks) > len(cluster.ids)
 
 
+def test_a_uniform_loops_second_trials_run_whole_once_the_trials_agree(ip, cluster):
+    """Iterations of 40 ms, 16 of them: each engine's part of 8 goes out as two
+    trials of 4, each stopped after 2 (80 ms > the 50 ms budget).  Once the
+    first trials agree, the kernel writes shm.extend_flag and the second trials,
+    reaching their budget, run whole: 3 chunks per engine instead of 4, the
+    namespace as serial, and the flag gone after the cell."""
+    import glob
+
+    if cluster.results_channel() is None:
+        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+    if not all(cluster.sees_shm(e) for e in cluster.live_ids()):
+        pytest.skip("the engines do not see the kernel's /dev/shm here")
+    cluster.cost_history.clear()
+    cell = (
+        "import time\n"
+        "out = []\n"
+        "for i in range(16):\n"
+        "    time.sleep(0.04)\n"
+        "    out.append(i)\n"
+    )
+    assert_serial_equivalent(ip, cell, {})
+    chunks = [c for c in gpucell.last_run.chunks if c.state == "done"]
+    assert len(chunks) == 3 * len(cluster.live_ids()), [
+        (c.engine, c.start, c.stop) for c in chunks
+    ]
+    assert max(c.stop - c.start for c in chunks) == 4  # a second trial, whole
+    ch = cluster.results_channel()
+    assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-extend-*")
+
+
 @pytest.mark.parametrize(
     ("line", "sizes"),
     [("--schedule static", {20}), ("--schedule dynamic --chunksize 5", {5})],

@@ -377,9 +377,13 @@ def test_trial_chunks_are_the_whole_part_in_two_and_the_unrun_rest_goes_out_firs
     s.complete(first[0].id, 0.05, done=7)  # the engine stopped after 7 iterations
     assert (first[0].start, first[0].stop) == (0, 7)
     assert not s.calibrating(0)
+    # engine 0 is busy with its second trial: its rest waits until enough trials
+    # say whether the loop looks uniform (here both engines' first)
+    assert s.fill() == []
+    s.complete(first[1].id, 0.05 * 250 / 7)
     nxt = s.fill()
     assert nxt and nxt[0].engine == 0 and nxt[0].start == 7  # the rest, first
-    for c in first[1:]:
+    for c in first[2:]:
         s.complete(c.id, 0.01 * c.size)  # ran whole
     while not s.finished:
         for c in s.fill():

@@ -189,3 +189,43 @@ def test_a_cheap_loop_on_the_cluster_equals_the_serial_one(ip, cluster):
     assert sum(c.stop - c.start for c in chunks) == 600_000
     # each engine's first chunk of a cell is stamped (it measures), later ones not
     assert 0 < sum(1 for c in chunks if not c.iteration_starts) < len(chunks)
+
+
+@pytest.mark.parametrize("cheap", [False, True])
+def test_a_trial_told_to_run_whole_at_its_deadline_does(cheap):
+    """The kernel found the loop uniform while this trial ran (shm.extend_flag):
+    at its deadline the trial asks once, and runs to the chunk's end."""
+    import time
+
+    prog = _program("acc = 0\nfor i in range(n):\n    acc += i\n", ["acc", "n"])
+    asked: list[int] = []
+
+    def extend() -> bool:
+        asked.append(1)
+        return True
+
+    where = Where({}, 0)
+    r = run_chunk(
+        prog,
+        {"n": 50_000},
+        ("range", range(50_000)),
+        0,
+        where=where,
+        deadline=time.perf_counter() - 1,  # already passed: stops at once unless
+        cheap=cheap,
+        extend=extend,
+    )
+    assert r.count == 50_000 and asked == [1]
+    assert r.reductions["acc"] == ("+", sum(range(50_000)))
+    where = Where({}, 0)
+    r = run_chunk(
+        prog,
+        {"n": 50_000},
+        ("range", range(50_000)),
+        0,
+        where=where,
+        deadline=time.perf_counter() - 1,
+        cheap=cheap,
+        extend=lambda: False,
+    )
+    assert 0 < r.count < 50_000

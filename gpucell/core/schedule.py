@@ -283,6 +283,13 @@ class Schedule:
         st = self._stats.get(engine)
         return None if st is None else st.per_iteration
 
+    @property
+    def looks_uniform(self) -> bool:
+        """Trials spread over the range agree and the devices are equal: trial
+        chunks still running may as well run whole (their rest would go back
+        to the same engine)."""
+        return self.trial and not self.heterogeneous and self._factor() == 1.0
+
     def calibrating(self, engine: int) -> bool:
         """``engine``'s pace is not measured yet (its next chunk calibrates)."""
         return self._pace(engine) is None
@@ -298,6 +305,16 @@ class Schedule:
         if any(c.attempt > 0 for c in self.outstanding(engine)):
             # a re-run of iterations whose engine died runs alone on its engine:
             # if this one dies too, the chunk that killed it is known
+            return False
+        if (
+            self.trial
+            and not self._trial_for(engine)
+            and self._paced < min(len(self._alive), 3)
+            and self.outstanding(engine)
+        ):
+            # an engine busy with its second trial waits for enough trials to
+            # tell whether the loop looks uniform before its rest is cut: cut by
+            # guided shares first, a uniform loop's last pieces unbalance it
             return False
         if self._pace(engine) is None and not self._trial_for(engine):
             # one calibration chunk at a time: queueing a second before the first

@@ -15,6 +15,7 @@ import functools
 import itertools
 import linecache
 import marshal
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import CodeType, ModuleType
@@ -460,11 +461,17 @@ class _TimedBlocks:
     BLOCK_SECONDS = 0.002
     MAX_BLOCK = 1 << 16
 
-    __slots__ = ("_base", "_cur", "_len", "_seq", "deadline")
+    __slots__ = ("_base", "_cur", "_extend", "_len", "_seq", "deadline")
 
-    def __init__(self, seq: range | list[Any] | tuple[Any, ...], deadline: float):
+    def __init__(
+        self,
+        seq: range | list[Any] | tuple[Any, ...],
+        deadline: float,
+        extend: Callable[[], bool] | None = None,
+    ):
         self._seq = seq
         self.deadline = deadline
+        self._extend = extend
         self._base = 0
         self._len = 0
         self._cur: Any = iter(())
@@ -479,7 +486,9 @@ class _TimedBlocks:
         while pos < n:
             t = clock()
             if pos and t >= self.deadline:
-                return
+                if self._extend is None or not self._extend():
+                    return
+                self.deadline = math.inf  # the kernel says: run it whole
             stop = min(n, pos + size)
             self._base, self._len = pos, stop - pos
             self._cur = iter(self._seq[pos:stop])
@@ -489,13 +498,19 @@ class _TimedBlocks:
                 size = min(self.MAX_BLOCK, size * 2)
 
 
-def _until(items: Iterable[Any], deadline: float) -> Iterator[Any]:
+def _until(
+    items: Iterable[Any], deadline: float, extend: Callable[[], bool] | None = None
+) -> Iterator[Any]:
     """``items`` until ``deadline`` passes, checked after each iteration (so the
-    first always runs): the loop's own ``for`` ends, the program is unchanged."""
+    first always runs): the loop's own ``for`` ends, the program is unchanged.
+    ``extend``: asked once, when the deadline passes; true means run them all."""
     clock = time.perf_counter
-    for item in items:
+    it = iter(items)
+    for item in it:
         yield item
         if clock() >= deadline:
+            if extend is not None and extend():
+                yield from it
             return
 
 
@@ -512,6 +527,7 @@ def run_chunk(
     deadline: float | None = None,
     where: Where | None = None,
     cheap: bool = False,
+    extend: Callable[[], bool] | None = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -551,6 +567,9 @@ def run_chunk(
     cheap : bool
         This cell's iterations were measured cheap here: chunks of more than
         ``CHEAP_MIN`` items run unstamped too.
+    extend : callable, optional
+        Asked once when ``deadline`` passes: true lets the chunk run whole
+        (the kernel found the loop uniform while this trial ran).
 
     Raises
     ------
@@ -580,7 +599,7 @@ def run_chunk(
         own = _unstamped_items(chunk_obj, cheap)
         fast = _unstamped_code(program) if own is not None else None
         if fast is not None and own is not None:
-            code, blocks = fast, _TimedBlocks(own, deadline)
+            code, blocks = fast, _TimedBlocks(own, deadline, extend)
     ns: dict[str, Any] = dict(namespace)
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
@@ -605,7 +624,7 @@ def run_chunk(
         items: Iterable[Any] = zip(
             itertools.count(start_index), chunk_items(chunk_obj), strict=False
         )
-        ns[ITEMS] = items if deadline is None else _until(items, deadline)
+        ns[ITEMS] = items if deadline is None else _until(items, deadline, extend)
     try:
         exec(code, ns)
         if rec.suppressed is not None:

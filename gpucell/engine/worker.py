@@ -17,6 +17,7 @@ user's own exception type with gpucell's context attached.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -506,6 +507,10 @@ def run(
     checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
     caught = _kernel_warning_filters(st)
     tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
+    extend = None
+    if budget is not None and results_to is not None:
+        flag = shm.extend_flag(results_to, cell)  # on this host: see shm.extend_flag
+        extend = functools.partial(os.path.exists, flag)
     to_host = tohost.copier(device)
     behind = writebehind.start(results_to, tag) if to_host is not None else None
     if to_host is not None and behind is not None:
@@ -525,6 +530,7 @@ def run(
             cheap=(
                 st.iteration_mean is not None and st.iteration_mean < CHEAP_ITERATION
             ),
+            extend=extend,
         )
         changed = checkin.changes(checked_in, st.inputs, items)
         if changed:

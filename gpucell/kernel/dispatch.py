@@ -281,6 +281,7 @@ class Run:
         # with the engine's first chunk
         self.setups: dict[int, tuple[Any, Any]] = {}
         self.mapped: dict[tuple[str, ...], list[Any]] = {}  # inputs in /dev/shm
+        self.extend_flag: str | None = None  # written once the trials agree
         # (host, input names) -> (engine, its pid, tag): who publishes them there
         self.leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]] = {}
         self.host_share: dict[int, tuple[tuple[str, ...], int]] = {}
@@ -412,6 +413,19 @@ class Run:
         lead_id, lead_pid, tag = leader
         self.record.shared_bytes += nbytes
         return shm.follow(self.channel, tag, lead_pid, lead_id)
+
+    def _extend_trials(self) -> None:
+        """The trials agree: tell engines on this host (through /dev/shm) that
+        a trial reaching its budget may run whole (``shm.extend_flag``)."""
+        if self.channel is None:
+            return
+        path = shm.extend_flag(self.channel, self.cell)
+        try:
+            with open(path, "xb"):
+                pass
+        except OSError:
+            return  # engines then stop their trials as usual
+        self.extend_flag = path
 
     def _restarts(self) -> Any:
         return getattr(self.gc, "restarts", None)
@@ -577,6 +591,8 @@ class Run:
         else:
             seconds = _robust_seconds(timing, done)
             sched.complete(chunk.id, seconds, done=done, stamped=stamped)
+        if chunk.trial and self.extend_flag is None and sched.looks_uniform:
+            self._extend_trials()
         if flight.timed_from is not None:
             sched.observe_overhead(
                 max(0.0, time.perf_counter() - flight.timed_from - timing["compute"])
@@ -871,6 +887,9 @@ class Run:
             self._forget_tasks()
             for frames in self.mapped.values():  # every engine maps it by now
                 shm.release(frames)
+            if self.extend_flag is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.extend_flag)
             if self.channel is not None and (
                 self.status != "running" or self.record.warnings
             ):

@@ -47,6 +47,7 @@ __all__ = [
     "MARK",
     "Channel",
     "Prewritten",
+    "extend_flag",
     "follow",
     "host_role",
     "lead",
@@ -113,6 +114,14 @@ def host_role(frames: Sequence[Any]) -> bytes | None:
         return None
     head = bytes(frames[0]) if len(frames[0]) in (len(LEAD), len(FOLLOW)) else b""
     return head if head in (LEAD, FOLLOW) else None
+
+
+def extend_flag(ch: Channel, cell: str) -> str:
+    """Where the kernel says a cell's trial chunks may run whole: once the
+    trials agree (the loop looks uniform), an engine whose trial reaches its
+    time budget and finds this file goes on to the chunk's end instead of
+    sending back the rest (one round trip and one chunk fewer per engine)."""
+    return ch.path(f"extend-{cell[:16]}")
 
 
 def spilled(frames: Sequence[Any]) -> bool:
