@@ -229,3 +229,26 @@ def test_a_trial_told_to_run_whole_at_its_deadline_does(cheap):
         extend=lambda: False,
     )
     assert 0 < r.count < 50_000
+
+
+def test_a_trial_with_a_long_rest_goes_back_even_when_told_to_run_whole():
+    """What is left would take ~2 s at the trial's pace (over EXTEND_MAX_SECONDS):
+    the trial stops as usual, so progress and kept work stay fine-grained; the
+    kernel's flag is not even read."""
+    import time
+
+    prog = _program(
+        "out = []\nfor i in range(n):\n    time.sleep(0.02)\n    out.append(i)\n",
+        ["out", "n", "time"],
+    )
+    asked: list[int] = []
+    r = run_chunk(
+        prog,
+        {"n": 100, "time": time},
+        ("range", range(100)),
+        0,
+        where=Where({}, 0),
+        deadline=time.perf_counter() + 0.01,
+        extend=lambda: asked.append(1) or True,
+    )
+    assert r.count == 1 and asked == []

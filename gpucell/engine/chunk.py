@@ -467,7 +467,7 @@ class _TimedBlocks:
         self,
         seq: range | list[Any] | tuple[Any, ...],
         deadline: float,
-        extend: Callable[[], bool] | None = None,
+        extend: Callable[[int, float], bool] | None = None,
     ):
         self._seq = seq
         self.deadline = deadline
@@ -483,10 +483,11 @@ class _TimedBlocks:
     def blocks(self) -> Iterator[Iterator[Any]]:
         clock = time.perf_counter
         n, pos, size = len(self._seq), 0, self.FIRST
+        began = clock()
         while pos < n:
             t = clock()
             if pos and t >= self.deadline:
-                if self._extend is None or not self._extend():
+                if self._extend is None or not self._extend(pos, t - began):
                     return
                 self.deadline = math.inf  # the kernel says: run it whole
             stop = min(n, pos + size)
@@ -499,19 +500,49 @@ class _TimedBlocks:
 
 
 def _until(
-    items: Iterable[Any], deadline: float, extend: Callable[[], bool] | None = None
+    items: Iterable[Any],
+    deadline: float,
+    extend: Callable[[int, float], bool] | None = None,
 ) -> Iterator[Any]:
     """``items`` until ``deadline`` passes, checked after each iteration (so the
     first always runs): the loop's own ``for`` ends, the program is unchanged.
-    ``extend``: asked once, when the deadline passes; true means run them all."""
+    ``extend(done, seconds)``: asked once, when the deadline passes; true means
+    run them all."""
     clock = time.perf_counter
+    began = clock()
     it = iter(items)
-    for item in it:
+    for done, item in enumerate(it, 1):
         yield item
-        if clock() >= deadline:
-            if extend is not None and extend():
+        now = clock()
+        if now >= deadline:
+            if extend is not None and extend(done, now - began):
                 yield from it
             return
+
+
+#: a trial told it may run whole does so only when what is left of it would
+#: take at most this long at its own pace: the rest of a long trial goes back
+#: as usual, so progress and the work kept on an interrupt stay fine-grained
+EXTEND_MAX_SECONDS = 0.5
+
+
+def _short_rest(
+    extend: Callable[[], bool] | None, chunk_obj: tuple[Any, ...]
+) -> Callable[[int, float], bool] | None:
+    """``extend`` asked only when the chunk's unrun items would take at most
+    ``EXTEND_MAX_SECONDS`` at the pace so far (a chunk of unknown length: never)."""
+    if extend is None or chunk_obj[0] not in ("range", "seq"):
+        return None
+    try:
+        n = len(chunk_obj[1])
+    except TypeError:
+        return None
+
+    def short(done: int, seconds: float) -> bool:
+        left = (n - done) * seconds / max(done, 1)
+        return left <= EXTEND_MAX_SECONDS and extend()
+
+    return short
 
 
 def run_chunk(
@@ -568,8 +599,9 @@ def run_chunk(
         This cell's iterations were measured cheap here: chunks of more than
         ``CHEAP_MIN`` items run unstamped too.
     extend : callable, optional
-        Asked once when ``deadline`` passes: true lets the chunk run whole
-        (the kernel found the loop uniform while this trial ran).
+        Asked once when ``deadline`` passes, if the chunk's unrun items would
+        take at most ``EXTEND_MAX_SECONDS`` at its pace so far: true lets the
+        chunk run whole (the kernel found the loop uniform while it ran).
 
     Raises
     ------
@@ -587,6 +619,7 @@ def run_chunk(
         stamps = where.stamps
     seq = None
     blocks: _TimedBlocks | None = None
+    may_extend = _short_rest(extend, chunk_obj) if deadline is not None else None
     if seed_fn is None and deadline is None:
         seq = _unstamped_items(chunk_obj, cheap)
         fast = _unstamped_code(program) if seq is not None else None
@@ -599,7 +632,7 @@ def run_chunk(
         own = _unstamped_items(chunk_obj, cheap)
         fast = _unstamped_code(program) if own is not None else None
         if fast is not None and own is not None:
-            code, blocks = fast, _TimedBlocks(own, deadline, extend)
+            code, blocks = fast, _TimedBlocks(own, deadline, may_extend)
     ns: dict[str, Any] = dict(namespace)
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
@@ -624,7 +657,7 @@ def run_chunk(
         items: Iterable[Any] = zip(
             itertools.count(start_index), chunk_items(chunk_obj), strict=False
         )
-        ns[ITEMS] = items if deadline is None else _until(items, deadline, extend)
+        ns[ITEMS] = items if deadline is None else _until(items, deadline, may_extend)
     try:
         exec(code, ns)
         if rec.suppressed is not None:
