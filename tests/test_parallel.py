@@ -603,11 +603,11 @@ def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
 
 
 def test_a_uniform_loops_second_trials_run_whole_once_the_trials_agree(ip, cluster):
-    """Iterations of 40 ms, 16 of them: each engine's part of 8 goes out as two
-    trials of 4, each stopped after 2 (80 ms > the 50 ms budget).  Once the
-    first trials agree, the kernel writes shm.extend_flag and the second trials,
-    reaching their budget, run whole: 3 chunks per engine instead of 4, the
-    namespace as serial, and the flag gone after the cell."""
+    """Iterations of 100 ms, 16 of them: each engine's part of 8 goes out as two
+    trials of 4, each stopped after 1 (over the 50 ms budget).  Once the first
+    trials agree, the kernel writes shm.extend_flag, and the second trials,
+    reaching their budget 100 ms later with 0.3 s left, run whole: 3 chunks per
+    engine instead of 4, the namespace as serial, and the flag gone after."""
     import glob
 
     if cluster.results_channel() is None:
@@ -619,7 +619,7 @@ def test_a_uniform_loops_second_trials_run_whole_once_the_trials_agree(ip, clust
         "import time\n"
         "out = []\n"
         "for i in range(16):\n"
-        "    time.sleep(0.04)\n"
+        "    time.sleep(0.1)\n"
         "    out.append(i)\n"
     )
     assert_serial_equivalent(ip, cell, {})
