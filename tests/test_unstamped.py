@@ -204,37 +204,24 @@ def test_a_trial_told_to_run_whole_at_its_deadline_does(cheap, monkeypatch):
     monkeypatch.setattr(chunk, "EXTEND_MAX_SECONDS", 1e9)
 
     prog = _program("acc = 0\nfor i in range(n):\n    acc += i\n", ["acc", "n"])
-    asked: list[int] = []
+    asked: list[bool] = []
 
-    def extend() -> bool:
-        asked.append(1)
-        return True
+    def trial(answer: bool):
+        return run_chunk(
+            prog,
+            {"n": 50_000},
+            ("range", range(50_000)),
+            0,
+            where=Where({}, 0),
+            deadline=time.perf_counter() - 1,  # passed: stops at once unless told
+            cheap=cheap,
+            extend=lambda: asked.append(answer) or answer,
+        )
 
-    where = Where({}, 0)
-    r = run_chunk(
-        prog,
-        {"n": 50_000},
-        ("range", range(50_000)),
-        0,
-        where=where,
-        deadline=time.perf_counter() - 1,  # already passed: stops at once unless
-        cheap=cheap,
-        extend=extend,
-    )
-    assert r.count == 50_000 and asked == [1]
+    r = trial(True)
+    assert r.count == 50_000 and asked == [True]
     assert r.reductions["acc"] == ("+", sum(range(50_000)))
-    where = Where({}, 0)
-    r = run_chunk(
-        prog,
-        {"n": 50_000},
-        ("range", range(50_000)),
-        0,
-        where=where,
-        deadline=time.perf_counter() - 1,
-        cheap=cheap,
-        extend=lambda: False,
-    )
-    assert 0 < r.count < 50_000
+    assert 0 < trial(False).count < 50_000
 
 
 def test_a_trial_with_a_long_rest_goes_back_even_when_told_to_run_whole():
