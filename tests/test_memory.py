@@ -20,6 +20,18 @@ def _uss(pid: int) -> int:
     return int(psutil.Process(pid).memory_full_info().uss)
 
 
+def _small_cell(ip) -> None:
+    """A cell with no input: what engines do after any cell (tidy) is done."""
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
+    )
+
+
+def _needs_shared_shm(c) -> None:
+    if not all(c.sees_shm(e) for e in c.live_ids()):
+        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+
+
 def _cached_names(c) -> dict[int, list[str]]:
     def names():
         from gpucell.engine import worker
@@ -31,13 +43,10 @@ def _cached_names(c) -> dict[int, list[str]]:
 
 def test_an_input_is_shared_not_copied_and_dropped_after_del(ip, private_cluster):
     c = private_cluster
-    if not all(c.sees_shm(e) for e in c.live_ids()):
-        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+    _needs_shared_shm(c)
     size = 256 * MIB
     ip.user_ns["np"] = np
-    ip.run_cell_magic(
-        "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
-    )
+    _small_cell(ip)
     time.sleep(0.3)
     before = {e: _uss(c.engines[e].pid) for e in c.live_ids()}
     ip.user_ns["big"] = np.ones(size // 8)
@@ -54,9 +63,7 @@ def test_an_input_is_shared_not_copied_and_dropped_after_del(ip, private_cluster
         # a write stays the engine's own (copy on write) and is refused anyway
     assert all("big" in names for names in _cached_names(c).values())
     del ip.user_ns["big"]
-    ip.run_cell_magic(
-        "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
-    )
+    _small_cell(ip)
     deadline = time.monotonic() + 5
     while any("big" in n for n in _cached_names(c).values()):
         assert time.monotonic() < deadline, "engines kept a deleted input"
@@ -136,17 +143,14 @@ def test_engines_that_cannot_map_the_kernels_shm_get_one_copy_per_host(
     import dataclasses
 
     c = private_cluster
-    if not all(c.sees_shm(e) for e in c.live_ids()):
-        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+    _needs_shared_shm(c)
     saved = dict(c.engines)
     for e in c.live_ids():  # as for engines on another host
         c.engines[e] = dataclasses.replace(c.engines[e], shm=False)
     try:
         size = 192 * MIB
         ip.user_ns["np"] = np
-        ip.run_cell_magic(
-            "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
-        )
+        _small_cell(ip)
         time.sleep(0.3)
         before = {e: _uss(c.engines[e].pid) for e in c.live_ids()}
         ip.user_ns["big2"] = np.arange(size // 8, dtype=np.float64)
@@ -194,9 +198,7 @@ def test_the_controller_lets_go_of_an_input_as_the_cell_ends(ip, private_cluster
     settings.shared_memory = False
     try:
         size = 1024 * MIB
-        ip.run_cell_magic(
-            "gpu_parallel", "--quiet", "w = []\nfor i in range(4):\n    w.append(i)\n"
-        )
+        _small_cell(ip)
         time.sleep(0.5)
         before = _tree_uss(c.controller_pid)
         ip.user_ns["big3"] = np.ones(size // 8)

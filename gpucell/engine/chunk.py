@@ -399,36 +399,32 @@ class Where:
     iterator), so a print is still tagged and an error still names its iteration.
     """
 
-    __slots__ = ("_blocks", "_it", "_n", "stamps", "start")
+    __slots__ = ("_it", "_n", "stamps", "start")
 
     def __init__(self, stamps: dict[int, float], start: int) -> None:
         self.stamps = stamps
         self.start = start
         self._it: Any = None
         self._n = 0
-        self._blocks: _TimedBlocks | None = None
 
     def follow(self, it: Any, n: int) -> None:
+        """Read the position off ``it``'s ``__length_hint__`` (items not taken
+        yet) among ``n``: a range, list or tuple iterator, or _TimedBlocks."""
         self._it, self._n = it, n
-
-    def follow_blocks(self, blocks: _TimedBlocks) -> None:
-        self._blocks = blocks
 
     @property
     def unstamped(self) -> bool:
-        return self._it is not None or self._blocks is not None
+        return self._it is not None
 
     def done(self) -> int:
         """Iterations started (all of them once the chunk finished)."""
-        if self._blocks is not None:
-            return self._blocks.started()
         if self._it is not None:
             return int(self._n - self._it.__length_hint__())
         return len(self.stamps)
 
     def current(self) -> int | None:
         """The iteration running (or that ran last); ``None`` before the first."""
-        if self.unstamped:
+        if self._it is not None:
             done = self.done()
             return self.start + done - 1 if done > 0 else None
         return next(reversed(self.stamps), None)
@@ -476,9 +472,10 @@ class _TimedBlocks:
         self._len = 0
         self._cur: Any = iter(())
 
-    def started(self) -> int:
-        """Items taken so far (the one running included)."""
-        return int(self._base + self._len - self._cur.__length_hint__())
+    def __length_hint__(self) -> int:
+        """Items not taken yet (as a list iterator says): ``Where`` reads it."""
+        taken = self._base + self._len - self._cur.__length_hint__()
+        return int(len(self._seq) - taken)
 
     def blocks(self) -> Iterator[Iterator[Any]]:
         clock = time.perf_counter
@@ -618,21 +615,15 @@ def run_chunk(
     if stamps is None:
         stamps = where.stamps
     seq = None
-    blocks: _TimedBlocks | None = None
     may_extend = _short_rest(extend, chunk_obj) if deadline is not None else None
-    if seed_fn is None and deadline is None:
+    # a trial chunk (``deadline``) runs unstamped only when already measured cheap
+    if seed_fn is None and (deadline is None or cheap):
         seq = _unstamped_items(chunk_obj, cheap)
         fast = _unstamped_code(program) if seq is not None else None
         if fast is not None:
             code = fast
         else:
             seq = None
-    elif seed_fn is None and deadline is not None and cheap:
-        # a trial chunk of iterations already measured cheap here
-        own = _unstamped_items(chunk_obj, cheap)
-        fast = _unstamped_code(program) if own is not None else None
-        if fast is not None and own is not None:
-            code, blocks = fast, _TimedBlocks(own, deadline, may_extend)
     ns: dict[str, Any] = dict(namespace)
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
@@ -646,12 +637,13 @@ def run_chunk(
         where=where,
     )
     ns[REC] = rec
-    if seq is not None:
+    if seq is not None and deadline is None:
         it = iter(seq)
         where.follow(it, len(seq))
         ns[ITEMS] = it
-    elif blocks is not None:
-        where.follow_blocks(blocks)
+    elif seq is not None:
+        blocks = _TimedBlocks(seq, deadline, may_extend)
+        where.follow(blocks, len(seq))
         ns[ITEMS] = itertools.chain.from_iterable(blocks.blocks())
     else:
         items: Iterable[Any] = zip(

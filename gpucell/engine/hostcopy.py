@@ -118,8 +118,9 @@ def _follow(frames: list[Any], paths: list[str]) -> list[Any]:
             )
         except FileNotFoundError:
             pass
-        if not pid_running(leader_pid) or time.monotonic() > deadline:
-            what = "died" if not pid_running(leader_pid) else "did not answer in time"
+        alive = pid_running(leader_pid)
+        if not alive or time.monotonic() > deadline:
+            what = "did not answer in time" if alive else "died"
             raise RuntimeError(
                 f"gpucell: engine {leader}, which was to share an input with the "
                 f"engines of this host through {ch.directory}, {what} before "
