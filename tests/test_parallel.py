@@ -580,14 +580,15 @@ def test_a_cheap_loops_first_run_takes_one_round_trip(ip, cluster):
 
 def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
     """Iterations of 20 ms overrun the 50 ms trial budget: the engines stop
-    their first chunks early and the rest is scheduled from the measured pace."""
+    their first chunks early (each trial's rest, 37 iterations, would take
+    over EXTEND_MAX_SECONDS) and the rest is scheduled from the measured pace."""
     from gpucell.kernel.dispatch import TRIAL_SECONDS
 
     cluster.cost_history.clear()
     cell = (
         "import time\n"
         "out, acc = [], 0\n"
-        "for i in range(40):\n"
+        "for i in range(160):\n"
         "    time.sleep(0.02)\n"
         "    out.append(i)\n"
         "    acc += i\n"
@@ -602,12 +603,13 @@ def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
     assert len(chunks) > len(cluster.ids)
 
 
-def test_a_uniform_loops_second_trials_run_whole_once_the_trials_agree(ip, cluster):
+def test_a_uniform_loops_trials_run_whole_once_their_paces_agree(ip, cluster):
     """Iterations of 100 ms, 16 of them: each engine's part of 8 goes out as two
-    trials of 4, each stopped after 1 (over the 50 ms budget).  Once the first
-    trials agree, the kernel writes shm.extend_flag, and the second trials,
-    reaching their budget 100 ms later with 0.3 s left, run whole: 3 chunks per
-    engine instead of 4, the namespace as serial, and the flag gone after."""
+    trials of 4, each reaching its 50 ms budget after 1.  There each publishes
+    its pace in /dev/shm and runs on; the kernel reads the paces, finds them
+    equal and writes the verdict, and every trial (first ones too) runs whole:
+    2 chunks per engine instead of 4, the namespace as serial, and the verdict
+    and pace files gone after."""
     import glob
 
     if cluster.results_channel() is None:
@@ -624,12 +626,33 @@ def test_a_uniform_loops_second_trials_run_whole_once_the_trials_agree(ip, clust
     )
     assert_serial_equivalent(ip, cell, {})
     chunks = [c for c in gpucell.last_run.chunks if c.state == "done"]
-    assert len(chunks) == 3 * len(cluster.live_ids()), [
+    assert len(chunks) == 2 * len(cluster.live_ids()), [
         (c.engine, c.start, c.stop) for c in chunks
     ]
-    assert max(c.stop - c.start for c in chunks) == 4  # a second trial, whole
+    assert {c.stop - c.start for c in chunks} == {4}  # every trial, whole
     ch = cluster.results_channel()
-    assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-extend-*")
+    assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-verdict-*")
+    assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-pace-*")
+
+
+def test_an_uneven_loops_trials_are_told_to_stop(ip, cluster):
+    """Iteration i sleeps i x 10 ms: the trials' published paces disagree, the
+    verdict says stop, and the rests are shared out (more chunks than trials),
+    the namespace as serial."""
+    if cluster.results_channel() is None:
+        pytest.skip("no shared /dev/shm between the kernel and its engines here")
+    cluster.cost_history.clear()
+    cell = (
+        "import time\n"
+        "out = []\n"
+        "for i in range(24):\n"
+        "    time.sleep(i * 0.01)\n"
+        "    out.append(i)\n"
+    )
+    assert_serial_equivalent(ip, cell, {})
+    chunks = [c for c in gpucell.last_run.chunks if c.state == "done"]
+    assert len(chunks) > 2 * len(cluster.live_ids())
+    assert max(c.stop - c.start for c in chunks) < 6
 
 
 @pytest.mark.parametrize(

@@ -394,6 +394,40 @@ def test_trial_chunks_are_the_whole_part_in_two_and_the_unrun_rest_goes_out_firs
     assert covers(s.chunks, 1000)
 
 
+def test_running_trials_published_paces_give_the_verdict():
+    """Paces published by trials still running count until they complete: 3
+    that agree say run whole, before any trial is back; 3 that disagree say
+    stop; fewer say nothing yet.  A trial that completes replaces its
+    published pace with its measured one (never counted twice)."""
+    s = Schedule(64, list(range(8)), trial=True)
+    first = s.fill()
+    assert s.verdict is None
+    s.observe_trial(first[0].id, 1, 0.050)
+    s.observe_trial(first[1].id, 1, 0.051)
+    assert s.verdict is None  # 2 of the 3 needed
+    s.observe_trial(first[2].id, 1, 0.052)
+    assert s.verdict is True and s.looks_uniform
+    s.complete(first[0].id, 0.050 * first[0].size)  # ran whole
+    assert s._paced_count() == 3
+
+    u = Schedule(64, list(range(8)), trial=True)
+    trials = u.fill()
+    for k, c in enumerate(trials[:3]):
+        u.observe_trial(c.id, 1, 0.01 * (1 + 4 * k))  # 10, 50, 90 ms: uneven
+    assert u.verdict is False and not u.looks_uniform
+    u.observe_trial(trials[3].id, 0, 0.0)  # nothing measured: ignored
+    u.observe_trial(10**6, 1, 0.01)  # no such chunk: ignored
+    assert u._paced_count() == 3
+
+    one = Schedule(10, [0], trial=True)
+    (c, _) = one.fill()
+    one.observe_trial(c.id, 2, 0.1)
+    assert one.verdict is True  # a lone engine: nothing to balance
+    mixed = Schedule(10, [0, 1], trial=True, heterogeneous=True)
+    assert mixed.verdict is False  # devices differ: shares follow speeds
+    assert Schedule(10, [0, 1]).verdict is None  # no trials, no verdict
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     n=st.integers(1, 300),

@@ -191,12 +191,31 @@ def test_a_cheap_loop_on_the_cluster_equals_the_serial_one(ip, cluster):
     assert 0 < sum(1 for c in chunks if not c.iteration_starts) < len(chunks)
 
 
+class _Told:
+    """A trial's line to the kernel, as a test plays the kernel: the paces the
+    trial published, and the verdicts it asked for (``answers`` in turn, the
+    last one repeated)."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.published: list[tuple[int, float, bool]] = []
+        self.polls = 0
+
+    def publish(self, done, seconds, stamped):
+        self.published.append((done, seconds, stamped))
+
+    def poll(self):
+        self.polls += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
 @pytest.mark.parametrize("cheap", [False, True])
 def test_a_trial_told_to_run_whole_at_its_deadline_does(cheap, monkeypatch):
-    """The kernel found the loop uniform while this trial ran (shm.extend_flag):
-    at its deadline the trial asks once, and runs to the chunk's end.  (The
-    bound on how long the rest may take is the next test's: lifted here, so a
-    slow first iteration on a loaded machine cannot decide it.)"""
+    """The kernel found the loop uniform while this trial ran (shm.verdict_path):
+    at its deadline the trial publishes its pace, asks, and runs to the
+    chunk's end; told no, it stops.  (The bound on how long the rest may take
+    is the next test's: lifted here, so a slow first iteration on a loaded
+    machine cannot decide it.)"""
     import time
 
     from gpucell.engine import chunk
@@ -204,9 +223,8 @@ def test_a_trial_told_to_run_whole_at_its_deadline_does(cheap, monkeypatch):
     monkeypatch.setattr(chunk, "EXTEND_MAX_SECONDS", 1e9)
 
     prog = _program("acc = 0\nfor i in range(n):\n    acc += i\n", ["acc", "n"])
-    asked: list[bool] = []
 
-    def trial(answer: bool):
+    def trial(told):
         return run_chunk(
             prog,
             {"n": 50_000},
@@ -215,26 +233,68 @@ def test_a_trial_told_to_run_whole_at_its_deadline_does(cheap, monkeypatch):
             where=Where({}, 0),
             deadline=time.perf_counter() - 1,  # passed: stops at once unless told
             cheap=cheap,
-            extend=lambda: asked.append(answer) or answer,
+            verdict=told,
         )
 
-    r = trial(True)
-    assert r.count == 50_000 and asked == [True]
+    yes = _Told(True)
+    r = trial(yes)
+    assert r.count == 50_000 and yes.polls == 1
+    assert len(yes.published) == 1 and yes.published[0][2] is not cheap
     assert r.reductions["acc"] == ("+", sum(range(50_000)))
-    assert 0 < trial(False).count < 50_000
+    no = _Told(False)
+    assert 0 < trial(no).count < 50_000 and no.polls == 1
+
+
+def test_a_trial_runs_on_while_the_verdict_is_out_then_follows_it(monkeypatch):
+    """No verdict yet at the deadline: the trial runs its own next iterations
+    (nothing wasted) and asks again; the verdict decides then.  Never told:
+    it stops once ``VERDICT_WAIT`` is over, as a trial without a line does."""
+    import time
+
+    from gpucell.engine import chunk
+
+    monkeypatch.setattr(chunk, "EXTEND_MAX_SECONDS", 1e9)
+    monkeypatch.setattr(chunk, "VERDICT_POLL", 0.0)
+    prog = _program(
+        "out = []\nfor i in range(n):\n    time.sleep(0.002)\n    out.append(i)\n",
+        ["out", "n", "time"],
+    )
+
+    def trial(told, n=40):
+        return run_chunk(
+            prog,
+            {"n": n, "time": time},
+            ("range", range(n)),
+            0,
+            where=Where({}, 0),
+            deadline=time.perf_counter() - 1,
+            verdict=told,
+        )
+
+    late = _Told(None, None, None, True)  # the verdict comes at the 4th ask
+    r = trial(late)
+    assert r.count == 40 and late.polls == 4 and len(late.published) == 1
+    assert r.gathers["out"] == list(range(40))
+    stop = _Told(None, None, False)
+    assert trial(stop).count == 3
+    monkeypatch.setattr(chunk, "VERDICT_WAIT", 0.02)
+    silent = _Told(None)
+    r = trial(silent, n=1000)  # 2 ms iterations: ~10 run before it gives up
+    assert 2 <= r.count < 200 and silent.polls == r.count
 
 
 def test_a_trial_with_a_long_rest_goes_back_even_when_told_to_run_whole():
     """What is left would take ~2 s at the trial's pace (over EXTEND_MAX_SECONDS):
-    the trial stops as usual, so progress and kept work stay fine-grained; the
-    kernel's flag is not even read."""
+    the trial stops as usual, so progress and kept work stay fine-grained; it
+    publishes its pace (the kernel judges the loop by it) but does not wait
+    for, nor read, a verdict."""
     import time
 
     prog = _program(
         "out = []\nfor i in range(n):\n    time.sleep(0.02)\n    out.append(i)\n",
         ["out", "n", "time"],
     )
-    asked: list[int] = []
+    told = _Told(True)
     r = run_chunk(
         prog,
         {"n": 100, "time": time},
@@ -242,6 +302,6 @@ def test_a_trial_with_a_long_rest_goes_back_even_when_told_to_run_whole():
         0,
         where=Where({}, 0),
         deadline=time.perf_counter() + 0.01,
-        extend=lambda: asked.append(1) or True,
+        verdict=told,
     )
-    assert r.count == 1 and asked == []
+    assert r.count == 1 and told.polls == 0 and len(told.published) == 1

@@ -192,6 +192,10 @@ class Schedule:
     _max_pace: float = 0.0  # the slowest seconds per iteration of any done chunk
     _min_pace: float = math.inf  # the fastest trial chunk's
     _paced: int = 0  # done trial chunks with a pace
+    # running trial chunk id -> the pace it published at its budget (the
+    # dispatcher reads it off the engine while the trial runs on): counted
+    # beside done trials' paces to judge early whether the loop is uniform
+    _provisional: dict[int, float] = field(default_factory=dict)
     # start of a free run of iterations -> the seconds per iteration its trial
     # measured just before it (the trial stopped there): an estimate of its cost
     _rest_pace: dict[int, float] = field(default_factory=dict)
@@ -290,6 +294,30 @@ class Schedule:
         to the same engine)."""
         return self.trial and not self.heterogeneous and self._factor() == 1.0
 
+    @property
+    def verdict(self) -> bool | None:
+        """What running trials are told: ``True`` the loop looks uniform (run
+        whole), ``False`` enough trials measured it and it does not, or the
+        devices differ (stop at the budget, the rest is shared out by cost),
+        ``None`` not known yet."""
+        if not self.trial:
+            return None
+        if self.looks_uniform:
+            return True
+        if self.heterogeneous or self._paced_count() >= min(len(self._alive), 3):
+            return False
+        return None
+
+    def observe_trial(self, chunk_id: int, done: int, seconds: float) -> None:
+        """A running trial chunk reached its budget after ``done`` iterations
+        in ``seconds`` (a stamped measure) and runs on while the verdict is
+        out: its pace counts until the chunk completes."""
+        if not 0 <= chunk_id < len(self.chunks):
+            return
+        c = self.chunks[chunk_id]
+        if c.state == RUNNING and c.trial and done > 0 and seconds > 0:
+            self._provisional[c.id] = seconds / done
+
     def calibrating(self, engine: int) -> bool:
         """``engine``'s pace is not measured yet (its next chunk calibrates)."""
         return self._pace(engine) is None
@@ -309,7 +337,7 @@ class Schedule:
         if (
             self.trial
             and not self._trial_for(engine)
-            and self._paced < min(len(self._alive), 3)
+            and self._paced_count() < min(len(self._alive), 3)
             and self.outstanding(engine)
         ):
             # an engine busy with its second trial waits for enough trials to
@@ -449,6 +477,7 @@ class Schedule:
         move(c, DONE)
         c.seconds = seconds
         self._trials.pop(c.id, None)
+        self._provisional.pop(c.id, None)
         if c.engine is not None:
             self._running[c.engine].pop(c.id, None)
             tally = self._done[c.engine]
@@ -480,6 +509,7 @@ class Schedule:
         if c.engine is not None:
             self._running.get(c.engine, {}).pop(c.id, None)
         self._trials.pop(c.id, None)
+        self._provisional.pop(c.id, None)
         return c
 
     def add_engine(self, engine: int) -> None:
@@ -523,6 +553,7 @@ class Schedule:
         self._running[engine] = {}
         for c in lost:
             self._trials.pop(c.id, None)
+            self._provisional.pop(c.id, None)
         for c in lost:
             move(c, LOST)
             self._free.append((c.start, c.stop, c.attempt + 1))
@@ -621,13 +652,17 @@ class Schedule:
         fewer, larger chunks) once trials spread over the whole range all
         measured the same pace (within 25%): the loop looks uniform."""
         k = max(1, len(self._alive))
-        if (
-            self.trial
-            and self._paced >= min(k, 3)
-            and self._max_pace <= 1.25 * self._min_pace
-        ):
-            return 1.0
-        return self.factor
+        if not self.trial or self._paced_count() < min(k, 3):
+            return self.factor
+        paces = self._provisional.values()
+        hi = max(self._max_pace, *paces) if paces else self._max_pace
+        lo = min(self._min_pace, *paces) if paces else self._min_pace
+        return 1.0 if hi <= 1.25 * lo else self.factor
+
+    def _paced_count(self) -> int:
+        """Stamped trial paces known: of done trials, and published by
+        running ones."""
+        return self._paced + len(self._provisional)
 
     def _size_at_pace(self, engine: int, pace: float, run: int) -> int:
         """Iterations of a free run whose trial measured ``pace`` seconds each

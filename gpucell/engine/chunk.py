@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import CodeType, ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from gpucell.protocol.chunks import DETAIL_MAX, ChunkResult, chunk_items
 from gpucell.protocol.fold import fold, is_numpy, is_torch, own
@@ -457,17 +457,17 @@ class _TimedBlocks:
     BLOCK_SECONDS = 0.002
     MAX_BLOCK = 1 << 16
 
-    __slots__ = ("_base", "_cur", "_extend", "_len", "_seq", "deadline")
+    __slots__ = ("_base", "_cur", "_end", "_len", "_seq", "deadline")
 
     def __init__(
         self,
         seq: range | list[Any] | tuple[Any, ...],
         deadline: float,
-        extend: Callable[[int, float], bool] | None = None,
+        end: Callable[[int, float], bool | None] | None = None,
     ):
         self._seq = seq
         self.deadline = deadline
-        self._extend = extend
+        self._end = end
         self._base = 0
         self._len = 0
         self._cur: Any = iter(())
@@ -484,9 +484,11 @@ class _TimedBlocks:
         while pos < n:
             t = clock()
             if pos and t >= self.deadline:
-                if self._extend is None or not self._extend(pos, t - began):
+                go = None if self._end is None else self._end(pos, t - began)
+                if self._end is None or go is False:
                     return
-                self.deadline = math.inf  # the kernel says: run it whole
+                if go:
+                    self.deadline = math.inf  # the kernel says: run it whole
             stop = min(n, pos + size)
             self._base, self._len = pos, stop - pos
             self._cur = iter(self._seq[pos:stop])
@@ -499,12 +501,12 @@ class _TimedBlocks:
 def _until(
     items: Iterable[Any],
     deadline: float,
-    extend: Callable[[int, float], bool] | None = None,
+    end: Callable[[int, float], bool | None] | None = None,
 ) -> Iterator[Any]:
     """``items`` until ``deadline`` passes, checked after each iteration (so the
     first always runs): the loop's own ``for`` ends, the program is unchanged.
-    ``extend(done, seconds)``: asked once, when the deadline passes; true means
-    run them all."""
+    ``end(done, seconds)``: asked after each iteration once the deadline passed:
+    true runs them all, false stops, ``None`` runs one more and asks again."""
     clock = time.perf_counter
     began = clock()
     it = iter(items)
@@ -512,9 +514,12 @@ def _until(
         yield item
         now = clock()
         if now >= deadline:
-            if extend is not None and extend(done, now - began):
+            go = None if end is None else end(done, now - began)
+            if end is None or go is False:
+                return
+            if go:
                 yield from it
-            return
+                return
 
 
 #: a trial told it may run whole does so only when what is left of it would
@@ -522,24 +527,67 @@ def _until(
 #: as usual, so progress and the work kept on an interrupt stay fine-grained
 EXTEND_MAX_SECONDS = 0.5
 
+#: a trial with such a short rest runs on past its budget (its own iterations:
+#: nothing is wasted) for at most this long while the kernel, which reads the
+#: paces the trials publish at their budget, decides whether the loop is uniform
+VERDICT_WAIT = 0.05
 
-def _short_rest(
-    extend: Callable[[], bool] | None, chunk_obj: tuple[Any, ...]
-) -> Callable[[int, float], bool] | None:
-    """``extend`` asked only when the chunk's unrun items would take at most
-    ``EXTEND_MAX_SECONDS`` at the pace so far (a chunk of unknown length: never)."""
-    if extend is None or chunk_obj[0] not in ("range", "seq"):
+#: and asks for the verdict at most this often (a file read, ~10 us)
+VERDICT_POLL = 0.0005
+
+
+class TrialVerdict(Protocol):
+    """A trial's line to the kernel while it runs (``engine/worker``: files in
+    the host's /dev/shm): what it measured at its budget, and what to do."""
+
+    def publish(self, done: int, seconds: float, stamped: bool) -> None: ...
+
+    def poll(self) -> bool | None: ...
+
+
+class _TrialEnd:
+    """What a trial does once its budget is spent (asked after each iteration
+    or block): publish its pace once; with a rest longer than
+    ``EXTEND_MAX_SECONDS`` stop; else follow the kernel's verdict (``True`` run
+    whole, ``False`` stop), running on meanwhile for at most ``VERDICT_WAIT``."""
+
+    __slots__ = ("_give_up", "_n", "_next", "_short", "_stamped", "_verdict")
+
+    def __init__(self, verdict: TrialVerdict, n: int | None, stamped: bool):
+        self._verdict = verdict
+        self._n = n
+        self._stamped = stamped
+        self._give_up: float | None = None
+        self._short = False
+        self._next = 0.0
+
+    def __call__(self, done: int, seconds: float) -> bool | None:
+        now = time.perf_counter()
+        if self._give_up is None:
+            self._give_up = now + VERDICT_WAIT
+            self._verdict.publish(done, seconds, self._stamped)
+            if self._n is not None:
+                left = (self._n - done) * seconds / max(done, 1)
+                self._short = left <= EXTEND_MAX_SECONDS
+        if not self._short:
+            return False
+        if now < self._next and now < self._give_up:
+            return None
+        self._next = now + VERDICT_POLL
+        said = self._verdict.poll()
+        if said is not None:
+            return said
+        return None if now < self._give_up else False
+
+
+def _chunk_length(chunk_obj: tuple[Any, ...]) -> int | None:
+    """Items in a range or sequence chunk (``None``: a chunk of unknown length)."""
+    if chunk_obj[0] not in ("range", "seq"):
         return None
     try:
-        n = len(chunk_obj[1])
+        return len(chunk_obj[1])
     except TypeError:
         return None
-
-    def short(done: int, seconds: float) -> bool:
-        left = (n - done) * seconds / max(done, 1)
-        return left <= EXTEND_MAX_SECONDS and extend()
-
-    return short
 
 
 def run_chunk(
@@ -555,7 +603,7 @@ def run_chunk(
     deadline: float | None = None,
     where: Where | None = None,
     cheap: bool = False,
-    extend: Callable[[], bool] | None = None,
+    verdict: TrialVerdict | None = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -595,10 +643,13 @@ def run_chunk(
     cheap : bool
         This cell's iterations were measured cheap here: chunks of more than
         ``CHEAP_MIN`` items run unstamped too.
-    extend : callable, optional
-        Asked once when ``deadline`` passes, if the chunk's unrun items would
-        take at most ``EXTEND_MAX_SECONDS`` at its pace so far: true lets the
-        chunk run whole (the kernel found the loop uniform while it ran).
+    verdict : TrialVerdict, optional
+        A ``deadline`` chunk's line to the kernel (see :class:`_TrialEnd`):
+        when the deadline passes it publishes its pace and, if its unrun items
+        would take at most ``EXTEND_MAX_SECONDS`` at that pace, runs on while
+        the kernel judges every trial's pace: told the loop is uniform, it
+        runs whole; told otherwise, or told nothing for ``VERDICT_WAIT``, it
+        stops.
 
     Raises
     ------
@@ -615,7 +666,6 @@ def run_chunk(
     if stamps is None:
         stamps = where.stamps
     seq = None
-    may_extend = _short_rest(extend, chunk_obj) if deadline is not None else None
     # a trial chunk (``deadline``) runs unstamped only when already measured cheap
     if seed_fn is None and (deadline is None or cheap):
         seq = _unstamped_items(chunk_obj, cheap)
@@ -624,6 +674,9 @@ def run_chunk(
             code = fast
         else:
             seq = None
+    end = None
+    if deadline is not None and verdict is not None:
+        end = _TrialEnd(verdict, _chunk_length(chunk_obj), stamped=seq is None)
     ns: dict[str, Any] = dict(namespace)
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
@@ -642,14 +695,14 @@ def run_chunk(
         where.follow(it, len(seq))
         ns[ITEMS] = it
     elif seq is not None:
-        blocks = _TimedBlocks(seq, deadline, may_extend)
+        blocks = _TimedBlocks(seq, deadline, end)
         where.follow(blocks, len(seq))
         ns[ITEMS] = itertools.chain.from_iterable(blocks.blocks())
     else:
         items: Iterable[Any] = zip(
             itertools.count(start_index), chunk_items(chunk_obj), strict=False
         )
-        ns[ITEMS] = items if deadline is None else _until(items, deadline, may_extend)
+        ns[ITEMS] = items if deadline is None else _until(items, deadline, end)
     try:
         exec(code, ns)
         if rec.suppressed is not None:

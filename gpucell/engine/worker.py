@@ -17,7 +17,6 @@ user's own exception type with gpucell's context attached.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import os
@@ -457,6 +456,25 @@ def _oom_note(exc: BaseException) -> str | None:
     return describe_oom(str(exc), device, total, free, held)
 
 
+class _ShmVerdict:
+    """A trial chunk's side of ``shm.pace_path`` and ``shm.verdict_path``: the
+    pace it measured at its budget goes to the kernel, the kernel's verdict on
+    the trials comes back (see ``chunk._TrialEnd``)."""
+
+    __slots__ = ("_flag", "_pace")
+
+    def __init__(self, ch: shm.Channel, cell: str, engine: int, start: int):
+        self._pace = shm.pace_path(ch, cell, engine, start)
+        self._flag = shm.verdict_path(ch, cell)
+
+    def publish(self, done: int, seconds: float, stamped: bool) -> None:
+        shm.put(self._pace, shm.PACE.pack(done, seconds, stamped))
+
+    def poll(self) -> bool | None:
+        said = shm.peek(self._flag)
+        return None if said is None else said == b"1"
+
+
 def run(
     cell: str,
     chunk_frames: list[Any],
@@ -507,10 +525,9 @@ def run(
     checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
     caught = _kernel_warning_filters(st)
     tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
-    extend = None
-    if budget is not None and results_to is not None:
-        flag = shm.extend_flag(results_to, cell)  # on this host: see shm.extend_flag
-        extend = functools.partial(os.path.exists, flag)
+    verdict = None
+    if budget is not None and results_to is not None and shm.reachable(results_to):
+        verdict = _ShmVerdict(results_to, cell, engine_id, start)  # kernel's host
     to_host = tohost.copier(device)
     behind = writebehind.start(results_to, tag) if to_host is not None else None
     if to_host is not None and behind is not None:
@@ -530,7 +547,7 @@ def run(
             cheap=(
                 st.iteration_mean is not None and st.iteration_mean < CHEAP_ITERATION
             ),
-            extend=extend,
+            verdict=verdict,
         )
         changed = checkin.changes(checked_in, st.inputs, items)
         if changed:

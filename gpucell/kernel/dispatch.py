@@ -281,7 +281,11 @@ class Run:
         # with the engine's first chunk
         self.setups: dict[int, tuple[Any, Any]] = {}
         self.mapped: dict[tuple[str, ...], list[Any]] = {}  # inputs in /dev/shm
-        self.extend_flag: str | None = None  # written once the trials agree
+        # the verdict on this cell's trials, written once they tell (see
+        # _hear_trials); trial chunks whose published pace was read
+        self.verdict_file: str | None = None
+        self.heard: set[int] = set()
+        self.near = {e for e in self.alive if gc.sees_shm(e)}  # publish paces
         # (host, input names) -> (engine, its pid, tag): who publishes them there
         self.leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]] = {}
         self.host_share: dict[int, tuple[tuple[str, ...], int]] = {}
@@ -414,18 +418,60 @@ class Run:
         self.record.shared_bytes += nbytes
         return shm.follow(self.channel, tag, lead_pid, lead_id)
 
-    def _extend_trials(self) -> None:
-        """The trials agree: tell engines on this host (through /dev/shm) that
-        a trial reaching its budget may run whole (``shm.extend_flag``)."""
+    def _hear_trials(self) -> None:
+        """Read the paces that running trials on this host published at their
+        budget (``shm.pace_path``; they run on meanwhile), and once the trials
+        tell whether the loop looks uniform, say so (``shm.verdict_path``):
+        ``1`` run whole, ``0`` stop and send the rest back."""
+        if self.channel is None or self.verdict_file is not None:
+            return
+        for flight in list(self.inflight.values()):
+            c = flight.chunk
+            if not c.trial or c.id in self.heard or c.engine not in self.near:
+                continue
+            raw = shm.peek(shm.pace_path(self.channel, self.cell, c.engine, c.start))
+            if raw is None or len(raw) != shm.PACE.size:
+                continue
+            self.heard.add(c.id)
+            done, seconds, stamped = shm.PACE.unpack(raw)
+            if stamped:  # an unstamped pace is no measure of unevenness
+                self.sched.observe_trial(c.id, done, seconds)
+        self._give_verdict()
+
+    def _give_verdict(self) -> None:
+        if self.channel is None or self.verdict_file is not None:
+            return
+        said = self.sched.verdict
+        if said is None:
+            return
+        path = shm.verdict_path(self.channel, self.cell)
+        if shm.put(path, b"1" if said else b"0"):
+            self.verdict_file = path  # (not written: trials stop as usual)
+
+    def _awaiting_verdict(self) -> bool:
+        """Trials on this host may be running on past their budget, waiting."""
+        return (
+            self.channel is not None
+            and self.verdict_file is None
+            and any(
+                f.chunk.trial and f.chunk.engine in self.near
+                for f in self.inflight.values()
+            )
+        )
+
+    def _forget_trials(self) -> None:
+        """The verdict and the paces go with the run."""
         if self.channel is None:
             return
-        path = shm.extend_flag(self.channel, self.cell)
-        try:
-            with open(path, "xb"):
-                pass
-        except OSError:
-            return  # engines then stop their trials as usual
-        self.extend_flag = path
+        paths = [
+            shm.pace_path(self.channel, self.cell, c.engine, c.start)
+            for c in self.sched.chunks
+            if c.trial and c.engine in self.near
+        ]
+        paths.append(shm.verdict_path(self.channel, self.cell))
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def _restarts(self) -> Any:
         return getattr(self.gc, "restarts", None)
@@ -477,6 +523,8 @@ class Run:
             eid = info.id
             self._adopt_program(r.dead, eid)
             self.alive.append(eid)
+            if self.gc.sees_shm(eid):
+                self.near.add(eid)
             self.views[eid] = self.gc.view(eid)
             self._setup_engine(eid)
             self.sched.add_engine(eid)
@@ -591,8 +639,8 @@ class Run:
         else:
             seconds = _robust_seconds(timing, done)
             sched.complete(chunk.id, seconds, done=done, stamped=stamped)
-        if chunk.trial and self.extend_flag is None and sched.looks_uniform:
-            self._extend_trials()
+        if chunk.trial:
+            self._give_verdict()
         if flight.timed_from is not None:
             sched.observe_overhead(
                 max(0.0, time.perf_counter() - flight.timed_from - timing["compute"])
@@ -833,14 +881,17 @@ class Run:
                     if deadline is not None and time.perf_counter() > deadline:
                         raise _Interrupted("timeout")
                     self._check_stopping()
+                    # trials waiting on a verdict are heard every 5 ms
+                    wait = 0.005 if self._awaiting_verdict() else 0.05
                     done, _ = concurrent.futures.wait(
-                        list(self.inflight), timeout=0.05, return_when="FIRST_COMPLETED"
+                        list(self.inflight), timeout=wait, return_when="FIRST_COMPLETED"
                     )
                     self.output.poll(self.inflight)
                     if self.telemetry is not None:
                         self.telemetry.poll(self.inflight)
                     for ar in done:
                         self.on_done(ar)
+                    self._hear_trials()
                     now = time.perf_counter()
                     if now - last_check > 0.2 or not self.inflight:
                         last_check = now
@@ -887,9 +938,7 @@ class Run:
             self._forget_tasks()
             for frames in self.mapped.values():  # every engine maps it by now
                 shm.release(frames)
-            if self.extend_flag is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.extend_flag)
+            self._forget_trials()
             if self.channel is not None and (
                 self.status != "running" or self.record.warnings
             ):

@@ -33,10 +33,12 @@ channel (its probe file, and sweeping leftovers) is :mod:`gpucell.cluster.shm_ch
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
 import pickle
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,17 +47,21 @@ __all__ = [
     "FOLLOW",
     "LEAD",
     "MARK",
+    "PACE",
     "Channel",
     "Prewritten",
-    "extend_flag",
     "follow",
     "host_role",
     "lead",
+    "pace_path",
+    "peek",
+    "put",
     "reachable",
     "release",
     "spill",
     "spilled",
     "unspill",
+    "verdict_path",
 ]
 
 #: First frame of a spilled message (a wire header never starts like this).
@@ -116,12 +122,51 @@ def host_role(frames: Sequence[Any]) -> bytes | None:
     return head if head in (LEAD, FOLLOW) else None
 
 
-def extend_flag(ch: Channel, cell: str) -> str:
-    """Where the kernel says a cell's trial chunks may run whole: once the
-    trials agree (the loop looks uniform), an engine whose trial reaches its
-    time budget and finds this file goes on to the chunk's end instead of
-    sending back the rest (one round trip and one chunk fewer per engine)."""
-    return ch.path(f"extend-{cell[:16]}")
+def verdict_path(ch: Channel, cell: str) -> str:
+    """Where the kernel tells a cell's trial chunks on this host what to do once
+    their time budget is spent: ``b"1"`` the trials agree (the loop looks
+    uniform), so a trial goes on to its chunk's end instead of sending back the
+    rest (one round trip and one chunk fewer per engine); ``b"0"`` they do not,
+    stop.  Written once (:func:`put`), read by :func:`peek`."""
+    return ch.path(f"verdict-{cell[:16]}")
+
+
+def pace_path(ch: Channel, cell: str, engine: int, start: int) -> str:
+    """Where engine ``engine``'s trial chunk starting at iteration ``start``
+    publishes the pace it measured when its budget ran out (:data:`PACE`), so
+    the kernel can judge the trials while they run on, not only once they are
+    back."""
+    return ch.path(f"pace-{cell[:16]}-{engine}-{start}")
+
+
+#: a published trial pace: iterations done, seconds they took, stamped (a
+#: trial that ran the unstamped program is faster per iteration: not comparable)
+PACE = struct.Struct("<qd?")
+
+
+def put(path: str, data: bytes) -> bool:
+    """Write a small file whole or not at all (a reader never sees it half
+    written): to a temporary name, then renamed into place.  False on error
+    (a full /dev/shm): the reader then behaves as if nothing was said."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+
+
+def peek(path: str) -> bytes | None:
+    """The contents of a file :func:`put` wrote, or ``None`` while there is none."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def spilled(frames: Sequence[Any]) -> bool:
