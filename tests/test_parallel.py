@@ -566,15 +566,19 @@ def test_a_cuda_device_held_in_a_variable_runs_on_cpu_engines(ip, cluster):
 
 
 def test_a_cheap_loops_first_run_takes_one_round_trip(ip, cluster):
-    """Trial chunks: an unmeasured engine gets its whole part (in two chunks sent
-    together) with a time budget, so a cheap loop needs no separate calibration
-    round trip."""
+    """Trial chunks: an unmeasured engine gets its whole part (one chunk when
+    every engine hears the verdict on the trials, as here on one host; else
+    two sent together) with a time budget, so a cheap loop needs no separate
+    calibration round trip."""
     cluster.cost_history.clear()
     assert_serial_equivalent(
         ip, "out = []\nfor i in range(2000):\n    out.append(i * i)\n", {"out": []}
     )
     done = [c for c in gpucell.last_run.chunks if c.state == "done"]
-    assert len(done) == 2 * len(cluster.ids)
+    heard = cluster.results_channel() is not None and all(
+        cluster.sees_shm(e) for e in cluster.ids
+    )
+    assert len(done) == (1 if heard else 2) * len(cluster.ids)
     assert {c.engine for c in done} == set(cluster.ids)
 
 
@@ -604,12 +608,12 @@ def test_a_trial_chunk_stopped_early_leaves_the_serial_result(ip, cluster):
 
 
 def test_a_uniform_loops_trials_run_whole_once_their_paces_agree(ip, cluster):
-    """Iterations of 100 ms, 16 of them: each engine's part of 8 goes out as two
-    trials of 4, each reaching its 50 ms budget after 1.  There each publishes
-    its pace in /dev/shm and runs on; the kernel reads the paces, finds them
-    equal and writes the verdict, and every trial (first ones too) runs whole:
-    2 chunks per engine instead of 4, the namespace as serial, and the verdict
-    and pace files gone after."""
+    """Iterations of 100 ms, 10 of them: each engine's part of 5 goes out as one
+    trial (every engine hears the verdict), reaching its 50 ms budget after 1.
+    There it publishes its pace in /dev/shm and runs on; the kernel reads the
+    paces, finds them equal and writes the verdict, and every trial runs
+    whole: 1 chunk per engine (a re-run's static split) instead of 4, the
+    namespace as serial, and the verdict and pace files gone after."""
     import glob
 
     if cluster.results_channel() is None:
@@ -620,16 +624,16 @@ def test_a_uniform_loops_trials_run_whole_once_their_paces_agree(ip, cluster):
     cell = (
         "import time\n"
         "out = []\n"
-        "for i in range(16):\n"
+        "for i in range(10):\n"
         "    time.sleep(0.1)\n"
         "    out.append(i)\n"
     )
     assert_serial_equivalent(ip, cell, {})
     chunks = [c for c in gpucell.last_run.chunks if c.state == "done"]
-    assert len(chunks) == 2 * len(cluster.live_ids()), [
+    assert len(chunks) == len(cluster.live_ids()), [
         (c.engine, c.start, c.stop) for c in chunks
     ]
-    assert {c.stop - c.start for c in chunks} == {4}  # every trial, whole
+    assert {c.stop - c.start for c in chunks} == {5}  # every trial, whole
     ch = cluster.results_channel()
     assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-verdict-*")
     assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-pace-*")
@@ -652,7 +656,7 @@ def test_an_uneven_loops_trials_are_told_to_stop(ip, cluster):
     assert_serial_equivalent(ip, cell, {})
     chunks = [c for c in gpucell.last_run.chunks if c.state == "done"]
     assert len(chunks) > 2 * len(cluster.live_ids())
-    assert max(c.stop - c.start for c in chunks) < 6
+    assert max(c.stop - c.start for c in chunks) < 12
 
 
 @pytest.mark.parametrize(

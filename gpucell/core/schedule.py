@@ -147,6 +147,13 @@ class Schedule:
         chunks cost little to send: the unreached part travels twice.)  Off for
         static, dynamic, fixed-``chunksize`` and profiled schedules: their chunks
         are what was asked for.
+    heard
+        Running trials hear the verdict (:attr:`verdict`) at their budget (the
+        dispatcher reads the paces they publish and tells them: engines on the
+        kernel's host): an unmeasured engine's part then goes out as one trial,
+        not two.  A uniform loop's trial runs whole (one chunk per engine, as
+        a re-run's static split); an uneven loop's stops at its budget and its
+        rest is shared out by cost, the engine idle for one round trip.
     kept
         ``(start, stop)`` ranges already done by an earlier, unfinished run of
         the same cell (``--resume``): only the other iterations are handed out,
@@ -174,6 +181,7 @@ class Schedule:
     profile: Sequence[float] | None = field(default=None, repr=False)
     trial: bool = False
     trial_seconds: float = 0.05
+    heard: bool = False
     kept: Sequence[tuple[int, int]] = ()
     profiled: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
@@ -329,7 +337,10 @@ class Schedule:
         """True when ``engine`` has fewer chunks outstanding than it should."""
         if engine not in self._alive or not self._has_unassigned(engine):
             return False
-        depth = self.depth if self._plenty_left() or self._trial_for(engine) else 1
+        trial = self._trial_for(engine)
+        depth = self.depth if self._plenty_left() or (trial and not self.heard) else 1
+        if trial and self.heard and self.outstanding(engine):
+            return False  # its one trial is its whole part
         if any(c.attempt > 0 for c in self.outstanding(engine)):
             # a re-run of iterations whose engine died runs alone on its engine:
             # if this one dies too, the chunk that killed it is known
@@ -736,8 +747,9 @@ class Schedule:
         if self.calibrating(engine):
             if self._trial_for(engine):
                 # cut short on the engine: the first half of its part, then the
-                # rest queued behind it (no idle round trip after the first)
-                if not self._running.get(engine) and fair > 1:
+                # rest queued behind it (no idle round trip after the first);
+                # one trial when it hears the verdict (it may run whole)
+                if not self._running.get(engine) and fair > 1 and not self.heard:
                     return max(1, min(remaining, (fair + 1) // 2))
                 return max(1, min(remaining, fair))
             if len(self._alive) > 1:

@@ -459,15 +459,29 @@ def _oom_note(exc: BaseException) -> str | None:
 class _ShmVerdict:
     """A trial chunk's side of ``shm.pace_path`` and ``shm.verdict_path``: the
     pace it measured at its budget goes to the kernel, the kernel's verdict on
-    the trials comes back (see ``chunk._TrialEnd``)."""
+    the trials comes back (see ``chunk._TrialEnd``).  The pace published is
+    the median iteration's, as a finished chunk reports it: the first
+    iteration's one-time costs, or a moment the engine lost its core, would
+    otherwise tell the kernel the loop is uneven when it is not."""
 
-    __slots__ = ("_flag", "_pace")
+    __slots__ = ("_flag", "_pace", "_stamps")
 
-    def __init__(self, ch: shm.Channel, cell: str, engine: int, start: int):
+    def __init__(
+        self,
+        ch: shm.Channel,
+        cell: str,
+        engine: int,
+        start: int,
+        stamps: dict[int, float],
+    ):
         self._pace = shm.pace_path(ch, cell, engine, start)
         self._flag = shm.verdict_path(ch, cell)
+        self._stamps = stamps
 
     def publish(self, done: int, seconds: float, stamped: bool) -> None:
+        median = _median_iteration(self._stamps, time.time()) if stamped else None
+        if median is not None:
+            seconds = median * done
         shm.put(self._pace, shm.PACE.pack(done, seconds, stamped))
 
     def poll(self) -> bool | None:
@@ -527,7 +541,7 @@ def run(
     tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
     verdict = None
     if budget is not None and results_to is not None and shm.reachable(results_to):
-        verdict = _ShmVerdict(results_to, cell, engine_id, start)  # kernel's host
+        verdict = _ShmVerdict(results_to, cell, engine_id, start, stamps)  # here
     to_host = tohost.copier(device)
     behind = writebehind.start(results_to, tag) if to_host is not None else None
     if to_host is not None and behind is not None:

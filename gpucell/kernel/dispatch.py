@@ -303,6 +303,8 @@ class Run:
             )
             > 1,
             trial=True,
+            # every engine hears the verdict on the trials: one trial each
+            heard=self.channel is not None and set(self.alive) <= self.near,
             kept=self.kept,
         )
         if self.sched.trial and not _cheap_to_resend(chunk_of, n):
