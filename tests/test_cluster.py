@@ -404,3 +404,51 @@ def test_connect_file_attaches_to_the_named_cluster_not_the_default(
             )
         for p in procs:
             p.wait(30)
+
+
+def test_a_start_that_times_out_names_engines_that_exited_and_why(tmp_path):
+    """ipyparallel's own process launcher runs an "engine" that gives up at
+    once (as one whose registration timed out does): the start's error names
+    it, with the last lines it wrote; one still running is not named."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+    def launcher(code: str, name: str) -> LocalProcessLauncher:
+        return LocalProcessLauncher(
+            cmd_and_args=[sys.executable, "-c", code],
+            output_file=str(tmp_path / f"{name}.out"),
+            work_dir=str(tmp_path),
+        )
+
+    dead = launcher(
+        "print('Registering with controller'); "
+        "print('Registration timed out after 5.0 seconds'); raise SystemExit(1)",
+        "dead",
+    )
+    alive = launcher("import time; time.sleep(30)", "alive")
+
+    async def run() -> None:
+        dead.start()
+        alive.start()
+        for _ in range(200):
+            if dead.state == "after":
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    try:
+        fake = SimpleNamespace(
+            engines={
+                "gpu1": SimpleNamespace(launchers={"0": dead}),
+                "gpu0": SimpleNamespace(launchers={"0": alive}),
+            }
+        )
+        said = gc_mod._exited_engines(fake)
+        assert said.startswith("engine gpu1 exited (")
+        assert "Registration timed out after 5.0 seconds" in said
+        assert "gpu0" not in said
+        assert gc_mod._exited_engines(SimpleNamespace(engines={})) == ""
+    finally:
+        alive.signal(signal.SIGKILL)

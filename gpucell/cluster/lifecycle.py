@@ -380,6 +380,11 @@ def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[st
         "--IPEngine.enable_nanny=False",
         "--IPEngine.max_heartbeat_misses=300",
         "--IPEngine.wait_for_url_file=60",
+        # ipyparallel's engine gives up when the controller has not answered
+        # its registration in 5 s, and exits: on a loaded 2-core host a
+        # controller still starting up (its schedulers are processes) can take
+        # longer, and one engine of a start went missing about once in 30
+        "--IPEngine.timeout=30",
     ]
     return cluster_kw, controller, engine
 
@@ -705,7 +710,10 @@ def _start_and_connect(
     except TimeoutError:
         got = len(client.ids)
         client.close()
+        exited = _exited_engines(cluster)
         where = f"Engine logs are in {cluster.profile_dir}/log"
+        if exited:
+            where = f"{exited}. {where}"
         if remote is not None:
             where += (
                 " (on the --ssh hosts: in the same profile's log directory under the "
@@ -717,6 +725,24 @@ def _start_and_connect(
             "host is slow."
         ) from None
     return client
+
+
+def _exited_engines(cluster: Any) -> str:
+    """Which local engine processes already exited, and the last lines each
+    wrote (why it gave up), for the error of a start that timed out; "" when
+    every one is still running (a slow start) or none can be told."""
+    said = []
+    for label, engine_set in getattr(cluster, "engines", {}).items():
+        for launcher in getattr(engine_set, "launchers", {}).values():
+            if getattr(launcher, "state", None) != "after":
+                continue
+            try:
+                lines = [x for x in launcher.get_output().splitlines() if x.strip()]
+            except Exception:
+                lines = []
+            tail = " | ".join(x.strip()[:200] for x in lines[-3:]) or "no output"
+            said.append(f"engine {label} exited ({tail})")
+    return "; ".join(said)
 
 
 @dataclass(frozen=True)
