@@ -74,3 +74,45 @@ def wire_frames(value):
     from gpucell.protocol import wire
 
     return wire.dumps(value)
+
+
+def test_a_full_collection_waits_until_the_engine_is_idle(monkeypatch):
+    """Every FULL_EVERY-th collection scans frozen survivors too, but on the
+    engine's event loop only once no chunk started for IDLE_FULL seconds: a
+    cycle among frozen objects survives while chunks keep coming, and is freed
+    once the engine is idle."""
+    import asyncio
+    import gc
+    import weakref
+
+    from gpucell.engine import runtime
+
+    monkeypatch.setattr(runtime, "IDLE_FULL", 0.1)
+
+    class Node:
+        pass
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        gc.collect()
+        gc.freeze()  # the cycle is a frozen survivor now
+        del a, b
+        while runtime._collections % runtime.FULL_EVERY != runtime.FULL_EVERY - 1:
+            runtime.collect()
+        runtime.collect()  # the one that asks for a full collection
+        waiting = runtime._full_waiting
+        for _ in range(3):  # chunks keep coming: it waits on
+            await asyncio.sleep(0.06)
+            runtime.busy()
+        alive_while_busy = gone() is not None
+        await asyncio.sleep(0.35)
+        return waiting, alive_while_busy, gone() is None
+
+    try:
+        waiting, alive_while_busy, freed = asyncio.run(scenario())
+    finally:
+        gc.unfreeze()
+    assert waiting and alive_while_busy and freed
+    assert not runtime._full_waiting

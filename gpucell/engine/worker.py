@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucell.engine import checkin, hostcopy, tohost, writebehind
+from gpucell.engine import checkin, hostcopy, runtime, tohost, writebehind
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
@@ -515,6 +515,7 @@ def run(
     inputs (``gpucell.devices.host.kernel_key``; several kernels may share engines).
     """
     entered = time.time()
+    runtime.busy()  # a full collection waiting for an idle engine waits on
     loaded = None
     if setup is not None:
         loaded = _set_up(cell, setup, input_frames or [], kernel)
