@@ -100,7 +100,8 @@ def test_guided_chunks_shrink_towards_the_end():
     sizes = [c.size for c in s.chunks]
     assert sizes[0] > sizes[-1]
     assert sizes[0] == 63  # calibration: a quarter of remaining / (2 x engines)
-    assert max(sizes) > 150  # then large chunks once speeds are known
+    # then large chunks once speeds are known, up to chunk_seconds (1 s) each
+    assert 90 <= max(sizes) <= 100
 
 
 def test_uneven_loop_is_balanced():
@@ -392,6 +393,45 @@ def test_trial_chunks_are_the_whole_part_in_two_and_the_unrun_rest_goes_out_firs
             for c in s.outstanding(e):
                 s.complete(c.id, 0.01 * c.size)
     assert covers(s.chunks, 1000)
+
+
+def _after_stopped_trials(s: Schedule, pace: float) -> list[int]:
+    """Drive ``s``: every trial stops after its first iteration (its budget
+    spent), later chunks run whole at ``pace`` s per iteration; the sizes of
+    the chunks after the trials."""
+    trials = s.fill()
+    assert trials and all(c.trial for c in trials)
+    for c in trials:
+        s.complete(c.id, pace, done=1)
+    sizes = []
+    while not s.finished:
+        out = [c for e in s.alive for c in s.outstanding(e)] or s.fill()
+        assert out
+        for c in out:
+            sizes.append(c.size)
+            s.complete(c.id, pace * c.size)
+        s.fill()
+    assert covers(s.chunks, s.n)
+    return sizes
+
+
+def test_chunks_last_about_chunk_seconds_so_progress_stays_fine_grained():
+    """A uniform loop of 0.5 s iterations on 2 engines (10 s each): after the
+    trials, rests go out in pieces of about 1 s (2 iterations), not one 9.5 s
+    chunk per engine; a long loop's pieces are a 1/PROGRESS_STEPS share of an
+    engine's part instead; a fixed chunksize is what was asked for."""
+    from gpucell.core.schedule import PROGRESS_STEPS
+
+    sizes = _after_stopped_trials(Schedule(40, [0, 1], trial=True, heard=True), 0.5)
+    assert max(sizes) <= 2 and len(sizes) >= 16, sizes
+
+    sizes = _after_stopped_trials(Schedule(4000, [0, 1], trial=True, heard=True), 0.5)
+    assert max(sizes) <= 2000 // PROGRESS_STEPS + 1  # 1000 s per engine
+    assert len(sizes) < 3 * 2 * PROGRESS_STEPS, len(sizes)
+
+    fixed = Schedule(40, [0, 1], mode="dynamic", chunksize=10)
+    simulate(fixed, {0: 1.0, 1: 1.0}, lambda i: 0.5)
+    assert {c.size for c in fixed.chunks} == {10}
 
 
 def test_running_trials_published_paces_give_the_verdict():

@@ -60,6 +60,9 @@ __all__ = ["Chunk", "Schedule", "missing_ranges"]
 ISOLATE_MAX = 256
 
 
+#: a long loop's chunks last at least 1/PROGRESS_STEPS of an engine's part
+PROGRESS_STEPS = 20
+
 #: a run of free iterations is not cut so as to leave a rest of at most
 #: 1/CRUMB of the chunk cut from it: estimates of what engines hold are rounded
 #: (a chunk of 2,361,111 left 1 iteration behind, sent alone)
@@ -154,6 +157,14 @@ class Schedule:
         not two.  A uniform loop's trial runs whole (one chunk per engine, as
         a re-run's static split); an uneven loop's stops at its budget and its
         rest is shared out by cost, the engine idle for one round trip.
+    chunk_seconds
+        A guided or dynamic chunk is cut to last at most about this long at its
+        engine's measured pace (or a 1/``PROGRESS_STEPS`` share of an engine's
+        part of a long loop): the progress shown, the work kept on an
+        interrupt and what a lost engine costs stay fine-grained, at a few ms
+        of dispatch per second of work.  (A uniform loop's rest went out as one
+        chunk per engine: a 10 s cell showed 0, 5% and then 100%.)  Not for a
+        fixed ``chunksize``, static or profiled schedules.
     kept
         ``(start, stop)`` ranges already done by an earlier, unfinished run of
         the same cell (``--resume``): only the other iterations are handed out,
@@ -182,6 +193,7 @@ class Schedule:
     trial: bool = False
     trial_seconds: float = 0.05
     heard: bool = False
+    chunk_seconds: float = 1.0
     kept: Sequence[tuple[int, int]] = ()
     profiled: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
@@ -415,7 +427,7 @@ class Schedule:
             j = self._pick_free(engine)
             start, stop, attempt = self._free.pop(j)
             pace = self._rest_pace.pop(start, None)
-            self._rest_owner.pop(start, None)
+            owner = self._rest_owner.pop(start, None)
             if attempt > 0 and stop - start <= ISOLATE_MAX:
                 size = 1  # one iteration at a time: a second death names it
             elif (
@@ -434,6 +446,8 @@ class Schedule:
                 self._free.insert(j, (start + size, stop, attempt))
                 if pace is not None:
                     self._rest_pace[start + size] = pace
+                if owner is not None:
+                    self._rest_owner[start + size] = owner
                 stop = start + size
             return self._new(start, stop, engine, attempt, trial)
         if self._cursor >= self.n:
@@ -714,6 +728,24 @@ class Schedule:
         return secs / its if its and secs > 0 else None
 
     def _size_for(self, engine: int) -> int:
+        """The next chunk's size for ``engine``, cut to last at most about
+        :meth:`_span` at its measured pace."""
+        size = self._share_for(engine)
+        pace = None if self.chunksize or self.profiled else self._pace(engine)
+        if not pace or size <= 1:
+            return size
+        parts = math.ceil(size * pace / self._span(pace))
+        return size if parts <= 1 else max(1, math.ceil(size / parts))
+
+    def _span(self, pace: float) -> float:
+        """Longest a chunk should run: ``chunk_seconds``, or for a long loop a
+        ``1 / PROGRESS_STEPS`` share of an engine's whole part (so an hour's
+        cell is not cut into thousands of messages)."""
+        k = max(1, len(self._alive))
+        whole = self.n * (self._mean_pace() or pace) / k
+        return max(self.chunk_seconds, whole / PROGRESS_STEPS)
+
+    def _share_for(self, engine: int) -> int:
         remaining = self._remaining()
         if remaining <= 0:
             return 1
