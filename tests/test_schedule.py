@@ -433,6 +433,20 @@ def test_chunks_last_about_chunk_seconds_so_progress_stays_fine_grained():
     simulate(fixed, {0: 1.0, 1: 1.0}, lambda i: 0.5)
     assert {c.size for c in fixed.chunks} == {10}
 
+    # a re-run of a uniform loop: static, each engine's block in ~1 s pieces,
+    # in order; a short one stays one block per engine; asked-for static whole
+    rerun = Schedule(40, [0, 1], hint=0.5, uniform=True)
+    simulate(rerun, {0: 1.0, 1: 1.0}, lambda i: 0.5)
+    assert rerun.mode == "static" and {c.size for c in rerun.chunks} == {2}
+    mine = [(c.start, c.stop) for c in rerun.chunks if c.engine == 0]
+    assert mine == [(i, i + 2) for i in range(0, 20, 2)]
+    short = Schedule(40, [0, 1], hint=0.01, uniform=True)
+    simulate(short, {0: 1.0, 1: 1.0}, lambda i: 0.01)
+    assert [c.size for c in short.chunks] == [20, 20]
+    asked = Schedule(40, [0, 1], mode="static", hint=0.5, uniform=True)
+    simulate(asked, {0: 1.0, 1: 1.0}, lambda i: 0.5)
+    assert [c.size for c in asked.chunks] == [20, 20]
+
 
 def test_running_trials_published_paces_give_the_verdict():
     """Paces published by trials still running count until they complete: 3

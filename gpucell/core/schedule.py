@@ -243,6 +243,7 @@ class Schedule:
         if self.kept:  # resumed: no profile (its costs cover the whole loop)
             self.profile = None
         self._stats = {e: _EngineStats() for e in self.engines}
+        pieces = False  # a static split chosen here (not asked for) goes in pieces
         if self.hint is not None and self.hint > 0 and not self.heterogeneous:
             # (different devices each need measuring: the hint is one pace)
             for st in self._stats.values():
@@ -250,6 +251,7 @@ class Schedule:
             cheap = self.n * self.hint <= 10 * self.overhead
             if self.mode == "guided" and (cheap or self.uniform):
                 self.mode = "static"  # nothing to balance: send it all at once
+                pieces = True
         if self.profile is not None and self.mode == "guided" and not self.chunksize:
             self._use_profile(self.profile)
         self.trial = (
@@ -271,6 +273,16 @@ class Schedule:
             for i, e in enumerate(self._alive):
                 lo, hi = i * self.n // k, (i + 1) * self.n // k
                 self._static[e] = [(lo, hi)] if hi > lo else []
+                if pieces and self.hint and hi > lo:
+                    # chosen for a uniform loop, not asked for: each engine's
+                    # block in pieces of about chunk_seconds, in order (the
+                    # progress of a long re-run moves; queued two deep, the
+                    # engine never waits between them)
+                    parts = math.ceil((hi - lo) * self.hint / self._span(self.hint))
+                    cuts = [lo + j * (hi - lo) // parts for j in range(parts + 1)]
+                    self._static[e] = [
+                        (a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a
+                    ]
             self._cursor = self.n
 
     # -- queries ---------------------------------------------------------------
