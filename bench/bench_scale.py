@@ -31,12 +31,18 @@ Systems, all with N workers, measured in the same run, interleaved round by roun
                      processes=True)``, ``client.map`` + ``gather``.
   joblib loky        ``Parallel(n_jobs=N, backend="loky")`` (warmed up first).
 
-For gpucell also: chunks per run, the kernel's CPU seconds (``time.process_time()``
-around the cell) per chunk, the controller's CPU seconds (its process tree, psutil)
-per chunk, and the dispatch overhead (makespan minus the ideal serial / N).
+For gpucell also: chunks per run; CPU seconds per chunk of the kernel (its main
+thread and ipyparallel's client IO thread: the Dask client's and loky's threads live
+in this process too, so ``time.process_time()`` would overstate it), of the
+controller (its process tree) and of gpucell's engines, all read per thread from
+``/proc/.../task/<tid>/schedstat`` (nanoseconds; psutil's 10 ms ticks are too coarse
+for a 30 ms cell; ``process_time`` / psutil where /proc cannot be read); and the
+dispatch overhead (makespan minus the ideal serial / N).
 
 A model (see :func:`model`) fits those to predict gpucell's efficiency on the 50 ms
-uniform loop at 64 and 256 engines and says where the kernel becomes the bottleneck.
+uniform loop at 64 and 256 engines, says where the kernel becomes the bottleneck and
+how much of the overhead the per-chunk CPU explains on this host's cores, and bounds
+the makespan on a many-core GPU host (a core per engine, kernel and controller).
 
 Results: a table on stdout and ``bench/results/scale.json``.
 
@@ -55,6 +61,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -192,6 +199,80 @@ def tree_cpu(pid: int | None) -> float:
     return total
 
 
+def _schedstat(path: str) -> float | None:
+    """Seconds on CPU from a ``schedstat`` file (1st field, ns); None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def thread_cpu(tids: list[int]) -> float | None:
+    """CPU seconds of this process's threads ``tids`` (None if /proc can't be read)."""
+    total = 0.0
+    for tid in tids:
+        s = _schedstat(f"/proc/self/task/{tid}/schedstat")
+        if s is None:
+            return None
+        total += s
+    return total
+
+
+def cpu_snapshot(pids: list[int]) -> dict[tuple[int, int], float] | None:
+    """CPU seconds of every thread of processes ``pids``, keyed (pid, tid), or None
+    if /proc can't be read.  Per thread because ``/proc/<pid>/schedstat`` counts a
+    process's main thread only; a process gone meanwhile just contributes nothing."""
+    snap: dict[tuple[int, int], float] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        for tid in tids:
+            s = _schedstat(f"/proc/{pid}/task/{tid}/schedstat")
+            if s is not None:
+                snap[(pid, int(tid))] = s
+    if pids and not snap and not os.path.isdir("/proc/self/task"):
+        return None
+    return snap
+
+
+def cpu_delta(a: dict, b: dict) -> float:
+    """CPU seconds between two :func:`cpu_snapshot`s: threads in both, plus the
+    whole of those started in between (threads that ended in between are lost)."""
+    return sum(v - a.get(k, 0.0) for k, v in b.items())
+
+
+def tree_pids(pid: int | None) -> list[int]:
+    """``pid`` and its descendants (empty if unknown)."""
+    if pid is None:
+        return []
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return [pid, *(q.pid for q in p.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def pids_cpu_psutil(pids: list[int]) -> float:
+    """User + system CPU seconds of processes ``pids`` (psutil, 10 ms ticks)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def settle(max_s: float = 20.0, idle_cores: float = 0.3) -> tuple[float, float]:
     """Wait until this process's tree (engines, controller, workers, all just
     started) uses under ``idle_cores`` cores over a second, at most ``max_s``;
@@ -279,15 +360,52 @@ class Systems:
         import gpucell
 
         _gc.collect()
-        ctl0 = tree_cpu(self.ctl_pid)
+        cur = gpucell.current()
+        # the kernel: this (main) thread and ipyparallel's client IO thread
+        tids = [threading.get_native_id()]
+        io = getattr(cur.client, "_io_thread", None)
+        if io is not None and io.native_id is not None:
+            tids.append(io.native_id)
+        eng_pids = [
+            i.pid for i in cur.engines.values() if getattr(i, "local", True) and i.pid
+        ]
+        ctl_pids = [p for p in tree_pids(self.ctl_pid) if p not in eng_pids]
+        # outer readings first, the kernel's innermost: reading /proc costs this
+        # thread CPU, which must not count as the cell's
+        ctl0, eng0 = cpu_snapshot(ctl_pids), cpu_snapshot(eng_pids)
+        ctl0_ps = tree_cpu(self.ctl_pid) if ctl0 is None else 0.0
+        eng0_ps = pids_cpu_psutil(eng_pids) if eng0 is None else 0.0
+        all0 = cpu_snapshot([os.getpid()])
         w0 = time.time()
         c0 = time.process_time()
+        k0 = thread_cpu(tids)
         t0 = time.perf_counter()
         self.ip.run_cell_magic("gpu_parallel", "--quiet", cell)
         whole = time.perf_counter() - t0
-        kernel_cpu = time.process_time() - c0
+        k1 = thread_cpu(tids)
+        process_cpu = time.process_time() - c0
         w1 = time.time()
-        ctl_cpu = tree_cpu(self.ctl_pid) - ctl0
+        all1 = cpu_snapshot([os.getpid()])
+        if k0 is not None and k1 is not None:
+            kernel_cpu, kernel_src = k1 - k0, "schedstat: main + ipp IO thread"
+        else:
+            kernel_cpu, kernel_src = process_cpu, "process_time"
+        other_cpu = (
+            cpu_delta(all0, all1) - kernel_cpu
+            if all0 is not None and all1 is not None and k0 is not None
+            else None
+        )
+        ctl_pids1 = [p for p in tree_pids(self.ctl_pid) if p not in eng_pids]
+        ctl1 = cpu_snapshot(sorted(set(ctl_pids) | set(ctl_pids1)))
+        if ctl0 is not None and ctl1 is not None:
+            ctl_cpu, ctl_src = cpu_delta(ctl0, ctl1), "schedstat"
+        else:
+            ctl_cpu, ctl_src = tree_cpu(self.ctl_pid) - ctl0_ps, "psutil"
+        eng1 = cpu_snapshot(eng_pids)
+        if eng0 is not None and eng1 is not None:
+            eng_cpu, eng_src = cpu_delta(eng0, eng1), "schedstat"
+        else:
+            eng_cpu, eng_src = pids_cpu_psutil(eng_pids) - eng0_ps, "psutil"
         lr = gpucell.last_run
         chunks = list(lr.chunks)
         done = sorted((c for c in chunks if c.state == "done"), key=lambda c: c.start)
@@ -305,6 +423,19 @@ class Systems:
             "kernel_cpu_per_chunk": kernel_cpu / nchunks,
             "controller_cpu": ctl_cpu,
             "controller_cpu_per_chunk": ctl_cpu / nchunks,
+            "engine_cpu": eng_cpu,
+            "engine_cpu_per_chunk": eng_cpu / nchunks,
+            "engine_pids": len(eng_pids),
+            # this process's CPU over the cell, all threads (what kernel_cpu was
+            # before it was read per thread), and its threads other than the
+            # kernel's (Dask client, loky, ...)
+            "process_cpu": process_cpu,
+            "other_threads_cpu": other_cpu,
+            "cpu_source": {
+                "kernel": kernel_src,
+                "controller": ctl_src,
+                "engines": eng_src,
+            },
             # wall clock: cell start -> first chunk starts on an engine; last chunk
             # ends -> cell returns (analysis + first dispatch; gather + merge)
             "lead": (min(c.t_start for c in done) - w0) if done else None,
@@ -431,7 +562,12 @@ def measure(S: Systems, loops: dict, runs: int) -> dict:
                     "engines_used",
                     "kernel_cpu",
                     "kernel_cpu_per_chunk",
+                    "controller_cpu",
                     "controller_cpu_per_chunk",
+                    "engine_cpu",
+                    "engine_cpu_per_chunk",
+                    "process_cpu",
+                    "other_threads_cpu",
                     "lead",
                     "tail",
                     "dispatch_wall",
@@ -442,6 +578,7 @@ def measure(S: Systems, loops: dict, runs: int) -> dict:
                 row["chunk_sizes"] = [x["chunk_sizes"] for x in rs]
                 row["inline"] = [x["inline"] for x in rs]
                 row["status"] = [x["status"] for x in rs]
+                row["cpu_source"] = rs[0]["cpu_source"] if rs else None
                 if name == GP_FIRST:
                     row["had_cost_memory"] = [x["had_cost_memory"] for x in rs]
             res["systems"][name] = row
@@ -468,7 +605,13 @@ def fit_line(pts: list[tuple[float, float]]) -> tuple[float, float] | None:
     return my - b * mx, b
 
 
-def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
+def model(
+    by_n: dict,
+    t_iter: float,
+    n_iter: int,
+    predict_at=(64, 256),
+    cores: int | None = None,
+) -> dict:
     """Predict gpucell's efficiency on the uniform loop at more engines.
 
     Inputs, from this run's gpucell uniform-loop measurements (first runs and
@@ -514,7 +657,30 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
     engines share two cores; on a many-core GPU host both should be smaller, so
     the prediction is a pessimistic one for d and F, and the kernel limit
     (``c``, CPU seconds, not wall) carries over.
+
+    CPU bound.  Each chunk also costs the controller ``c_ctl`` and its engine
+    ``c_eng`` CPU seconds (medians per chunk), and on a host with ``cores`` cores
+    all of it queues for the cores the engines work on.  In a uniform waiting
+    loop those are otherwise idle, but the first round's CPU (sends, engine
+    starts) and the last's (results, merge) lies on the critical path; with ~1
+    chunk per engine that is nearly all of it, so if none overlaps the waits::
+
+        cpu_floor_makespan = W / E + (c + c_ctl + c_eng) * C / cores
+
+    Beside each measured E the measured overhead is set against that term (and
+    against the cell's measured CPU / cores): the share of the overhead that is
+    CPU queueing on this host.  On a many-core GPU host (``cores = E + 2``: a
+    core per engine, the kernel, the controller) nothing queues for cores but
+    each process is serial, so the busiest one bounds::
+
+        cpu_term      = max(C * c, C * c_ctl, (C / E) * c_eng)
+        est_makespan  = W / E + cpu_term + max(0, F + d * C / E - cpu_here)
+
+    ``cpu_here`` being this host's CPU term: the estimate keeps the measured
+    overhead's non-CPU part (latency) and swaps its CPU part.
     """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
     out: dict = {}
     ns = sorted(by_n)
     if not ns:
@@ -539,7 +705,8 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
     }
     for which in (GP_FIRST, GP_RERUN):
         pts = []  # (C/E, overhead)
-        cs, ctl, ks = [], [], []
+        cs, ctl, eng, ks = [], [], [], []
+        per_e: dict = {}  # E -> overhead, chunks, the cell's measured CPU
         for E in ns:
             row = by_n[E].get("uniform", {}).get("systems", {}).get(which)
             if not row:
@@ -550,6 +717,21 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
                 pts.append((C / E, m - ideal))
             cs.extend(row["kernel_cpu_per_chunk"]["runs"])
             ctl.extend(row["controller_cpu_per_chunk"]["runs"])
+            if "engine_cpu_per_chunk" in row:
+                eng.extend(row["engine_cpu_per_chunk"]["runs"])
+            parts = [row.get(f) for f in ("kernel_cpu", "controller_cpu", "engine_cpu")]
+            tot = (
+                [sum(v) for v in zip(*(p["runs"] for p in parts), strict=True)]
+                if all(parts)
+                else []
+            )
+            per_e[E] = {
+                "overhead": statistics.median(
+                    m - ideal for m in row["makespan"]["runs"]
+                ),
+                "chunks": statistics.median(cks),
+                "cell_cpu": statistics.median(tot) if tot else None,
+            }
             if E == ns[-1]:
                 ks.extend(C / E for C in cks)
         if not pts:
@@ -565,7 +747,27 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
             F = d
         c = c_fit if c_fit is not None else statistics.median(cs)
         c_ctl = statistics.median(ctl)
+        c_eng = statistics.median(eng) if eng else 0.0
+        cpu_c = c + c_ctl + c_eng  # CPU seconds per chunk, all processes
         k = statistics.median(ks)
+        cpu_vs = {}
+        for E, v in per_e.items():
+            oh, cell = v["overhead"], v["cell_cpu"]
+            term = cpu_c * v["chunks"] / cores
+            meas = cell / cores if cell is not None else None
+            cpu_vs[str(E)] = {
+                "overhead": oh,
+                "chunks": v["chunks"],
+                "cores": cores,
+                "cpu_term_model": term,
+                "cell_cpu_measured": cell,
+                "cpu_term_measured": meas,
+                "explained_model": term / oh if oh > 0 else None,
+                "explained_measured": (
+                    meas / oh if meas is not None and oh > 0 else None
+                ),
+            }
+        many = {}
         e_max = ns[-1]
         per_engine = n_iter / e_max
         preds = {}
@@ -581,6 +783,26 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
                 C = min(n, max(1, round(k * E)))
                 busy = max(W / E, C * c)
                 mk = busy + F + d * C / E
+                cpu_here = cpu_c * C / cores
+                floor = W / E + cpu_here
+                terms = {"kernel": C * c, "controller": C * c_ctl}
+                terms["engine"] = C / E * c_eng
+                busiest = max(terms, key=terms.__getitem__)
+                floor_m = W / E + terms[busiest]
+                est_m = floor_m + max(0.0, F + d * C / E - cpu_here)
+                many[f"{E} engines, {label}, {E + 2} cores"] = {
+                    "engines": E,
+                    "iterations": n,
+                    "chunks": C,
+                    "cores": E + 2,
+                    "cpu_term": terms[busiest],
+                    "busiest": busiest,
+                    "cpu_floor_makespan": floor_m,
+                    "cpu_floor_efficiency": W / (E * floor_m),
+                    "est_makespan": est_m,
+                    "est_efficiency": W / (E * est_m),
+                    "makespan_this_host": mk,
+                }
                 preds[f"{E} engines, {label}"] = {
                     "engines": E,
                     "iterations": n,
@@ -592,6 +814,10 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
                     "kernel_bound": C * c > W / E,
                     "min_iterations_per_chunk": s_keep,
                     "min_iterations_per_engine": k * s_keep,
+                    "cores": cores,
+                    "cpu_term": cpu_here,
+                    "cpu_floor_makespan": floor,
+                    "cpu_floor_efficiency": W / (E * floor),
                 }
         # where the kernel becomes the bottleneck on this loop, chunks of s iters:
         # s * t < E * c  =>  E > s * t / c
@@ -599,6 +825,9 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
         out[which] = {
             "kernel_cpu_per_chunk_c": c,
             "controller_cpu_per_chunk": c_ctl,
+            "engine_cpu_per_chunk": c_eng,
+            "cpu_per_chunk_all": cpu_c,
+            "cores": cores,
             "fixed_F": F,
             "per_chunk_d": d,
             "chunks_per_engine_k": k,
@@ -609,6 +838,8 @@ def model(by_n: dict, t_iter: float, n_iter: int, predict_at=(64, 256)) -> dict:
             ),
             "iterations_per_chunk_measured": s_first,
             "predictions": preds,
+            "cpu_vs_overhead": cpu_vs,
+            "predictions_many_core": many,
         }
     return out
 
@@ -726,6 +957,9 @@ def main() -> None:
                         f"{row['controller_cpu_per_chunk']['median'] * 1e3:.2f}"
                         if "controller_cpu_per_chunk" in row
                         else "",
+                        f"{row['engine_cpu_per_chunk']['median'] * 1e3:.2f}"
+                        if "engine_cpu_per_chunk" in row
+                        else "",
                     ]
                 )
     if rows:
@@ -748,6 +982,7 @@ def main() -> None:
                 "chunks",
                 "kernel ms/chunk",
                 "controller ms/chunk",
+                "engines ms/chunk",
             ],
             rows,
             note=ideal_note,
@@ -808,7 +1043,8 @@ def main() -> None:
         print(
             f"\n== model ({which}, uniform {t_uniform * 1e3:g} ms loop): kernel "
             f"c = {m['kernel_cpu_per_chunk_c'] * 1e3:.2f} ms CPU/chunk, controller "
-            f"{m['controller_cpu_per_chunk'] * 1e3:.2f} ms CPU/chunk, fixed F = "
+            f"{m['controller_cpu_per_chunk'] * 1e3:.2f} ms CPU/chunk, engines "
+            f"{m['engine_cpu_per_chunk'] * 1e3:.2f} ms CPU/chunk, fixed F = "
             f"{m['fixed_F'] * 1e3:.0f} ms, per-chunk d = {m['per_chunk_d'] * 1e3:.1f} "
             f"ms, k = {m['chunks_per_engine_k']:.2f} chunks/engine"
         )
@@ -824,6 +1060,30 @@ def main() -> None:
                     else ""
                 )
             )
+        for E, v in m["cpu_vs_overhead"].items():
+            meas = (
+                f"; the cell's measured CPU {v['cell_cpu_measured'] * 1e3:.0f} ms / "
+                f"{v['cores']} = {v['cpu_term_measured'] * 1e3:.0f} ms"
+                + (
+                    f" ({v['explained_measured']:.0%})"
+                    if v["explained_measured"] is not None
+                    else ""
+                )
+                if v["cpu_term_measured"] is not None
+                else ""
+            )
+            print(
+                f"   {E} engines: overhead (makespan - ideal) {v['overhead'] * 1e3:.0f}"
+                f" ms; per-chunk CPU (c + c_ctl + c_eng) x C / cores = "
+                f"{m['cpu_per_chunk_all'] * 1e3:.2f} x {v['chunks']:g} / {v['cores']}"
+                f" = {v['cpu_term_model'] * 1e3:.0f} ms"
+                + (
+                    f" ({v['explained_model']:.0%} of it)"
+                    if v["explained_model"] is not None
+                    else ""
+                )
+                + meas
+            )
         prow = [
             [
                 k,
@@ -835,6 +1095,8 @@ def main() -> None:
                 "yes" if p["kernel_bound"] else "no",
                 f"{p['min_iterations_per_chunk']:.1f}",
                 f"{p['min_iterations_per_engine']:.1f}",
+                f"{p['cpu_floor_makespan']:.3f}",
+                f"{p['cpu_floor_efficiency']:.3f}",
             ]
             for k, p in m["predictions"].items()
         ]
@@ -850,8 +1112,42 @@ def main() -> None:
                 "kernel-bound",
                 "iters/chunk needed",
                 "iters/engine needed",
+                f"cpu, no overlap ({m['cores']} cores)",
+                "its eff",
             ],
             prow,
+            note="cpu, no overlap = W/E + (c + c_ctl + c_eng) x C / cores",
+        )
+        mrow = [
+            [
+                k,
+                p["iterations"],
+                p["chunks"],
+                f"{p['cpu_term'] * 1e3:.1f}",
+                p["busiest"],
+                f"{p['cpu_floor_makespan']:.3f}",
+                f"{p['cpu_floor_efficiency']:.3f}",
+                f"{p['est_makespan']:.3f}",
+                f"{p['est_efficiency']:.3f}",
+            ]
+            for k, p in m["predictions_many_core"].items()
+        ]
+        table(
+            f"model predictions, many-core GPU host: E + 2 cores ({which})",
+            [
+                "case",
+                "iterations",
+                "chunks",
+                "cpu term ms",
+                "busiest",
+                "cpu, no overlap",
+                "its eff",
+                "est makespan",
+                "est eff",
+            ],
+            mrow,
+            note="cpu term = max(C x c, C x c_ctl, C/E x c_eng); "
+            "est = W/E + cpu term + max(0, F + d x C/E - this host's cpu term)",
         )
 
     result["load_after"] = os.getloadavg()
