@@ -107,7 +107,7 @@ def test_a_full_collection_waits_until_the_engine_is_idle(monkeypatch):
             await asyncio.sleep(0.06)
             runtime.busy()
         alive_while_busy = gone() is not None
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.5)
         return waiting, alive_while_busy, gone() is None
 
     try:
