@@ -448,6 +448,21 @@ def test_chunks_last_about_chunk_seconds_so_progress_stays_fine_grained():
     assert [c.size for c in asked.chunks] == [20, 20]
 
 
+def test_an_idle_engine_is_served_before_a_busy_one_queues_its_work():
+    """4 iterations of 2 s on 2 engines, one trial each, both stopped after one
+    iteration: engine 0 comes back first and takes its rest; when engine 1
+    comes back its rest must go to it (idle), not be queued behind engine 0's
+    (a 6 s cell instead of 4 s)."""
+    s = Schedule(4, [0, 1], trial=True, heard=True)
+    t0, t1 = s.fill()
+    s.complete(t0.id, 2.0, done=1)
+    (r0,) = s.fill()
+    assert (r0.engine, r0.start, r0.stop) == (0, 1, 2)
+    s.complete(t1.id, 2.0, done=1)
+    got = s.fill()
+    assert [(c.engine, c.start, c.stop) for c in got] == [(1, 3, 4)]
+
+
 def test_running_trials_published_paces_give_the_verdict():
     """Paces published by trials still running count until they complete: 3
     that agree say run whole, before any trial is back; 3 that disagree say

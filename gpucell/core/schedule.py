@@ -471,12 +471,15 @@ class Schedule:
 
     def fill(self) -> list[Chunk]:
         """Assign every engine the chunks it should have outstanding, round-robin
-        (each engine's first chunk before anyone's second), and return them."""
+        (each engine's first chunk before anyone's second; in each round the
+        engines holding fewest first, so an idle engine is never left waiting
+        while a busy one queues the work), and return them."""
         out: list[Chunk] = []
         progress = True
         while progress:
             progress = False
-            for e in list(self._alive):
+            order = sorted(self._alive, key=lambda e: len(self._running[e]))
+            for e in order:
                 if self.wants_work(e):
                     c = self.next_chunk(e)
                     if c is not None:

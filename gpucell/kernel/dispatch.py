@@ -102,6 +102,10 @@ HUNG_AFTER = 600.0
 #: seconds a trial chunk runs before it stops starting iterations: long enough
 #: to measure a pace, short enough that a slow engine is not committed to much
 TRIAL_SECONDS = 0.05
+
+#: trials are listened for every 5 ms until this long past their budget (or
+#: while one was heard and the verdict is not out), then every 50 ms
+HEARING_SECONDS = 1.0
 #: trial chunks send an engine its whole part, and what it did not reach is sent
 #: again: only where a loop's chunk objects are this small in all
 _RESEND_BYTES = 1 << 20
@@ -451,14 +455,22 @@ class Run:
             self.verdict_file = path  # (not written: trials stop as usual)
 
     def _awaiting_verdict(self) -> bool:
-        """Trials on this host may be running on past their budget, waiting."""
-        return (
-            self.channel is not None
-            and self.verdict_file is None
-            and any(
-                f.chunk.trial and f.chunk.engine in self.near
-                for f in self.inflight.values()
+        """A trial on this host may be running on past its budget, waiting: one
+        was heard, or one was sent less than ``HEARING_SECONDS`` past its budget
+        ago (a trial waits only when its rest is short, so only when its
+        iterations are; polling every 5 ms through a trial of 2 s iterations
+        cost the kernel 3-6% of a core)."""
+        if self.channel is None or self.verdict_file is not None:
+            return False
+        now = time.perf_counter()
+        return any(
+            f.chunk.trial
+            and f.chunk.engine in self.near
+            and (
+                f.chunk.id in self.heard
+                or now - f.sent < TRIAL_SECONDS + HEARING_SECONDS
             )
+            for f in self.inflight.values()
         )
 
     def _forget_trials(self) -> None:
