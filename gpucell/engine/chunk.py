@@ -530,7 +530,9 @@ EXTEND_MAX_SECONDS = 0.5
 #: a trial with such a short rest runs on past its budget (its own iterations:
 #: nothing is wasted) for at most this long while the kernel, which reads the
 #: paces the trials publish at their budget, decides whether the loop is uniform
-VERDICT_WAIT = 0.05
+#: (it needs 3 trials', or every engine's: one engine slow to start on a loaded
+#: host must not make the others give up first)
+VERDICT_WAIT = 0.2
 
 #: and asks for the verdict at most this often (a file read, ~10 us)
 VERDICT_POLL = 0.0005
