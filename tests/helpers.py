@@ -8,7 +8,13 @@ import time
 
 import psutil
 
-__all__ = ["children", "wait_for_ipcluster", "wait_gone"]
+__all__ = [
+    "children",
+    "needs_shared_shm",
+    "shares_shm",
+    "wait_for_ipcluster",
+    "wait_gone",
+]
 
 
 def children() -> set[int]:
@@ -87,3 +93,17 @@ def press_stop(after: float) -> threading.Event:
 
     threading.Thread(target=press, daemon=True).start()
     return done
+
+
+def shares_shm(cluster) -> bool:
+    """Every live engine maps files in the kernel's /dev/shm (so it hears the
+    verdict on trials, and inputs go through shared memory)."""
+    return all(cluster.sees_shm(e) for e in cluster.live_ids())
+
+
+def needs_shared_shm(cluster) -> None:
+    """Skip a test that needs :func:`shares_shm`."""
+    import pytest
+
+    if not shares_shm(cluster):
+        pytest.skip("no shared /dev/shm between the kernel and its engines here")

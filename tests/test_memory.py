@@ -8,6 +8,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from helpers import needs_shared_shm
 
 import gpucell
 
@@ -27,11 +28,6 @@ def _small_cell(ip) -> None:
     )
 
 
-def _needs_shared_shm(c) -> None:
-    if not all(c.sees_shm(e) for e in c.live_ids()):
-        pytest.skip("no shared /dev/shm between the kernel and its engines here")
-
-
 def _cached_names(c) -> dict[int, list[str]]:
     def names():
         from gpucell.engine import worker
@@ -43,7 +39,7 @@ def _cached_names(c) -> dict[int, list[str]]:
 
 def test_an_input_is_shared_not_copied_and_dropped_after_del(ip, private_cluster):
     c = private_cluster
-    _needs_shared_shm(c)
+    needs_shared_shm(c)
     size = 256 * MIB
     ip.user_ns["np"] = np
     _small_cell(ip)
@@ -143,7 +139,7 @@ def test_engines_that_cannot_map_the_kernels_shm_get_one_copy_per_host(
     import dataclasses
 
     c = private_cluster
-    _needs_shared_shm(c)
+    needs_shared_shm(c)
     saved = dict(c.engines)
     for e in c.live_ids():  # as for engines on another host
         c.engines[e] = dataclasses.replace(c.engines[e], shm=False)

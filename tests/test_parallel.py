@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import needs_shared_shm, shares_shm
 from IPython.core.error import UsageError
 
 import gpucell
@@ -575,10 +576,7 @@ def test_a_cheap_loops_first_run_takes_one_round_trip(ip, cluster):
         ip, "out = []\nfor i in range(2000):\n    out.append(i * i)\n", {"out": []}
     )
     done = [c for c in gpucell.last_run.chunks if c.state == "done"]
-    heard = cluster.results_channel() is not None and all(
-        cluster.sees_shm(e) for e in cluster.ids
-    )
-    assert len(done) == (1 if heard else 2) * len(cluster.ids)
+    assert len(done) == (1 if shares_shm(cluster) else 2) * len(cluster.ids)
     assert {c.engine for c in done} == set(cluster.ids)
 
 
@@ -616,10 +614,7 @@ def test_a_uniform_loops_trials_run_whole_once_their_paces_agree(ip, cluster):
     namespace as serial, and the verdict and pace files gone after."""
     import glob
 
-    if cluster.results_channel() is None:
-        pytest.skip("no shared /dev/shm between the kernel and its engines here")
-    if not all(cluster.sees_shm(e) for e in cluster.live_ids()):
-        pytest.skip("the engines do not see the kernel's /dev/shm here")
+    needs_shared_shm(cluster)
     cluster.cost_history.clear()
     cell = (
         "import time\n"
