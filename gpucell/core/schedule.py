@@ -695,8 +695,7 @@ class Schedule:
         if not self.trial or self._paced_count() < min(k, 3):
             return self.factor
         paces = self._provisional.values()
-        hi = max(self._max_pace, *paces) if paces else self._max_pace
-        lo = min(self._min_pace, *paces) if paces else self._min_pace
+        hi, lo = max([self._max_pace, *paces]), min([self._min_pace, *paces])
         return 1.0 if hi <= 1.25 * lo else self.factor
 
     def _paced_count(self) -> int:

@@ -484,8 +484,7 @@ class _TimedBlocks:
         while pos < n:
             t = clock()
             if pos and t >= self.deadline:
-                go = None if self._end is None else self._end(pos, t - began)
-                if self._end is None or go is False:
+                if self._end is None or (go := self._end(pos, t - began)) is False:
                     return
                 if go:
                     self.deadline = math.inf  # the kernel says: run it whole
@@ -514,8 +513,7 @@ def _until(
         yield item
         now = clock()
         if now >= deadline:
-            go = None if end is None else end(done, now - began)
-            if end is None or go is False:
+            if end is None or (go := end(done, now - began)) is False:
                 return
             if go:
                 yield from it

@@ -288,7 +288,7 @@ class Run:
         # the verdict on this cell's trials, written once they tell (see
         # _hear_trials); trial chunks whose published pace was read
         self.verdict_file: str | None = None
-        self.heard: set[int] = set()
+        self.paces_read: set[int] = set()
         self.near = {e for e in self.alive if gc.sees_shm(e)}  # publish paces
         # (host, input names) -> (engine, its pid, tag): who publishes them there
         self.leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]] = {}
@@ -433,12 +433,12 @@ class Run:
             return
         for flight in list(self.inflight.values()):
             c = flight.chunk
-            if not c.trial or c.id in self.heard or c.engine not in self.near:
+            if not c.trial or c.id in self.paces_read or c.engine not in self.near:
                 continue
             raw = shm.peek(shm.pace_path(self.channel, self.cell, c.engine, c.start))
             if raw is None or len(raw) != shm.PACE.size:
                 continue
-            self.heard.add(c.id)
+            self.paces_read.add(c.id)
             done, seconds, stamped = shm.PACE.unpack(raw)
             if stamped:  # an unstamped pace is no measure of unevenness
                 self.sched.observe_trial(c.id, done, seconds)
@@ -467,7 +467,7 @@ class Run:
             f.chunk.trial
             and f.chunk.engine in self.near
             and (
-                f.chunk.id in self.heard
+                f.chunk.id in self.paces_read
                 or now - f.sent < TRIAL_SECONDS + HEARING_SECONDS
             )
             for f in self.inflight.values()
