@@ -210,3 +210,63 @@ def test_the_controller_lets_go_of_an_input_as_the_cell_ends(ip, private_cluster
     finally:
         settings.shared_memory = old
         ip.user_ns.pop("big3", None)
+
+
+def _programs_loaded(c) -> dict[int, bool]:
+    def loaded():
+        from gpucell.engine import worker
+
+        return any(s.program is not None for s in worker._sessions.values())
+
+    return {eid: c.client[eid].apply_sync(loaded) for eid in c.live_ids()}
+
+
+def _set_after_cell_idle(c, seconds: float) -> None:
+    def put(s):
+        from gpucell.engine import worker
+
+        worker.AFTER_CELL_IDLE = s
+
+    c.client[c.live_ids()].apply_sync(put, seconds)
+
+
+def test_engines_tidy_a_cell_away_by_themselves_once_idle(ip, private_cluster):
+    """No message from the kernel: an engine idle for a moment after its last
+    chunk lets go of the cell's program and inputs."""
+    ip.user_ns["data"] = list(range(100))
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "s = []\nfor i in range(8):\n    s.append(data[i])\n"
+    )
+    assert ip.user_ns["s"] == list(range(8))
+    deadline = time.monotonic() + 10
+    while any(_programs_loaded(private_cluster).values()):
+        assert time.monotonic() < deadline, "engines kept the cell's program"
+        time.sleep(0.1)
+
+
+def test_a_chunk_that_finds_its_cell_tidied_away_runs_again_with_the_program(
+    ip, private_cluster
+):
+    """Engines that tidy at the first idle instant (a loaded host can make any
+    engine wait between two chunks): every chunk that came too late is sent
+    again with the program and inputs, and the namespace is the serial one."""
+    ip.user_ns.update(np=np, weights=np.arange(50.0), offset=3)
+    cell = (
+        "out = []\ntotal = 0.0\n"
+        "for i in range(60):\n"
+        "    total += float(weights[i % 50]) + offset\n"
+        "    out.append(i * offset)\n"
+    )
+    _set_after_cell_idle(private_cluster, 0.0)
+    time.sleep(0.5)  # what an earlier cell left waiting has been tidied
+    try:
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet --schedule dynamic --chunksize 1", cell
+        )
+        reloads = gpucell.last_run.reloads
+    finally:
+        _set_after_cell_idle(private_cluster, 0.25)
+    assert ip.user_ns["out"] == [i * 3 for i in range(60)]
+    assert ip.user_ns["total"] == sum(float(i % 50) + 3 for i in range(60))
+    assert gpucell.last_run.status == "ok"
+    assert reloads > 0  # the path was taken, not merely available

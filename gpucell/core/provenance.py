@@ -57,6 +57,9 @@ class LastRun:
     # results were merged with this run's, their chunks ran before it
     resumed: tuple[tuple[int, int], ...] = ()
     detail: int = 0  # iteration stamps kept in ``chunks`` (at most DETAIL_MAX)
+    # chunks sent again with the program: their engine had tidied the cell away
+    # while idle (worker.after_cell) before they came
+    reloads: int = 0
 
     def add_chunk(self, rec: ChunkRecord) -> None:
         """Record a chunk; its per-iteration stamps only while the run's total

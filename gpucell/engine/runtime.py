@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -202,14 +203,51 @@ def preimport(names: list[str]) -> None:
 FULL_EVERY = 16
 IDLE_FULL = 1.0
 _collections = 0
-_chunks = 0  # chunks started here (worker.run): is the engine still idle?
-_full_waiting = False
+_last_busy = 0.0  # time.monotonic() when a chunk last started or ended here
+
+#: key -> what runs once the engine has been idle long enough (:func:`when_idle`)
+_idle_waiting: dict[str, tuple[float, Any]] = {}
 
 
 def busy() -> None:
-    """A chunk starts: a full collection waiting for an idle engine waits on."""
-    global _chunks
-    _chunks += 1
+    """A chunk starts or ends (worker.run calls it at both): what waits for an
+    idle engine waits on."""
+    global _last_busy
+    _last_busy = time.monotonic()
+
+
+def when_idle(key: str, seconds: float, action: Any) -> bool:
+    """Run ``action()`` on the engine's event loop once no chunk has started or
+    ended for ``seconds``.  One wait per ``key``: a later call replaces the
+    action and the seconds, and the wait already under way goes on.  False
+    where the engine has no running event loop (nothing is scheduled).
+
+    Idle time counts from the last chunk's *end*: a timer that fell due while a
+    long chunk ran finds the engine busy a moment ago and waits again, rather
+    than acting between that chunk and the next one already queued.
+    """
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    waiting = key in _idle_waiting
+    _idle_waiting[key] = (seconds, action)
+    if waiting:
+        return True
+
+    def check() -> None:
+        wait, act = _idle_waiting[key]
+        left = wait - (time.monotonic() - _last_busy)
+        if left > 0:
+            loop.call_later(left, check)
+            return
+        del _idle_waiting[key]
+        act()
+
+    loop.call_later(seconds, check)
+    return True
 
 
 def collect(full: bool = False) -> None:
@@ -253,33 +291,12 @@ def _collect_all() -> None:
 
 
 def _collect_all_when_idle() -> None:
-    """A full collection once no chunk has started for 1-2 x ``IDLE_FULL``
-    seconds (checked on the engine's event loop; at once where there is none)."""
-    import asyncio
+    """A full collection once the engine has been idle for 1-2 x ``IDLE_FULL``
+    seconds (at once where it has no event loop)."""
     import random
 
-    global _full_waiting
-    if _full_waiting:
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        _collect_all()
-        return
-    _full_waiting = True
-    seen = _chunks
     # each engine waits its own 1-2 idle seconds, so the engines of a host do
     # not all rescan at the same moment (8 x 35 ms of CPU on 2 cores)
     wait = IDLE_FULL * (1.0 + random.random())
-
-    def check() -> None:
-        global _full_waiting
-        nonlocal seen
-        if _chunks != seen:  # work came: wait for the next idle second
-            seen = _chunks
-            loop.call_later(wait, check)
-            return
-        _full_waiting = False
+    if not when_idle("full collection", wait, _collect_all):
         _collect_all()
-
-    loop.call_later(wait, check)

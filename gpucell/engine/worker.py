@@ -131,6 +131,36 @@ def _evict(cache: dict[str, Any], budget: int | None, keep: set[str]) -> None:
         cache.pop(name, None)
 
 
+#: seconds an engine waits, idle, after a chunk before it tidies the cell away
+#: (:func:`after_cell`): well above the gap between two chunks of a running cell
+#: (the kernel keeps each engine's next chunk queued), well below a person's pause
+AFTER_CELL_IDLE = 0.25
+
+
+def after_cell(kernel: str, cell: str) -> None:
+    """The engine has been idle since its last chunk of ``cell``: free what the
+    cell left (its inputs' references, its program, reference cycles, cached
+    CUDA blocks) without a message from the kernel.  Should another chunk of the
+    same cell come after all, it is answered ``unloaded`` and the kernel sends
+    it again with the program (:func:`run`).  Files this engine published for
+    its host stay until the kernel's :func:`tidy`: another engine of the host
+    may not have mapped them yet."""
+    s = _sessions.get(kernel)
+    if s is not None and s.cell == cell and s.program is not None:
+        _release(s)
+        collect()
+    _release_cuda_cache()
+
+
+def _release(s: _Session) -> None:
+    s.inputs.clear()
+    s.program = None
+
+
+def _cache_timing(s: _Session) -> dict[str, Any]:
+    return {"cached": {n: k for n, (k, _) in s.cache.items()}}
+
+
 def tidy_each(drops: dict[int, list[str]], kernel: str = "") -> None:
     """:func:`tidy` sent to several engines as one task (one message to build
     in the kernel, not one per engine): each finds its own ``drop`` by its id."""
@@ -150,8 +180,7 @@ def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
     if s is not None:
         for name in drop or ():
             dropped = s.cache.pop(name, None) is not None or dropped
-        s.inputs.clear()
-        s.program = None
+        _release(s)
     hostcopy.unpublish(kernel)  # the host's engines all mapped it by now
     collect(full=dropped)
     _release_cuda_cache()
@@ -515,11 +544,18 @@ def run(
     inputs (``gpucell.devices.host.kernel_key``; several kernels may share engines).
     """
     entered = time.time()
-    runtime.busy()  # a full collection waiting for an idle engine waits on
+    runtime.busy()  # what waits for an idle engine waits on
     loaded = None
-    if setup is not None:
-        loaded = _set_up(cell, setup, input_frames or [], kernel)
     st = _session(kernel)
+    if setup is None and st.cell == cell and st.program is None:
+        # this engine tidied the cell away while idle (after_cell): the kernel
+        # sends this chunk again with the program and inputs
+        return wire.dumps(("unloaded", None, _cache_timing(st)))
+    if setup is not None:
+        if st.program is not None:  # the last cell ended a moment ago
+            _release(st)
+            collect()
+        loaded = _set_up(cell, setup, input_frames or [], kernel)
     chunk_obj = wire.loads(chunk_frames, cuda_to=_cuda_target())
     if cell != st.cell:
         raise RuntimeError(
@@ -631,4 +667,11 @@ def run(
         _mark_unsendable(payload)
         frames = wire.dumps((status, payload, timing))
         prewritten = None
-    return shm.spill(frames, results_to, tag, prewritten)
+    spilled = shm.spill(frames, results_to, tag, prewritten)
+    runtime.busy()
+    # if this was the engine's last chunk of the cell, what the cell left goes
+    # once the engine has been idle a moment: no message from the kernel needed
+    runtime.when_idle(
+        f"after cell {kernel}", AFTER_CELL_IDLE, lambda: after_cell(kernel, cell)
+    )
+    return spilled
