@@ -19,7 +19,12 @@ Efficiency = serial / (engines x makespan), serial = the sum of the iteration sl
 cell (``ip.run_cell_magic("gpu_parallel", "--quiet", cell)`` in a real IPython
 shell: analysis, dispatch, merge); for a peer its map + gather.
 
-Systems, all with N workers, measured in the same run, interleaved round by round
+Systems, all with N workers, measured in the same run, each alone on the host: first
+gpucell (its first run and re-run interleaved round by round with ipyparallel's
+LoadBalancedView on its engines), then a Dask cluster, then loky, each started,
+settled, measured and shut down before the next starts (measured side by side, 16
+idle Dask workers and their scheduler alone took 0.3-0.5 of this host's 2 cores from
+whichever system ran)
   gpucell first run  the cell's text is new (a tag comment changes each round), so
                      gpucell has no cost memory of it: it schedules by guided
                      self-scheduling with calibration chunks.
@@ -323,7 +328,7 @@ class Systems:
         self.startup: dict[str, float] = {}
         self.ctl_pid: int | None = None
 
-    def start(self) -> None:
+    def start_gpucell(self) -> None:
         import gpucell
 
         t = time.perf_counter()
@@ -332,6 +337,7 @@ class Systems:
         self.lbv = gpucell.current().client.load_balanced_view()
         self.ctl_pid = self.gc.controller_pid
 
+    def start_dask(self) -> None:
         from distributed import Client, LocalCluster
 
         logging.getLogger("distributed").setLevel(logging.CRITICAL)
@@ -347,6 +353,7 @@ class Systems:
         self.dask.wait_for_workers(self.n)
         self.startup["dask"] = time.perf_counter() - t
 
+    def start_joblib(self) -> None:
         from joblib import Parallel, delayed
 
         t = time.perf_counter()
@@ -354,6 +361,27 @@ class Systems:
             delayed(_pid)() for _ in range(4 * self.n)
         )
         self.startup["joblib"] = time.perf_counter() - t
+
+    def stop_dask(self) -> list[str]:
+        errors = []
+        for what in ("dask", "dask_cluster"):
+            obj = getattr(self, what)
+            if obj is not None:
+                try:
+                    obj.close()
+                except Exception as e:
+                    errors.append(f"{what}: {e!r}")
+                setattr(self, what, None)
+        return errors
+
+    def stop_joblib(self) -> list[str]:
+        try:
+            from joblib.externals.loky import get_reusable_executor
+
+            get_reusable_executor().shutdown(wait=True)
+        except Exception as e:
+            return [f"loky: {e!r}"]
+        return []
 
     def gpucell_cell(self, cell: str) -> dict:
         """One whole-cell run of ``cell`` and what gpucell recorded of it."""
@@ -458,23 +486,7 @@ class Systems:
         return Parallel(n_jobs=self.n, backend="loky")(delayed(nap)(s) for s in seq)
 
     def close(self) -> list[str]:
-        errors = []
-        if self.dask is not None:
-            try:
-                self.dask.close()
-            except Exception as e:
-                errors.append(f"dask client: {e!r}")
-        if self.dask_cluster is not None:
-            try:
-                self.dask_cluster.close()
-            except Exception as e:
-                errors.append(f"dask cluster: {e!r}")
-        try:
-            from joblib.externals.loky import get_reusable_executor
-
-            get_reusable_executor().shutdown(wait=True)
-        except Exception as e:
-            errors.append(f"loky: {e!r}")
+        errors = self.stop_dask() + self.stop_joblib()
         if self.gc is not None:
             try:
                 import gpucell
@@ -482,6 +494,7 @@ class Systems:
                 gpucell.stop()
             except Exception as e:
                 errors.append(f"gpucell: {e!r}")
+            self.gc = None
         return errors
 
 
@@ -497,9 +510,13 @@ JOBLIB = "joblib loky"
 SYSTEMS = [GP_FIRST, GP_RERUN, LBV, DASK, JOBLIB]
 
 
-def measure(S: Systems, loops: dict, runs: int) -> dict:
-    """Per loop: every system ``runs`` times, rounds interleaved (gpucell's first
-    run of a fresh cell text, then its re-run, then each peer)."""
+PEERS = {LBV: "lbv_map", DASK: "dask_map", JOBLIB: "joblib_map"}
+
+
+def measure(S: Systems, loops: dict, runs: int, names: list[str]) -> dict:
+    """Per loop: each of ``names`` (systems that are up now) ``runs`` times,
+    rounds interleaved (gpucell's first run of a fresh cell text, its re-run,
+    then each peer); ``{loop: {name: [record, ...]}}``."""
     ip = S.ip
     out: dict = {}
     for loop, spec in loops.items():
@@ -516,41 +533,53 @@ def measure(S: Systems, loops: dict, runs: int) -> dict:
             if list(res) != list(seq):
                 raise AssertionError(f"{name}: got {str(res)[:200]}")
 
+        gp = GP_FIRST in names
+        peers = [(name, getattr(S, PEERS[name])) for name in names if name in PEERS]
         # warm-up: one (untimed) cell for gpucell, one map for each peer
-        S.gpucell_cell(template.format(tag=f"warm-{S.n}", n=n))
-        check_gp("gpucell warm-up")
-        for name, fn in ((LBV, S.lbv_map), (DASK, S.dask_map), (JOBLIB, S.joblib_map)):
+        if gp:
+            S.gpucell_cell(template.format(tag=f"warm-{S.n}", n=n))
+            check_gp("gpucell warm-up")
+        for name, fn in peers:
             check_peer(name, fn(seq))
 
-        rec: dict[str, list] = {k: [] for k in SYSTEMS}
+        rec: dict[str, list] = {k: [] for k in names}
         for r in range(runs):
-            cell = template.format(tag=f"e{S.n}-r{r}-{time.time_ns()}", n=n)
-            key = ("# %%gpu_parallel\n" + ip.transform_cell(cell), None)
-            fresh = all(k[0] != key[0] for k in S.gc.cost_history._memory)
-            first = S.gpucell_cell(cell)
-            check_gp(GP_FIRST)
-            first["had_cost_memory"] = not fresh
-            rec[GP_FIRST].append(first)
-            rerun = S.gpucell_cell(cell)
-            check_gp(GP_RERUN)
-            rec[GP_RERUN].append(rerun)
-            for name, fn in (
-                (LBV, S.lbv_map),
-                (DASK, S.dask_map),
-                (JOBLIB, S.joblib_map),
-            ):
+            if gp:
+                cell = template.format(tag=f"e{S.n}-r{r}-{time.time_ns()}", n=n)
+                key = ("# %%gpu_parallel\n" + ip.transform_cell(cell), None)
+                fresh = all(k[0] != key[0] for k in S.gc.cost_history._memory)
+                first = S.gpucell_cell(cell)
+                check_gp(GP_FIRST)
+                first["had_cost_memory"] = not fresh
+                rec[GP_FIRST].append(first)
+                rerun = S.gpucell_cell(cell)
+                check_gp(GP_RERUN)
+                rec[GP_RERUN].append(rerun)
+            for name, fn in peers:
                 _gc.collect()
                 t = time.perf_counter()
                 res = fn(seq)
                 dt = time.perf_counter() - t
                 check_peer(name, res)
                 rec[name].append({"makespan": dt})
+        out[loop] = rec
+    return out
+
+
+def summarise(recs: dict, loops: dict, n_workers: int) -> dict:
+    """Medians and spreads per loop and system, from :func:`measure`'s records."""
+    out: dict = {}
+    for loop, spec in loops.items():
+        seq = spec["seq"]
+        n = len(seq)
+        rec = {name: recs[loop][name] for name in SYSTEMS if name in recs.get(loop, {})}
+        S_n = n_workers
         serial = sum(seq)
-        ideal = serial / S.n
+        ideal = serial / S_n
         res: dict = {"serial": serial, "ideal": ideal, "iterations": n, "systems": {}}
         for name, rs in rec.items():
             mk = [x["makespan"] for x in rs]
-            eff = [serial / (S.n * m) for m in mk]
+            eff = [serial / (S_n * m) for m in mk]
             row = {
                 "makespan": summary(mk),
                 "efficiency": summary(eff),
@@ -910,15 +939,31 @@ def main() -> None:
         t = time.perf_counter()
         entry: dict = {}
         try:
-            S.start()
-            S.startup["settle"], entry["idle_cores_after_settle"] = settle()
+            # each system alone on the host: idle Dask workers alone took
+            # 0.3-0.5 of this host's 2 cores from whichever system ran beside them
+            recs: dict = {loop: {} for loop in loops}
+            idle: dict[str, float] = {}
+            for system, start, names, stop in (
+                ("gpucell", S.start_gpucell, [GP_FIRST, GP_RERUN, LBV], S.close),
+                ("dask", S.start_dask, [DASK], S.stop_dask),
+                ("joblib", S.start_joblib, [JOBLIB], S.stop_joblib),
+            ):
+                start()
+                S.startup[f"{system} settle"], idle[system] = settle()
+                print(
+                    f"\n[{E} engines] {system} started in {S.startup[system]:.1f} s; "
+                    f"idle tree uses {idle[system]:.2f} cores"
+                )
+                try:
+                    for loop, rec in measure(S, loops, runs, names).items():
+                        recs[loop].update(rec)
+                finally:
+                    errors = stop()
+                    if errors:
+                        entry.setdefault("shutdown_errors", []).extend(errors)
             entry["startup_seconds"] = S.startup
-            print(
-                f"\n[{E} engines] started: "
-                + ", ".join(f"{k} {v:.1f}s" for k, v in S.startup.items())
-                + f"; idle tree uses {entry['idle_cores_after_settle']:.2f} cores"
-            )
-            entry.update(measure(S, loops, runs))
+            entry["idle_cores_after_settle"] = idle
+            entry.update(summarise(recs, loops, E))
             by_n[E] = entry
         except Exception:
             import traceback
@@ -926,7 +971,7 @@ def main() -> None:
             traceback.print_exc()
             entry["error"] = traceback.format_exc()
         finally:
-            entry["shutdown_errors"] = S.close()
+            entry.setdefault("shutdown_errors", []).extend(S.close())
         entry["seconds"] = time.perf_counter() - t
         entry["load_after"] = os.getloadavg()
         result["by_engines"][str(E)] = entry
