@@ -80,12 +80,37 @@ class FakeView:
         return self.cluster.apply(self.eid, fn, args)
 
 
+class FakeWave:
+    """What ``direct_view(eids).apply_async(worker.run_each, table)`` returns:
+    each engine's task runs its own part (as the real engines find theirs by id)."""
+
+    def __init__(self, cluster: FakeCluster, eids: list[int]) -> None:
+        self.cluster, self.eids = cluster, eids
+
+    def apply_async(self, fn: Any, table: dict[int, tuple[Any, ...]]) -> Any:
+        from types import SimpleNamespace
+
+        from gpucell.engine import worker
+
+        assert fn is worker.run_each
+        tasks = [self.cluster.apply(e, worker.run, table[e]) for e in self.eids]
+        self.cluster.client.by_msg.update({t.msg_ids[0]: t for t in tasks})
+        return SimpleNamespace(msg_ids=[t.msg_ids[0] for t in tasks])
+
+
 @dataclass
 class FakeClient:
     cluster: FakeCluster
     ids: list[int] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     signalled: list[int] = field(default_factory=list)
+    by_msg: dict[str, FakeTask] = field(default_factory=dict)
+
+    def direct_view(self, eids: list[int]) -> FakeWave:
+        return FakeWave(self.cluster, list(eids))
+
+    def get_result(self, msg_id: str, block: bool = False, owner: bool = True) -> Any:
+        return self.by_msg.pop(msg_id)
 
     def abort(self, msg_ids: list[str], block: bool = False) -> None:
         self.aborted.extend(msg_ids)
@@ -288,3 +313,21 @@ def test_chunk_states_move_only_as_the_table_allows() -> None:
                 frontier.append(nxt)
     assert reached == set(CHUNK_MOVES)
     assert all(not CHUNK_MOVES[s] for s in (DONE, LOST, FAILED, CANCELLED))
+
+
+def test_a_first_wave_goes_as_one_message_only_when_small_and_one_per_engine():
+    from types import SimpleNamespace
+
+    from gpucell.kernel.dispatch import WAVE_BYTES, _one_message
+
+    def item(eid: int, nbytes: int = 10) -> tuple[Any, tuple[Any, ...], bool]:
+        args = ("cell", [b"x" * nbytes], 0, eid, None, None, None, None, None, "k")
+        return (SimpleNamespace(engine=eid), args, True)
+
+    three = [item(0), item(1), item(2)]
+    assert _one_message(three) == three
+    # an engine's second chunk, and what follows it, go alone (in order)
+    assert _one_message([item(0), item(1), item(0), item(2)]) == [item(0), item(1)]
+    assert _one_message([item(0)]) == []  # one engine: nothing to share
+    # every engine receives every engine's part: big parts go alone
+    assert _one_message([item(0, WAVE_BYTES), item(1, WAVE_BYTES)]) == []

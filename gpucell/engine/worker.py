@@ -161,13 +161,29 @@ def _cache_timing(s: _Session) -> dict[str, Any]:
     return {"cached": {n: k for n, (k, _) in s.cache.items()}}
 
 
-def tidy_each(drops: dict[int, list[str]], kernel: str = "") -> None:
-    """:func:`tidy` sent to several engines as one task (one message to build
-    in the kernel, not one per engine): each finds its own ``drop`` by its id."""
+def _engine_id() -> int | None:
     from IPython import get_ipython
 
     me = getattr(getattr(get_ipython(), "kernel", None), "engine_id", None)
-    tidy(drops.get(me, []) if isinstance(me, int) else [], kernel)
+    return me if isinstance(me, int) else None
+
+
+def tidy_each(drops: dict[int, list[str]], kernel: str = "") -> None:
+    """:func:`tidy` sent to several engines as one task (one message to build
+    in the kernel, not one per engine): each finds its own ``drop`` by its id."""
+    me = _engine_id()
+    tidy(drops.get(me, []) if me is not None else [], kernel)
+
+
+def run_each(table: dict[int, tuple[Any, ...]]) -> list[Any]:
+    """:func:`run` sent to several engines as one task (a cell's first chunks):
+    each runs its own chunk, found by its engine id."""
+    me = _engine_id()
+    if me is None or me not in table:
+        raise RuntimeError(
+            f"gpucell: engine {me} was sent a cell's first chunks without its own"
+        )
+    return run(*table[me])
 
 
 def tidy(drop: list[str] | None = None, kernel: str = "") -> None:
