@@ -452,3 +452,44 @@ def test_a_start_that_times_out_names_engines_that_exited_and_why(tmp_path):
         assert gc_mod._exited_engines(SimpleNamespace(engines={})) == ""
     finally:
         alive.signal(signal.SIGKILL)
+
+
+def test_a_local_engine_that_never_registers_is_started_again_once(monkeypatch):
+    """One engine of a start sends its registration where no controller
+    listens (the stand-in for one the hub lost): it is alive and silent, so after
+    REGISTER_AGAIN_AFTER seconds it is stopped and started again on its own
+    device, and the start succeeds with every engine."""
+    import glob
+
+    saved = gc_mod._current
+    gc_mod._current = None
+    monkeypatch.setattr(gc_mod, "REGISTER_AGAIN_AFTER", 3.0)
+    real_env = gc_mod._engine_env
+    lost: list[str] = []
+
+    def env(spec):
+        e = real_env(spec)
+        if not lost:  # the first engine of the first launch
+            lost.append(spec.label)
+            security = os.path.expanduser("~/.ipython/profile_default/security")
+            newest = max(
+                glob.glob(f"{security}/ipcontroller-*-engine.json"),
+                key=os.path.getmtime,
+            )
+            with open(newest) as f:
+                info = json.load(f)
+            info["registration"] = 9  # discard: nothing answers there
+            e["IPP_CONNECTION_INFO"] = json.dumps(info)
+        return e
+
+    monkeypatch.setattr(gc_mod, "_engine_env", env)
+    try:
+        c = gpucell.start_cluster(2, gpus="none")
+        assert len(c.live_ids()) == 2
+        labels = sorted(i.label for i in c.engines.values())
+        assert lost[0] in labels and len(set(labels)) == 2
+        assert f"{lost[0]}-again" in c.cluster.engines  # it was started again
+    finally:
+        if gc_mod._current is not None:
+            gpucell.stop()
+        gc_mod._current = saved
