@@ -94,8 +94,7 @@ class FakeWave:
 
         assert fn is worker.run_each
         tasks = [self.cluster.apply(e, worker.run, table[e]) for e in self.eids]
-        self.cluster.client.by_msg.update({t.msg_ids[0]: t for t in tasks})
-        return SimpleNamespace(msg_ids=[t.msg_ids[0] for t in tasks])
+        return SimpleNamespace(split=lambda: tuple(tasks))
 
 
 @dataclass
@@ -104,13 +103,9 @@ class FakeClient:
     ids: list[int] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     signalled: list[int] = field(default_factory=list)
-    by_msg: dict[str, FakeTask] = field(default_factory=dict)
 
     def direct_view(self, eids: list[int]) -> FakeWave:
         return FakeWave(self.cluster, list(eids))
-
-    def get_result(self, msg_id: str, block: bool = False, owner: bool = True) -> Any:
-        return self.by_msg.pop(msg_id)
 
     def abort(self, msg_ids: list[str], block: bool = False) -> None:
         self.aborted.extend(msg_ids)

@@ -616,16 +616,16 @@ class Run:
         serialises its arguments once and sends them to each engine, where 16
         ``apply_async`` calls, each pickling its own, kept the kernel busy 7-9 ms
         (25 ms while the first engines already ran) and the last engine waiting.
-        Each engine's reply is its own AsyncResult, as if sent alone."""
+        Each engine's reply is its own AsyncResult (``AsyncResult.split``, in
+        target order), as if sent alone."""
         from gpucell.engine import worker
 
-        client = self.gc.client
         eids = [c.engine for c, _args, _timed in wave]
         table = {c.engine: _plain(args) for c, args, _timed in wave}
-        big = client.direct_view(eids).apply_async(worker.run_each, table)
+        big = self.gc.client.direct_view(eids).apply_async(worker.run_each, table)
         return [
-            (c, client.get_result(msg_id, block=False, owner=True), timed)
-            for (c, _args, timed), msg_id in zip(wave, big.msg_ids, strict=True)
+            (c, ar, timed)
+            for (c, _args, timed), ar in zip(wave, big.split(), strict=True)
         ]
 
     def on_done(self, ar: Any) -> None:
