@@ -573,13 +573,12 @@ def summarise(recs: dict, loops: dict, n_workers: int) -> dict:
         seq = spec["seq"]
         n = len(seq)
         rec = {name: recs[loop][name] for name in SYSTEMS if name in recs.get(loop, {})}
-        S_n = n_workers
         serial = sum(seq)
-        ideal = serial / S_n
+        ideal = serial / n_workers
         res: dict = {"serial": serial, "ideal": ideal, "iterations": n, "systems": {}}
         for name, rs in rec.items():
             mk = [x["makespan"] for x in rs]
-            eff = [serial / (S_n * m) for m in mk]
+            eff = [serial / (n_workers * m) for m in mk]
             row = {
                 "makespan": summary(mk),
                 "efficiency": summary(eff),

@@ -313,10 +313,11 @@ def test_chunk_states_move_only_as_the_table_allows() -> None:
 def test_a_first_wave_goes_as_one_message_only_when_small_and_one_per_engine():
     from types import SimpleNamespace
 
-    from gpucell.kernel.dispatch import WAVE_BYTES, _one_message
+    from gpucell.kernel.dispatch import WAVE_BYTES, _one_message, _RunArgs
 
-    def item(eid: int, nbytes: int = 10) -> tuple[Any, tuple[Any, ...], bool]:
-        args = ("cell", [b"x" * nbytes], 0, eid, None, None, None, None, None, "k")
+    def item(eid: int, nbytes: int = 10) -> tuple[Any, _RunArgs, bool]:
+        frames = [b"x" * nbytes]
+        args = _RunArgs("cell", frames, 0, eid, None, None, None, None, None, "k")
         return (SimpleNamespace(engine=eid), args, True)
 
     three = [item(0), item(1), item(2)]

@@ -778,19 +778,16 @@ def _wait_for_local_engines(
 
 
 def _registered_labels(client: ipp.Client) -> set[str]:
-    """The ``GPUCELL_ENGINE_LABEL`` of every engine registered so far."""
-
-    def label() -> str:
-        import os
-
-        return os.environ.get("GPUCELL_ENGINE_LABEL", "")
+    """The labels of the engines registered so far, as each describes itself."""
+    from gpucell.engine.runtime import describe
 
     if not client.ids:
         return set()
     try:
-        return set(client[client.ids].apply_async(label).get(timeout=10))
+        infos = client[client.ids].apply_async(describe).get(timeout=10)
     except Exception:
         return set()
+    return {d["label"] for d in infos}
 
 
 def _exited_engines(cluster: Any) -> str:

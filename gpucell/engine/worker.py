@@ -157,8 +157,10 @@ def _release(s: _Session) -> None:
     s.program = None
 
 
-def _cache_timing(s: _Session) -> dict[str, Any]:
-    return {"cached": {n: k for n, (k, _) in s.cache.items()}}
+def _cached_keys(s: _Session) -> dict[str, Any]:
+    """Name -> fingerprint of what this engine caches for the kernel (what the
+    kernel's ``input_cache`` mirrors)."""
+    return {n: k for n, (k, _) in s.cache.items()}
 
 
 def _engine_id() -> int | None:
@@ -262,7 +264,7 @@ def load(
     st.cell = cell
     st.iteration_mean = None
     st.watch = watch or {"names": [], "items": False}
-    return {"missing": missing, "cached": {n: k for n, (k, _) in cache.items()}}
+    return {"missing": missing, "cached": _cached_keys(st)}
 
 
 def _set_warning_filters(st: _Session, frames: list[Any]) -> None:
@@ -288,7 +290,7 @@ def _set_up(
     st = _session(kernel)
     _set_warning_filters(st, setup.get("warnings") or [])
     _evict(st.cache, setup.get("cache_bytes"), keep=set(setup["names"]))
-    loaded["cached"] = {n: k for n, (k, _) in st.cache.items()}
+    loaded["cached"] = _cached_keys(st)
     if loaded["missing"]:
         clear(kernel)
         raise RuntimeError(
@@ -566,7 +568,7 @@ def run(
     if setup is None and st.cell == cell and st.program is None:
         # this engine tidied the cell away while idle (after_cell): the kernel
         # sends this chunk again with the program and inputs
-        return wire.dumps(("unloaded", None, _cache_timing(st)))
+        return wire.dumps(("unloaded", None, {"cached": _cached_keys(st)}))
     if setup is not None:
         if st.program is not None:  # the last cell ended a moment ago
             _release(st)
@@ -620,7 +622,7 @@ def run(
         if changed:
             for name, _what in changed:
                 st.cache.pop(name, None)  # the next cell gets a fresh copy
-            loaded = {"cached": {n: k for n, (k, _) in st.cache.items()}}
+            loaded = {"cached": _cached_keys(st)}
             raise checkin.Changed(changed)
         status, payload = "ok", result
     except KeyboardInterrupt:

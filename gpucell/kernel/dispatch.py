@@ -23,7 +23,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpucell.cluster.lifecycle import GpuCluster
 from gpucell.core.provenance import ChunkRecord, LastRun
@@ -503,14 +503,11 @@ class Run:
             return  # after a failure an engine may still be busy or hung
         alive = list(self.sched.alive)
         drops = {e: self.gc.forget_cached(e, self.drop_inputs) for e in alive}
-        drops = {e: d for e, d in drops.items() if d}
-        if self.leaders:
-            drops = {e: drops.get(e, []) for e in alive}
-        if not drops:
+        targets = alive if self.leaders else [e for e in alive if drops[e]]
+        if not targets:
             return
-        alive = sorted(drops)
         try:  # one task for all (its message is built once)
-            self.gc.client.direct_view(alive).apply_async(
+            self.gc.client.direct_view(targets).apply_async(
                 worker.tidy_each, drops, kernel_key()
             )
         except Exception:
@@ -563,8 +560,10 @@ class Run:
     def submit(self) -> None:
         """Send every chunk the schedule hands out now (each engine keeps its next
         chunk queued)."""
+        from gpucell.engine import worker
+
         options = self.options
-        outgoing: list[tuple[Any, tuple[Any, ...], bool]] = []
+        outgoing: list[tuple[Any, _RunArgs, bool]] = []
         busy = {f.chunk.engine for f in self.inflight.values()}
         for c in self.sched.fill():
             eid = c.engine
@@ -581,7 +580,7 @@ class Run:
             share = self.host_share.pop(eid, None)
             if share is not None and input_frames is not None:
                 input_frames = self._once_per_host(eid, *share, input_frames)
-            args = (
+            args = _RunArgs(
                 self.cell,
                 frames,
                 c.start,
@@ -602,7 +601,7 @@ class Run:
         wave = _one_message(outgoing)
         sent = self._send_wave(wave) if wave else []
         sent += [
-            (c, self.views[c.engine].apply_async(_worker_run(), *args), timed)
+            (c, self.views[c.engine].apply_async(worker.run, *args), timed)
             for c, args, timed in outgoing[len(wave) :]
         ]
         now = time.perf_counter()
@@ -611,7 +610,7 @@ class Run:
             self._msg_ids.extend(ar.msg_ids)
             self.output.watch(ar, c)
 
-    def _send_wave(self, wave: list[tuple[Any, tuple[Any, ...], bool]]) -> list[Any]:
+    def _send_wave(self, wave: list[tuple[Any, _RunArgs, bool]]) -> list[Any]:
         """Several engines' chunks as one task (``worker.run_each``): ipyparallel
         serialises its arguments once and sends them to each engine, where 16
         ``apply_async`` calls, each pickling its own, kept the kernel busy 7-9 ms
@@ -1039,46 +1038,58 @@ def _stop_button() -> Iterator[list[int]]:
 WAVE_BYTES = 256 << 10
 
 
-def _worker_run() -> Any:
-    from gpucell.engine import worker
+class _RunArgs(NamedTuple):
+    """``worker.run``'s arguments for one chunk, in its order."""
 
-    return worker.run
+    cell: str
+    chunk_frames: list[Any]
+    start: int
+    engine_id: int
+    seed: int | None
+    setup: Any
+    input_frames: list[Any] | None
+    results_to: Any
+    budget: float | None
+    kernel: str
 
 
 def _one_message(
-    outgoing: list[tuple[Any, tuple[Any, ...], bool]],
-) -> list[tuple[Any, tuple[Any, ...], bool]]:
+    outgoing: list[tuple[Any, _RunArgs, bool]],
+) -> list[tuple[Any, _RunArgs, bool]]:
     """The leading chunks of ``outgoing`` that can travel as one message: one per
     engine, two or more, and small together (chunk, inputs and program); empty
     when they cannot (then each goes alone, in order)."""
-    wave: list[tuple[Any, tuple[Any, ...], bool]] = []
+    wave: list[tuple[Any, _RunArgs, bool]] = []
     engines: set[int] = set()
     total = 0
     for item in outgoing:
         c, args = item[0], item[1]
         if c.engine in engines:
             break
-        frames, setup, input_frames = args[1], args[5], args[6]
-        total += wire.frames_nbytes(frames) + wire.frames_nbytes(input_frames or [])
-        if setup is not None:
-            total += len(str(setup.get("program", "")))
+        total += wire.frames_nbytes(args.chunk_frames)
+        total += wire.frames_nbytes(args.input_frames or [])
+        if args.setup is not None:
+            total += len(str(args.setup.get("program", "")))
         engines.add(c.engine)
         wave.append(item)
     return wave if len(wave) > 1 and total <= WAVE_BYTES else []
 
 
-def _plain(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``worker.run``'s arguments with frames as bytes: inside the one message
-    they are pickled, and pickle takes no memoryview."""
+def _plain(args: _RunArgs) -> tuple[Any, ...]:
+    """``worker.run``'s arguments as a plain tuple with frames as bytes: inside
+    the one message they are pickled (on engines that need not import this
+    module), and pickle takes no memoryview."""
 
     def flat(frames: Any) -> Any:
         if frames is None:
             return None
         return [f if isinstance(f, bytes) else bytes(memoryview(f)) for f in frames]
 
-    out = list(args)
-    out[1], out[6] = flat(args[1]), flat(args[6])
-    return tuple(out)
+    return tuple(
+        args._replace(
+            chunk_frames=flat(args.chunk_frames), input_frames=flat(args.input_frames)
+        )
+    )
 
 
 def run_chunks(gc: GpuCluster, targets: Sequence[int], **kwargs: Any) -> list[Any]:
