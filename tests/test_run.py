@@ -327,3 +327,32 @@ def test_a_first_wave_goes_as_one_message_only_when_small_and_one_per_engine():
     assert _one_message([item(0)]) == []  # one engine: nothing to share
     # every engine receives every engine's part: big parts go alone
     assert _one_message([item(0, WAVE_BYTES), item(1, WAVE_BYTES)]) == []
+
+
+def test_a_reply_for_another_chunk_than_was_sent_fails_the_cell_unmerged(
+    monkeypatch,
+) -> None:
+    """If a first wave's replies were ever matched to the wrong chunks (each
+    engine running another's part), the values would land on the wrong
+    iterations: the run fails instead, with nothing returned to merge."""
+    from gpucell.errors import ClusterError
+
+    def swapped_apply(self, fn, table):
+        from types import SimpleNamespace
+
+        from gpucell.engine import worker
+
+        eids = list(reversed(self.eids))  # each engine runs the other's part
+        tasks = [
+            self.cluster.apply(e, worker.run, table[o])
+            for e, o in zip(self.eids, eids, strict=True)
+        ]
+        return SimpleNamespace(split=lambda: tuple(tasks))
+
+    monkeypatch.setattr(FakeWave, "apply_async", swapped_apply)
+    gc = FakeCluster([FakeEngine(0), FakeEngine(1)])
+    run, _plan, record = make_run(gc)
+    run.ship_inputs()
+    with pytest.raises(ClusterError, match="nothing was merged"):
+        run.execute()
+    assert record.status == "error"

@@ -664,6 +664,7 @@ def run(
         "unstamped": where.unstamped,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "first": start,  # which chunk this is: the kernel checks it is the one it sent
         "cached": loaded["cached"] if loaded is not None else None,
     }
     prewritten = None

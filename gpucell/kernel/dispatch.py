@@ -46,6 +46,7 @@ from gpucell.core.states import (
 from gpucell.devices.host import kernel_key, pid_running, process_state
 from gpucell.errors import (
     CellTimeout,
+    ClusterError,
     ClusterStopped,
     EnginesLost,
     InputChanged,
@@ -663,6 +664,14 @@ class Run:
         if status == "unloaded":
             self._reload(chunk)
             return
+        if timing.get("first", chunk.start) != chunk.start:
+            # a reply matched to the wrong chunk would merge its values at the
+            # wrong iterations: the cell fails, nothing merged
+            raise ClusterError(
+                f"gpucell: engine {chunk.engine} answered for iterations from "
+                f"{timing['first']} where iterations {chunk.start}-{chunk.stop - 1} "
+                "were sent; nothing was merged. Please report this."
+            )
         if status == "error":
             if payload.get("oom") and self._retry_out_of_memory(chunk, payload):
                 record.chunks.append(_record(chunk, gc, timing, FAILED))
