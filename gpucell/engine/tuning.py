@@ -6,7 +6,12 @@ written, and it builds a log record for every debug line that its handler then
 drops.  On a 2-core host that was about 0.8 ms of an engine's 2.1 ms of CPU per
 trivial task (psutil and cProfile on the engines), paid again for every chunk.
 
-:func:`tune` removes both (and freezes the start-up objects for the garbage
+It also announces every task's start ("busy" on IOPub), which nothing of
+ipyparallel's reads: one more message per chunk for the engine to send, the
+controller to forward and every client to parse, in the moment a cell's first
+chunks all start together.
+
+:func:`tune` removes all three (and freezes the start-up objects for the garbage
 collector: see :func:`gpucell.engine.runtime.collect`), and only on engines of a
 cluster gpucell started: engines we merely connect to belong to someone else and
 are left as they are.  Output is
@@ -77,11 +82,40 @@ def _quiet_loggers() -> None:
             log.setLevel(level)
 
 
+def _no_busy_status() -> None:
+    """Publish no "busy" status on IOPub as a task starts (the "idle" one at its
+    end is kept: ipyparallel's client waits for it before a result counts as
+    ready, its outputs all in).
+
+    ipyparallel reads "busy" nowhere: its client drops it, its hub skips
+    status messages.  Yet each is built, signed and sent by the engine,
+    forwarded by the controller and parsed by every client: for a cell's
+    first chunks, 16 engines' "busy" messages arrive together with the tasks
+    they announce, on the cores those tasks need to start."""
+    app_module = sys.modules.get("ipyparallel.engine.app")
+    IPEngine = getattr(app_module, "IPEngine", None)
+    if IPEngine is None or not IPEngine.initialized():
+        return
+    kernel = getattr(IPEngine.instance(), "kernel", None)
+    publish = getattr(kernel, "_publish_status", None)
+    if publish is None or getattr(publish, "_gpucell_original", None) is not None:
+        return
+
+    def publish_status(status: str, channel: str, parent: Any = None) -> None:
+        if status == "busy" and channel == "shell":
+            return
+        publish(status, channel, parent)
+
+    publish_status._gpucell_original = publish  # type: ignore[attr-defined]
+    kernel._publish_status = publish_status  # type: ignore[union-attr]
+
+
 def tune() -> None:
-    """Apply both (each does nothing where its ipykernel/ipyparallel part is
-    missing or already tuned)."""
+    """Apply all three (each does nothing where its ipykernel/ipyparallel part
+    is missing or already tuned)."""
     _skip_empty_flushes()
     _quiet_loggers()
+    _no_busy_status()
     from gpucell.engine.runtime import collect
 
     collect()  # freeze what start-up made: later collections skip it
