@@ -213,6 +213,52 @@ def test_started_engines_are_tuned_and_log_quietly(cluster):
         assert all(h >= logging.WARNING for h in state["handlers"])
 
 
+def _wait_a_moment() -> None:
+    import time
+
+    time.sleep(0.2)
+
+
+def test_started_engines_announce_no_busy_status(cluster):
+    """A task on an engine we start publishes "idle" at its end (the client
+    waits for it: a result counts once its output is in) but no "busy" at its
+    start: ipyparallel reads it nowhere, and each costs the engine, the
+    controller and every client a message per chunk.  Watched on the
+    controller's IOPub as any client sees it."""
+    import zmq
+    from jupyter_client.session import Session
+
+    client = cluster.client
+    # (the client's own session has seen these messages: it rejects a replay)
+    session = Session(
+        key=client.session.key, signature_scheme=client.session.signature_scheme
+    )
+    session.unpack = client.session.unpack
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(client._config["iopub"])
+    try:
+        time.sleep(0.5)  # (a subscription takes a moment to reach the publisher)
+        ars = [client[e].apply_async(_wait_a_moment) for e in client.ids]
+        for ar in ars:
+            ar.get(timeout=30)
+        ids = {m for ar in ars for m in ar.msg_ids}
+        states = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and states.count("idle") < len(ars):
+            if not sub.poll(100):
+                continue
+            _idents, frames = session.feed_identities(sub.recv_multipart())
+            msg = session.deserialize(frames)
+            if msg["parent_header"].get("msg_id") in ids:
+                if msg["header"]["msg_type"] == "status":
+                    states.append(msg["content"]["execution_state"])
+    finally:
+        sub.close(linger=0)
+    assert states.count("idle") == len(ars), states
+    assert "busy" not in states, states
+
+
 def _has_cached_inputs() -> bool:
     from gpucell.engine import worker
 

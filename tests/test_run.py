@@ -92,7 +92,7 @@ class FakeWave:
 
         from gpucell.engine import worker
 
-        assert fn is worker.run_each
+        assert fn is worker.RUN_EACH
         tasks = [self.cluster.apply(e, worker.run, table[e]) for e in self.eids]
         return SimpleNamespace(split=lambda: tuple(tasks))
 

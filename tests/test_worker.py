@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
 from gpucell.engine.chunk import Where
@@ -116,3 +117,34 @@ def test_a_full_collection_waits_until_the_engine_is_idle(monkeypatch):
         gc.unfreeze()
     assert waiting and alive_while_busy and freed
     assert "full collection" not in runtime._idle_waiting
+
+
+def test_worker_functions_travel_by_name():
+    """The functions sent for every chunk pickle as a module path and a name
+    (a plain function travels as its code, rebuilt per message), and still
+    call the module's function of that name, as ipyparallel labels it."""
+    import pickle
+
+    import ipyparallel.serialize as ser
+
+    from gpucell.engine import worker
+
+    for f in (worker.RUN, worker.RUN_EACH, worker.TIDY, worker.TIDY_EACH):
+        data = pickle.dumps(f, protocol=5)
+        assert len(data) < 100 and b"co_code" not in data
+        back = pickle.loads(data)
+        assert back.name == f.name and back.__name__ == f.name
+        # what ipyparallel sends: canned, then pickled, then the other way
+        bufs = ser.pack_apply_message(f, (), {})
+        g, args, kwargs = ser.unpack_apply_message(bufs)
+        assert type(g) is worker.ByName and g.name == f.name
+    seen = []
+    orig = worker.tidy
+    try:
+        worker.tidy = lambda *a, **k: seen.append((a, k))  # type: ignore[assignment]
+        worker.TIDY(["x"], kernel="K")
+    finally:
+        worker.tidy = orig  # type: ignore[assignment]
+    assert seen == [((["x"],), {"kernel": "K"})]
+    with pytest.raises(ValueError, match="no function 'nope'"):
+        worker.ByName("nope")

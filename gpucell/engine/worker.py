@@ -163,6 +163,36 @@ def _cached_keys(s: _Session) -> dict[str, Any]:
     return {n: k for n, (k, _) in s.cache.items()}
 
 
+class ByName:
+    """One of this module's functions, sent to engines by name.
+
+    ipyparallel sends a plain function by value: its code object, defaults
+    and annotations, canned in the kernel and rebuilt on the engine for every
+    message (the ~30 annotations and defaults of :func:`run` alone are ~7,000
+    ``isinstance`` checks per chunk on the engine).  An instance of this class
+    pickles as this module's path and the function's name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        if not callable(globals().get(name)):
+            raise ValueError(f"gpucell.engine.worker has no function {name!r}")
+        self.name = name
+
+    @property
+    def __name__(self) -> str:  # what ipyparallel labels the task with
+        return self.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return globals()[self.name](*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ByName, (self.name,))
+
+    def __repr__(self) -> str:
+        return f"gpucell.engine.worker.{self.name}"
+
+
 def _engine_id() -> int | None:
     from IPython import get_ipython
 
@@ -694,3 +724,10 @@ def run(
         f"after cell {kernel}", AFTER_CELL_IDLE, lambda: after_cell(kernel, cell)
     )
     return spilled
+
+
+#: the functions the kernel sends for every chunk and cell, by name (ByName)
+RUN = ByName("run")
+RUN_EACH = ByName("run_each")
+TIDY = ByName("tidy")
+TIDY_EACH = ByName("tidy_each")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import queue
 import signal
 import sys
 import threading
@@ -277,6 +278,10 @@ class Run:
         record.engines = tuple(self.alive)
         record.iterations = n
         self.inflight: dict[Any, Flight] = {}
+        # tasks as they finish, put by their done-callbacks (ipyparallel's IO
+        # thread): the wait loop takes what is there, where waiting on every
+        # task in flight set up and tore down a waiter on each, per wake-up
+        self.ready: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.losses: list[tuple[int, int, int]] = []  # (start, stop, engine) lost
         self.oom_tries: dict[tuple[int, int], int] = {}
         self._msg_ids: list[str] = []  # this cell's tasks, forgotten at its end
@@ -509,7 +514,7 @@ class Run:
             return
         try:  # one task for all (its message is built once)
             self.gc.client.direct_view(targets).apply_async(
-                worker.tidy_each, drops, kernel_key()
+                worker.TIDY_EACH, drops, kernel_key()
             )
         except Exception:
             pass
@@ -602,12 +607,13 @@ class Run:
         wave = _one_message(outgoing)
         sent = self._send_wave(wave) if wave else []
         sent += [
-            (c, self.views[c.engine].apply_async(worker.run, *args), timed)
+            (c, self.views[c.engine].apply_async(worker.RUN, *args), timed)
             for c, args, timed in outgoing[len(wave) :]
         ]
         now = time.perf_counter()
         for c, ar, timed in sent:
             self.inflight[ar] = Flight(c, now if timed else None, now)
+            ar.add_done_callback(self.ready.put)
             self._msg_ids.extend(ar.msg_ids)
             self.output.watch(ar, c)
 
@@ -622,11 +628,24 @@ class Run:
 
         eids = [c.engine for c, _args, _timed in wave]
         table = {c.engine: _plain(args) for c, args, _timed in wave}
-        big = self.gc.client.direct_view(eids).apply_async(worker.run_each, table)
+        big = self.gc.client.direct_view(eids).apply_async(worker.RUN_EACH, table)
         return [
             (c, ar, timed)
             for (c, _args, timed), ar in zip(wave, big.split(), strict=True)
         ]
+
+    def _take_ready(self, wait: float) -> list[Any]:
+        """Tasks in flight that finished: waits up to ``wait`` seconds for
+        the first, then takes every other already there."""
+        try:
+            out = [self.ready.get(timeout=wait)]
+        except queue.Empty:
+            return []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                out.append(self.ready.get_nowait())
+        # (a task cancelled or lost meanwhile has left inflight: nothing to do)
+        return [ar for ar in out if ar in self.inflight]
 
     def on_done(self, ar: Any) -> None:
         """A chunk task finished: keep its result, or find out why it has none."""
@@ -953,9 +972,7 @@ class Run:
                     self._check_stopping()
                     # trials waiting on a verdict are heard every 5 ms
                     wait = 0.005 if self._awaiting_verdict() else 0.05
-                    done, _ = concurrent.futures.wait(
-                        list(self.inflight), timeout=wait, return_when="FIRST_COMPLETED"
-                    )
+                    done = self._take_ready(wait)
                     self.output.poll(self.inflight)
                     if self.telemetry is not None:
                         self.telemetry.poll(self.inflight)

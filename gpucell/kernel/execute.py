@@ -576,7 +576,7 @@ def _drop_gone_inputs(gc: Any, ns: dict[str, Any]) -> None:
         if not drop:
             continue
         try:
-            gc.view(eid).apply_async(worker.tidy, drop, kernel_key())
+            gc.view(eid).apply_async(worker.TIDY, drop, kernel_key())
         except Exception:
             pass
 
