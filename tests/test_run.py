@@ -356,3 +356,15 @@ def test_a_reply_for_another_chunk_than_was_sent_fails_the_cell_unmerged(
     with pytest.raises(ClusterError, match="nothing was merged"):
         run.execute()
     assert record.status == "error"
+
+
+def test_a_trials_iteration_seconds_come_from_its_stamps():
+    """What a trial tells the schedule of each iteration (for the provisional
+    profile): the gaps between its stamps and the last one to the chunk's end;
+    nothing when the chunk was not stamped throughout."""
+    from gpucell.kernel.dispatch import _iteration_seconds
+
+    timing = {"starts": [1.0, 1.5, 3.0], "end": 3.25}
+    assert _iteration_seconds(timing, 3) == [0.5, 1.5, 0.25]
+    assert _iteration_seconds(timing, 4) is None  # an unstamped stretch
+    assert _iteration_seconds({"starts": [], "end": 1.0}, 0) is None

@@ -30,6 +30,17 @@ guided with a profile
     front, keeps speed shares, re-runs of lost work and a logarithmic chunk count.
     No chunk holds more iterations than guided-by-count would give it, so a wrong
     profile (the loop changed since) costs about what having none does.
+
+guided with a provisional profile
+    A first run has no profile, but its trials (see ``trial``) measure the
+    iterations they reach.  Once they find the loop uneven, the iterations not
+    yet run are costed by linear interpolation, by index, between the nearest
+    measured ones (flat beyond the last), and the rest is scheduled as a
+    profiled loop; the estimate is redone as each trial comes back.  A loop
+    whose costs rise along its range (the trials' rests each cheaper than the
+    next trial's iterations, dearer than their own) is then cut by cost, its
+    dearest iterations first, instead of by the pace of the trial before each
+    rest.
 """
 
 from __future__ import annotations
@@ -59,6 +70,11 @@ __all__ = ["Chunk", "Schedule", "missing_ranges"]
 #: the lost run is at most this long; longer ones re-run in ordinary chunks
 ISOLATE_MAX = 256
 
+
+#: loops of at most this many iterations whose trials find them uneven have
+#: the rest scheduled by a provisional profile (see Schedule.complete's
+#: ``costs``): rebuilt as each trial comes back, in O(n log n)
+PROVISIONAL_MAX = 10_000
 
 #: a long loop's chunks last at least 1/PROGRESS_STEPS of an engine's part
 PROGRESS_STEPS = 20
@@ -196,6 +212,9 @@ class Schedule:
     chunk_seconds: float = 1.0
     kept: Sequence[tuple[int, int]] = ()
     profiled: bool = field(default=False, init=False)
+    # the profile is the trials' estimate (see the module docstring), not a
+    # last run's
+    provisional: bool = field(default=False, init=False)
     chunks: list[Chunk] = field(default_factory=list)
     _cursor: int = 0
     _free: list[tuple[int, int, int]] = field(
@@ -228,6 +247,12 @@ class Schedule:
     _order: list[int] = field(default_factory=list, repr=False)
     _taken: bytearray = field(default_factory=bytearray, repr=False)
     _seek: int = 0  # _order[:_seek] are all assigned
+    # seconds of single iterations measured by stamped trials (for a
+    # provisional profile); bumped on each change, and its value at the last
+    # estimate
+    _measured: dict[int, float] = field(default_factory=dict, repr=False)
+    _measures: int = 0
+    _estimated_at: int = 0
     _back: int = 0  # and so are _order[_back + 1:]
 
     def __post_init__(self) -> None:
@@ -349,6 +374,13 @@ class Schedule:
         c = self.chunks[chunk_id]
         if c.state == RUNNING and c.trial and done > 0 and seconds > 0:
             self._provisional[c.id] = seconds / done
+            if self._may_estimate():
+                # its median iteration's pace, at the middle of what it ran
+                # (the stamps of each iteration come when it completes)
+                at = c.start + (done - 1) // 2
+                if at not in self._measured:
+                    self._measured[at] = seconds / done
+                    self._measures += 1
 
     def calibrating(self, engine: int) -> bool:
         """``engine``'s pace is not measured yet (its next chunk calibrates)."""
@@ -414,7 +446,11 @@ class Schedule:
             t = max(t, self._max_pace)
         # rounded down: with the next chunk already queued the engine does not
         # wait for a round trip, so a tail of single iterations costs little
-        return max(floor, int(min(self.n, self.overhead / self.target_overhead / t)))
+        # (a pace that underflowed to 0: iterations too cheap to measure)
+        most = (
+            self.n if t <= 0 else min(self.n, self.overhead / self.target_overhead / t)
+        )
+        return max(floor, int(most))
 
     # -- transitions -------------------------------------------------------------
 
@@ -474,6 +510,7 @@ class Schedule:
         (each engine's first chunk before anyone's second; in each round the
         engines holding fewest first, so an idle engine is never left waiting
         while a busy one queues the work), and return them."""
+        self._estimate_rest()
         out: list[Chunk] = []
         progress = True
         while progress:
@@ -493,6 +530,7 @@ class Schedule:
         seconds: float,
         done: int | None = None,
         stamped: bool = True,
+        costs: Sequence[float] | None = None,
     ) -> None:
         """Record a chunk done, with its engine-measured compute time.
 
@@ -501,7 +539,9 @@ class Schedule:
         (ignored for other chunks: they always run whole).  ``stamped``: the
         chunk ran with a stamp per iteration (a cheap trial chunk may not:
         faster per iteration, so its pace is not compared with stamped ones'
-        to judge whether the loop looks uniform).
+        to judge whether the loop looks uniform).  ``costs``: the seconds of
+        each iteration the chunk ran, in order, when stamped (a provisional
+        profile is estimated from them: see the module docstring).
         """
         c = self.chunks[chunk_id]
         if c.state != RUNNING:
@@ -509,6 +549,9 @@ class Schedule:
         if c.trial and done is not None and 0 < done < c.size:
             self._free.append((c.start + done, c.stop, c.attempt))
             self._free.sort()
+            if self.profiled:  # (a provisional profile: trials still ran)
+                self._taken[c.start + done : c.stop] = bytes(c.size - done)
+                self._seek, self._back = 0, self.n - 1
             if seconds > 0:
                 self._rest_pace[c.start + done] = seconds / done
             if c.engine is not None:
@@ -516,6 +559,8 @@ class Schedule:
             c.stop = c.start + done
         move(c, DONE)
         c.seconds = seconds
+        if c.trial and costs is not None and self._may_estimate():
+            self._keep_costs(c.start, c.size, costs)
         self._trials.pop(c.id, None)
         self._provisional.pop(c.id, None)
         if c.engine is not None:
@@ -638,7 +683,14 @@ class Schedule:
             return True
         k = max(1, len(self._alive))
         if self.profiled:
-            return self._remaining_cost() >= 2 * k * self._floor_cost(None)
+            left = self._remaining_cost()
+            if self.provisional and (self._trials or left < k * self._dearest()):
+                # an estimate learns of the dearest iterations late (trials
+                # still out have not measured theirs): one queued behind a
+                # running chunk could wait there while other engines idle,
+                # once the work left is no more than one dearest per engine
+                return False
+            return left >= 2 * k * self._floor_cost(None)
         if self._factor() == 1.0 and not self.heterogeneous:
             return True  # looks uniform: equal counts, nothing to unbalance
         left = self._remaining() + self._trial_rests()
@@ -718,7 +770,9 @@ class Schedule:
         )
         k = max(1, len(self._alive))
         share = left / (self._factor() * k) * self._speed_share(engine)
-        return max(1, int(share / pace))
+        if pace <= 0:  # (underflowed: too cheap to measure)
+            return run
+        return max(1, int(min(run, share / pace)))
 
     def _will_run(self, c: Chunk) -> int:
         """Iterations a running chunk is expected to run: all of them, or for a
@@ -729,7 +783,8 @@ class Schedule:
         pace = self._max_pace
         if pace <= 0:
             return c.size  # not measured yet, or cheap so far
-        return max(1, min(c.size, math.ceil(self.trial_seconds / pace)))
+        fit = self.trial_seconds / pace  # (inf for a pace that underflows)
+        return max(1, c.size if fit >= c.size else math.ceil(fit))
 
     def _trial_rests(self) -> int:
         """Iterations of trial chunks still running that they will likely not
@@ -815,15 +870,7 @@ class Schedule:
         total = sum(costs)
         if len(costs) != self.n or not 0 < total < math.inf or min(costs) < 0:
             return  # (a NaN makes the sum NaN)
-        self.profiled = True
-        self._prefix = list(accumulate(costs, initial=0.0))
-        # Only iterations costing over a quarter of the smallest chunk need seeding
-        # in cost order; chunks of cheaper ones are as fine-grained wherever they
-        # are cut (and sorting a million cheap iterations would cost ~0.3 s).
-        some = self.overhead / self.target_overhead / 4
-        heavy = [i for i, x in enumerate(costs) if x > some]
-        heavy.sort(key=costs.__getitem__, reverse=True)
-        self._order = heavy + [i for i, x in enumerate(costs) if x <= some]
+        self._set_costs(costs)
         self._back = self.n - 1
         self._taken = bytearray(self.n)
         self._free = [(0, self.n, 0)]
@@ -834,6 +881,82 @@ class Schedule:
             # different devices must be measured before they get a large share
             self._stats[e] = (
                 _EngineStats() if self.heterogeneous else _EngineStats(1, mean, mean)
+            )
+
+    def _set_costs(self, costs: list[float]) -> None:
+        """Cost prefix sums and the seeding order of ``costs`` (one per
+        iteration): the schedule is profiled from now on."""
+        self.profiled = True
+        self._prefix = list(accumulate(costs, initial=0.0))
+        # Only iterations costing over a quarter of the smallest chunk need seeding
+        # in cost order; chunks of cheaper ones are as fine-grained wherever they
+        # are cut (and sorting a million cheap iterations would cost ~0.3 s).
+        some = self.overhead / self.target_overhead / 4
+        heavy = [i for i, x in enumerate(costs) if x > some]
+        heavy.sort(key=costs.__getitem__, reverse=True)
+        self._order = heavy + [i for i, x in enumerate(costs) if x <= some]
+        self._seek, self._back = 0, self.n - 1
+
+    # -- provisional profile (first runs of uneven loops) -------------------------
+
+    def _may_estimate(self) -> bool:
+        """A first run's trials may stand in for a profile: equal devices (a
+        GPU's seconds beside a CPU engine's are no one cost), a guided
+        schedule cut by time (not a fixed size), no real profile, the whole
+        loop run here (not resumed), and few enough iterations to re-estimate
+        as each trial comes back."""
+        return (
+            self.trial
+            and self.mode == "guided"
+            and not self.chunksize
+            and not self.heterogeneous
+            and not self.kept
+            and (self.provisional or not self.profiled)
+            and self.n <= PROVISIONAL_MAX
+        )
+
+    def _keep_costs(self, start: int, size: int, costs: Sequence[float]) -> None:
+        """Keep a stamped chunk's iteration seconds; its first iteration also
+        paid the chunk's one-time costs (imports, warm-up), so it counts no
+        more than the chunk's median."""
+        xs = [float(x) for x in costs[:size]]
+        if not xs or not all(0 <= x < math.inf for x in xs):
+            return
+        xs[0] = min(xs[0], sorted(xs)[len(xs) // 2])
+        for i, x in enumerate(xs):
+            self._measured[start + i] = x
+        self._measures += 1
+
+    def _estimate_rest(self) -> None:
+        """Once trials found the loop uneven, cost the iterations not measured
+        by interpolation and schedule the rest as profiled; redone when more
+        iterations were measured since."""
+        if (
+            not self._may_estimate()
+            or self._measures == self._estimated_at
+            or self._paced_count() < min(len(self._alive), 3)
+            or self._factor() == 1.0  # looks uniform: the trials run whole
+        ):
+            return
+        costs = interpolate(self.n, self._measured)
+        if not 0 < sum(costs) < math.inf:
+            return
+        self._estimated_at = self._measures
+        if self._cursor < self.n:  # (unassigned past the cursor: free now)
+            self._free.append((self._cursor, self.n, 0))
+            self._free.sort()
+            self._cursor = self.n
+        self._set_costs(costs)
+        self.provisional = True
+        taken = bytearray(b"\x01" * self.n)
+        for a, b, _attempt in self._free:
+            taken[a:b] = bytes(b - a)
+        self._taken = taken
+        for e, st in self._stats.items():  # each engine's pace against the estimate
+            st.cost = sum(
+                self._cost(c.start, c.stop)
+                for c in self.chunks
+                if c.engine == e and c.state == DONE
             )
 
     def _cost(self, start: int, stop: int) -> float:
@@ -896,6 +1019,13 @@ class Schedule:
             hi = lo + cap
         return lo, hi
 
+    def _dearest(self) -> float:
+        """The estimated cost of the dearest iteration not yet handed out."""
+        if not self._free:
+            return 0.0
+        seed = self._seed(costliest=True)
+        return self._cost(seed, seed + 1)
+
     def _seed(self, costliest: bool) -> int:
         """The costliest (or cheapest) unassigned iteration; there is one."""
         order, taken = self._order, self._taken
@@ -939,6 +1069,23 @@ class Schedule:
         budget -= p[seed] - p[lo]
         hi = bisect_right(p, p[hi] + budget, hi, b + 1) - 1
         return lo, hi
+
+
+def interpolate(n: int, known: dict[int, float]) -> list[float]:
+    """A value for each of ``0..n-1`` from the ``known`` ones: between two
+    known indices linearly, before the first and after the last the nearest
+    known value (costs rising along a range are not projected past what was
+    measured).  All zeros when nothing is known."""
+    points = sorted((i, x) for i, x in known.items() if 0 <= i < n)
+    if not points:
+        return [0.0] * n
+    out = [points[0][1]] * points[0][0]
+    for (i0, x0), (i1, x1) in zip(points, points[1:], strict=False):
+        step = (x1 - x0) / (i1 - i0)
+        out.extend(x0 + step * j for j in range(i1 - i0))
+    last_i, last_x = points[-1]
+    out.extend([last_x] * (n - last_i))
+    return out
 
 
 def missing_ranges(n: int, done: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

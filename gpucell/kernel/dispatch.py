@@ -712,11 +712,16 @@ class Run:
         # an unstamped chunk's pace (no stamp per iteration) is no measure of
         # how uneven the loop is beside stamped ones
         stamped = not timing.get("unstamped", False)
+        # a trial's iterations, each timed: the first run's estimate of what
+        # the rest of an uneven loop costs (Schedule's provisional profile)
+        costs = _iteration_seconds(timing, done) if chunk.trial and stamped else None
         if sched.profiled:
-            sched.complete(chunk.id, timing["compute"], done=done, stamped=stamped)
+            sched.complete(
+                chunk.id, timing["compute"], done=done, stamped=stamped, costs=costs
+            )
         else:
             seconds = _robust_seconds(timing, done)
-            sched.complete(chunk.id, seconds, done=done, stamped=stamped)
+            sched.complete(chunk.id, seconds, done=done, stamped=stamped, costs=costs)
         if chunk.trial:
             self._give_verdict()
         if flight.timed_from is not None:
@@ -1222,6 +1227,15 @@ def _record(
         state=state,
         iteration_starts=tuple(timing.get("starts", ())),
     )
+
+
+def _iteration_seconds(timing: dict[str, Any], done: int) -> list[float] | None:
+    """Each iteration's seconds, from the engine's stamp at each start and the
+    chunk's end (``None`` when the chunk was not stamped throughout)."""
+    starts = timing.get("starts") or []
+    if done < 1 or len(starts) != done:
+        return None
+    return [b - a for a, b in zip(starts, [*starts[1:], timing["end"]], strict=True)]
 
 
 def _robust_seconds(timing: dict[str, Any], size: int) -> float:
