@@ -759,3 +759,30 @@ def test_a_provisional_profile_still_runs_every_iteration_once(
             s.complete(c.id, sum(its))
     assert covers(s.chunks, len(costs))
     assert handed == [1] * len(costs)
+
+
+def test_a_profiled_schedule_queues_nothing_once_one_dearest_iteration_each_is_left():
+    """With a profile (a re-run's or the trials' estimate), once the work not
+    yet handed out is at most one dearest iteration per engine, an engine
+    with a chunk running gets no second one queued behind it: that one could
+    wait there while another engine idles (16 real engines, i x 5 ms: a
+    re-run's efficiency 0.890 -> 0.92 with this rule)."""
+    cost = [i * 0.005 for i in range(64)]
+    k = 16
+    # (a 1 ms dispatch overhead, as measured on a quiet host: the overhead
+    # floor alone would stop queueing only later)
+    s = Schedule(64, list(range(k)), profile=cost, overhead=0.001)
+    assert s.profiled
+    rng = random.Random(1)
+    near_end = 0
+    while not s.finished:
+        window = bool(s._free) and s._remaining_cost() < k * s._dearest()
+        held = {e: len(s.outstanding(e)) for e in s.alive}
+        for c in s.fill():
+            if window:
+                near_end += 1
+                assert held[c.engine] == 0, (c, held)
+        running = [c for e in s.alive for c in s.outstanding(e)]
+        c = rng.choice(running)
+        s.complete(c.id, sum(cost[c.start : c.stop]))
+    assert near_end > 0  # (the end was reached with work still to hand out)
