@@ -382,6 +382,13 @@ class Schedule:
                     self._measured[at] = seconds / done
                     self._measures += 1
 
+    @property
+    def takes_costs(self) -> bool:
+        """:meth:`complete` would use a trial's ``costs`` (so the caller need
+        not build a list of 10^5 seconds for a cheap loop's trial that it would
+        not read)."""
+        return self._may_estimate()
+
     def calibrating(self, engine: int) -> bool:
         """``engine``'s pace is not measured yet (its next chunk calibrates)."""
         return self._pace(engine) is None

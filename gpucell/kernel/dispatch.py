@@ -714,7 +714,11 @@ class Run:
         stamped = not timing.get("unstamped", False)
         # a trial's iterations, each timed: the first run's estimate of what
         # the rest of an uneven loop costs (Schedule's provisional profile)
-        costs = _iteration_seconds(timing, done) if chunk.trial and stamped else None
+        costs = (
+            _iteration_seconds(timing, done)
+            if chunk.trial and stamped and sched.takes_costs
+            else None
+        )
         if sched.profiled:
             sched.complete(
                 chunk.id, timing["compute"], done=done, stamped=stamped, costs=costs
