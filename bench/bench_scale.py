@@ -471,6 +471,27 @@ class Systems:
             "engine_compute": sum(c.compute for c in done),
         }
 
+    def ipp_floor(self, reps: int = 25) -> dict:
+        """ipyparallel's own cost of one task per engine: a no-op sent to every
+        engine at once (one message each, as gpucell's first wave) and every
+        reply back, median over ``reps``.  No scheduler, program or result:
+        what one round of tasks costs on this host before gpucell does
+        anything, so a uniform loop of ``s`` seconds per engine is at most
+        ``s / (s + floor)`` efficient with one task per engine."""
+        import gpucell
+        from gpucell.engine import worker
+
+        client = gpucell.current().client
+        noop = worker.ByName("_engine_id")
+        view = client.direct_view(list(client.ids))
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            view.apply_async(noop).get(timeout=60)
+            times.append(time.perf_counter() - t)
+            time.sleep(0.05)
+        return summary(times)
+
     def lbv_map(self, seq):
         return self.lbv.map_sync(nap, seq, chunksize=1)
 
@@ -953,6 +974,8 @@ def main() -> None:
                     f"\n[{E} engines] {system} started in {S.startup[system]:.1f} s; "
                     f"idle tree uses {idle[system]:.2f} cores"
                 )
+                if system == "gpucell":
+                    entry["ipp_floor"] = S.ipp_floor()
                 try:
                     for loop, rec in measure(S, loops, runs, names).items():
                         recs[loop].update(rec)
@@ -1069,6 +1092,22 @@ def main() -> None:
                 f"{best_peer:.3f}: {'ahead' if ahead else 'BEHIND'}"
             )
     result["targets"] = verdicts
+    print(
+        "\n== ipyparallel's floor: a no-op task to every engine at once and every "
+        "reply back (median), and what it allows a uniform loop with one task per "
+        "engine"
+    )
+    for E, entry in by_n.items():
+        floor = entry.get("ipp_floor")
+        if not floor:
+            continue
+        per_engine = n * t_uniform / E
+        bound = per_engine / (per_engine + floor["median"])
+        print(
+            f"   {E:>3} engines: {floor['median'] * 1e3:.1f} ms (min "
+            f"{floor['min'] * 1e3:.1f}); uniform, {per_engine:.2f} s per engine: "
+            f"efficiency at most {bound:.3f}"
+        )
 
     # ---- model
     mdl = model(by_n, t_uniform, n)
