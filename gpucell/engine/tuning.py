@@ -101,10 +101,13 @@ def _no_busy_status() -> None:
     if publish is None or getattr(publish, "_gpucell_original", None) is not None:
         return
 
-    def publish_status(status: str, channel: str, parent: Any = None) -> None:
+    def publish_status(status: Any, *args: Any, **kwargs: Any) -> Any:
+        # (status, channel, parent=None) since ipykernel 6; a signature without
+        # a channel is passed through untouched
+        channel = kwargs.get("channel", args[0] if args else None)
         if status == "busy" and channel == "shell":
-            return
-        publish(status, channel, parent)
+            return None
+        return publish(status, *args, **kwargs)
 
     publish_status._gpucell_original = publish  # type: ignore[attr-defined]
     kernel._publish_status = publish_status  # type: ignore[union-attr]
