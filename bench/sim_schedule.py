@@ -12,7 +12,8 @@ dispatcher measures it) and ``fill`` sends more.  Iteration i on engine e takes
 dispatcher does: its whole time when profiled, else ``_robust_seconds`` (median
 iteration x count, from 3 on).
 
-Loops: 1 iteration i costs i x 5 ms (n=40, benchmark c); 2 the reverse; 3 50 ms
+Loops: 1 iteration i costs i x 5 ms (n=40, benchmark c; and n=64 on 8 and 16
+engines, bench_scale's uneven loop); 2 the reverse; 3 50 ms
 each; 4 log-normal, median 10 ms (n=200, seeded); 5 one 500 ms iteration among
 10 ms ones (n=100); 6 2,000 x 1 us.  "noisy": loop 3 with one engine 15%
 slower though the devices are equal (a shared host).  "wrong prof": loop 1
@@ -25,7 +26,13 @@ engines: total / (k x makespan)).  Each cell is the mean of ``--seeds`` runs.
 Schedules
   static        one block per engine
   dynamic/1     chunksize 1 on demand
-  guided        guided, first run (no history)
+  guided        guided, no history and no trials (engines elsewhere, or a
+                schedule that cannot resend what a trial did not reach)
+  first run     a first run as the dispatcher drives one on the kernel's host:
+                each engine's part a trial chunk that stops starting iterations
+                after ``--budget`` (50 ms), publishes its median pace then and
+                comes back with each iteration's seconds (see
+                :func:`simulate`)
   guided+hint   guided with last run's seconds per iteration (today's re-run)
   guided+prof   guided with last run's per-iteration profile
 
@@ -45,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucell.core.schedule import Schedule, covers
+from gpucell.core.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -66,9 +73,12 @@ def _cases() -> list[Case]:
     heavy = [rng.lognormvariate(-4.6, 1.0) for _ in range(200)]  # median 10 ms
     stale = [rng.lognormvariate(-4.6, 1.0) for _ in range(200)]  # other data
     spike = [0.5 if i == 17 else 0.01 for i in range(100)]
+    linear64 = [i * 0.005 for i in range(64)]
     return [
         Case("1 linear k=2", linear, (1.0, 1.0)),
         Case("1 linear k=4", linear, (1.0,) * 4),
+        Case("1 linear64 k=8", linear64, (1.0,) * 8),
+        Case("1 linear64 k=16", linear64, (1.0,) * 16),
         Case("2 reverse k=2", reverse, (1.0, 1.0)),
         Case("3 uniform k=2", [0.05] * 40, (1.0, 1.0)),
         # equal devices, one 15% slower for the whole loop: a shared host's core
@@ -88,6 +98,7 @@ SCHEDULES: dict[str, Callable[[Case], dict[str, Any]]] = {
     "static": lambda c: {"mode": "static"},
     "dynamic/1": lambda c: {"mode": "dynamic", "chunksize": 1},
     "guided": lambda c: {},
+    "first run": lambda c: {"trial": True, "heard": True},
     "guided+hint": lambda c: {"hint": sum(c.profile or c.cost) / len(c.cost)},
     "guided+prof": lambda c: {"profile": list(c.profile or c.cost)},
 }
@@ -108,11 +119,21 @@ def simulate(
     rng: random.Random,
     rtt: float = 0.002,
     per_chunk: float = 0.0003,
+    budget: float = 0.05,
 ) -> float:
-    """Run ``sched`` to the end on simulated engines; return the makespan."""
+    """Run ``sched`` to the end on simulated engines; return the makespan.
+
+    Trial chunks (a first run's) run as the dispatcher runs them on the
+    kernel's host: a trial starts no iteration once ``budget`` has passed (it
+    runs at least one), publishes its median pace at that moment
+    (``observe_trial``; heard when its next iteration ends) and completes with
+    the iterations it ran and, when the schedule takes them, each one's
+    seconds.  Other chunks run whole."""
     now = 0.0
     free_at = [0.0] * len(factors)
-    events: list[tuple[float, int, float, bool]] = []  # arrival, chunk, secs, waited
+    # (time, kind, chunk id, payload, waited): kind 0 a trial's published
+    # pace, 1 a chunk's result arriving
+    events: list[tuple[float, int, int, Any, bool]] = []
 
     def send() -> None:
         for c in sched.fill():
@@ -122,19 +143,42 @@ def simulate(
             its = [cost[i] * f * rng.uniform(0.9, 1.1) for i in range(c.start, c.stop)]
             arrive = now + rtt / 2
             waited = free_at[e] > arrive
-            free_at[e] = max(arrive, free_at[e]) + per_chunk + sum(its)
-            secs = sum(its) if sched.profiled else _reported(its)
-            heapq.heappush(events, (free_at[e] + rtt / 2, c.id, secs, waited))
+            begin = max(arrive, free_at[e]) + per_chunk
+            if c.trial:
+                done, t = 0, 0.0
+                for x in its:
+                    if done and t >= budget:
+                        break
+                    t, done = t + x, done + 1
+                its = its[:done]
+                if t >= budget:
+                    pace = (done, sorted(its)[done // 2])
+                    heapq.heappush(
+                        events, (begin + max(budget, its[0]), 0, c.id, pace, False)
+                    )
+            free_at[e] = begin + sum(its)
+            heapq.heappush(events, (free_at[e] + rtt / 2, 1, c.id, its, waited))
 
     send()
     while events:
-        now, cid, secs, waited = heapq.heappop(events)
-        sched.complete(cid, secs)
+        now, kind, cid, payload, waited = heapq.heappop(events)
+        c = sched.chunks[cid]
+        if kind == 0:
+            done, median = payload
+            sched.observe_trial(cid, done, median * done)
+            continue
+        its = payload
+        secs = sum(its) if sched.profiled else _reported(its)
+        if c.trial:
+            costs = its if sched.takes_costs else None
+            sched.complete(cid, secs, done=len(its), costs=costs)
+        else:
+            sched.complete(cid, secs)
         # as the dispatcher: a round trip minus compute, or for a chunk that
         # waited behind another, the engine's dead time between the two
         sched.observe_overhead(per_chunk if waited else rtt + per_chunk)
         send()
-    assert sched.finished and covers(sched.chunks, len(cost))
+    assert sched.finished and sched.pending_ranges() == []
     return now
 
 
