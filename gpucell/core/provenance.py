@@ -8,13 +8,14 @@ DataFrame when pandas is installed).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpucell.core.states import ChunkState, RunStatus
 from gpucell.protocol.chunks import DETAIL_MAX
 
-__all__ = ["ChunkRecord", "LastRun"]
+__all__ = ["ChunkRecord", "LastRun", "iteration_seconds"]
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,7 @@ class LastRun:
                 return None
             if not out and c.start != 0:
                 return None
-            ends = [*starts[1:], c.t_end]
-            durations = [b - a for a, b in zip(starts, ends, strict=True)]
+            durations = iteration_seconds(starts, c.t_end)
             if durations and min(durations) < 0:  # a clock step back
                 durations = [max(0.0, d) for d in durations]
             if c.start in firsts and len(durations) >= 3:
@@ -235,3 +235,9 @@ class LastRun:
                 )
             s += f" ({extra})"
         return s
+
+
+def iteration_seconds(starts: Sequence[float], end: float) -> list[float]:
+    """Each iteration's seconds: from its start stamp to the next one's, the
+    last one's to the chunk's ``end`` (a clock step back shows as negative)."""
+    return [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]

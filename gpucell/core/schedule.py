@@ -557,8 +557,7 @@ class Schedule:
             self._free.append((c.start + done, c.stop, c.attempt))
             self._free.sort()
             if self.profiled:  # (a provisional profile: trials still ran)
-                self._taken[c.start + done : c.stop] = bytes(c.size - done)
-                self._seek, self._back = 0, self.n - 1
+                self._untake(c.start + done, c.stop)
             if seconds > 0:
                 self._rest_pace[c.start + done] = seconds / done
             if c.engine is not None:
@@ -650,8 +649,7 @@ class Schedule:
             move(c, LOST)
             self._free.append((c.start, c.stop, c.attempt + 1))
             if self.profiled:
-                self._taken[c.start : c.stop] = bytes(c.size)
-                self._seek, self._back = 0, self.n - 1
+                self._untake(c.start, c.stop)
         for start, stop in self._static.pop(engine, []):
             self._free.append((start, stop, 0))
         self._free.extend(self._pinned.pop(engine, []))
@@ -879,7 +877,6 @@ class Schedule:
         if len(costs) != self.n or not 0 < total < math.inf or min(costs) < 0:
             return  # (a NaN makes the sum NaN)
         self._set_costs(costs)
-        self._back = self.n - 1
         self._taken = bytearray(self.n)
         self._free = [(0, self.n, 0)]
         self._cursor = self.n
@@ -966,6 +963,12 @@ class Schedule:
                 for c in self.chunks
                 if c.engine == e and c.state == DONE
             )
+
+    def _untake(self, start: int, stop: int) -> None:
+        """Iterations ``[start, stop)`` are free again (a lost chunk's, a
+        trial's rest): the seeds' search starts over."""
+        self._taken[start:stop] = bytes(stop - start)
+        self._seek, self._back = 0, self.n - 1
 
     def _cost(self, start: int, stop: int) -> float:
         return self._prefix[stop] - self._prefix[start]

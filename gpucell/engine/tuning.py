@@ -62,15 +62,22 @@ def _skip_empty_flushes() -> None:
     OutStream.flush = quick_flush  # type: ignore[method-assign]
 
 
-def _quiet_loggers() -> None:
-    """Raise the engine's loggers to the level their handlers already filter at,
-    so dropped debug lines are not built first."""
-    # this process is an ipyparallel engine: read its app, never import ipyparallel
+def _engine_app() -> Any:
+    """This engine's ipyparallel ``IPEngine`` application, or ``None`` (this
+    process is an ipyparallel engine: read its app, never import ipyparallel)."""
     app_module = sys.modules.get("ipyparallel.engine.app")
     IPEngine = getattr(app_module, "IPEngine", None)
     if IPEngine is None or not IPEngine.initialized():
+        return None
+    return IPEngine.instance()
+
+
+def _quiet_loggers() -> None:
+    """Raise the engine's loggers to the level their handlers already filter at,
+    so dropped debug lines are not built first."""
+    app = _engine_app()
+    if app is None:
         return
-    app = IPEngine.instance()
     level = app.log_level
     if not isinstance(level, int):
         level = logging.getLevelName(str(level))
@@ -92,11 +99,7 @@ def _no_busy_status() -> None:
     forwarded by the controller and parsed by every client: for a cell's
     first chunks, 16 engines' "busy" messages arrive together with the tasks
     they announce, on the cores those tasks need to start."""
-    app_module = sys.modules.get("ipyparallel.engine.app")
-    IPEngine = getattr(app_module, "IPEngine", None)
-    if IPEngine is None or not IPEngine.initialized():
-        return
-    kernel = getattr(IPEngine.instance(), "kernel", None)
+    kernel = getattr(_engine_app(), "kernel", None)
     publish = getattr(kernel, "_publish_status", None)
     if publish is None or getattr(publish, "_gpucell_original", None) is not None:
         return

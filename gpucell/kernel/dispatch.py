@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from gpucell.cluster.lifecycle import GpuCluster
-from gpucell.core.provenance import ChunkRecord, LastRun
+from gpucell.core.provenance import ChunkRecord, LastRun, iteration_seconds
 from gpucell.core.runstate import EngineProgress, RunSnapshot
 from gpucell.core.schedule import Chunk, Schedule
 from gpucell.core.states import (
@@ -1239,7 +1239,7 @@ def _iteration_seconds(timing: dict[str, Any], done: int) -> list[float] | None:
     starts = timing.get("starts") or []
     if done < 1 or len(starts) != done:
         return None
-    return [b - a for a, b in zip(starts, [*starts[1:], timing["end"]], strict=True)]
+    return iteration_seconds(starts, timing["end"])
 
 
 def _robust_seconds(timing: dict[str, Any], size: int) -> float:
