@@ -98,9 +98,13 @@ SCHEDULES: dict[str, Callable[[Case], dict[str, Any]]] = {
     "static": lambda c: {"mode": "static"},
     "dynamic/1": lambda c: {"mode": "dynamic", "chunksize": 1},
     "guided": lambda c: {},
-    "first run": lambda c: {"trial": True, "heard": True},
-    "guided+hint": lambda c: {"hint": sum(c.profile or c.cost) / len(c.cost)},
-    "guided+prof": lambda c: {"profile": list(c.profile or c.cost)},
+    "first, no hb": lambda c: {"trial": True, "heard": True},
+    "first run": lambda c: {"trial": True, "heard": True, "stealing": True},
+    "guided+hint": lambda c: {
+        "hint": sum(c.profile or c.cost) / len(c.cost),
+        "stealing": True,
+    },
+    "guided+prof": lambda c: {"profile": list(c.profile or c.cost), "stealing": True},
 }
 
 
@@ -123,55 +127,119 @@ def simulate(
 ) -> float:
     """Run ``sched`` to the end on simulated engines; return the makespan.
 
-    Trial chunks (a first run's) run as the dispatcher runs them on the
-    kernel's host: a trial starts no iteration once ``budget`` has passed (it
-    runs at least one), publishes its median pace at that moment
-    (``observe_trial``; heard when its next iteration ends) and completes with
-    the iterations it ran and, when the schedule takes them, each one's
-    seconds.  Other chunks run whole."""
+    Engines run their chunks in arrival order, iteration by iteration.  Trial
+    chunks (a first run's) run as the dispatcher runs them on the kernel's
+    host: once ``budget`` has passed (after at least one iteration) a trial
+    publishes its median pace (``observe_trial``); if its rest would take
+    over ``EXTEND_MAX_SECONDS`` at that pace, or the schedule was not
+    ``heard``, it stops there; else it runs on, for at most ``VERDICT_WAIT``,
+    until the verdict says run whole (``True``) or stop (``False``).  It
+    completes with the iterations it ran and, when the schedule takes them,
+    each one's seconds.  With ``sched.stealing``, once an engine is idle with
+    nothing left to hand out, a stoppable chunk whose rest would take longer
+    than ``hand_back_seconds()`` at its pace so far stops after its current
+    iteration and hands the rest back (engine/chunk.py's ``_HandBack``)."""
+    from gpucell.engine.chunk import EXTEND_MAX_SECONDS, VERDICT_WAIT
+
     now = 0.0
-    free_at = [0.0] * len(factors)
-    # (time, kind, chunk id, payload, waited): kind 0 a trial's published
-    # pace, 1 a chunk's result arriving
-    events: list[tuple[float, int, int, Any, bool]] = []
+    k = len(factors)
+    queue: list[list[int]] = [[] for _ in range(k)]  # chunk ids arrived, waiting
+    busy: list[int | None] = [None] * k  # chunk running on each engine
+    arrived: dict[int, float] = {}
+    state: dict[int, dict[str, Any]] = {}  # running chunk -> its progress
+    hand_back: list[float | None] = [None]  # the kernel's flag: threshold or None
+    # (time, order, kind, chunk id, payload): kind 0 a chunk reaches its engine,
+    # 1 an iteration ends, 2 a result reaches the kernel
+    events: list[tuple[float, int, int, int, Any]] = []
+    order = [0]
+
+    def push(t: float, kind: int, cid: int, payload: Any = None) -> None:
+        order[0] += 1
+        heapq.heappush(events, (t, order[0], kind, cid, payload))
 
     def send() -> None:
         for c in sched.fill():
-            e = c.engine
-            assert e is not None
-            f = factors[e]
-            its = [cost[i] * f * rng.uniform(0.9, 1.1) for i in range(c.start, c.stop)]
-            arrive = now + rtt / 2
-            waited = free_at[e] > arrive
-            begin = max(arrive, free_at[e]) + per_chunk
-            if c.trial:
-                done, t = 0, 0.0
-                for x in its:
-                    if done and t >= budget:
-                        break
-                    t, done = t + x, done + 1
-                its = its[:done]
-                if t >= budget:
-                    pace = (done, sorted(its)[done // 2])
-                    heapq.heappush(
-                        events, (begin + max(budget, its[0]), 0, c.id, pace, False)
-                    )
-            free_at[e] = begin + sum(its)
-            heapq.heappush(events, (free_at[e] + rtt / 2, 1, c.id, its, waited))
+            assert c.engine is not None
+            push(now + rtt / 2, 0, c.id)
+        idle = sched.idle_engines()
+        hand_back[0] = sched.hand_back_seconds() if sched.stealing and idle else None
+
+    def start_next(e: int) -> None:
+        if busy[e] is not None or not queue[e]:
+            return
+        cid = queue[e].pop(0)
+        c = sched.chunks[cid]
+        f = factors[e]
+        its = [cost[i] * f * rng.uniform(0.9, 1.1) for i in range(c.start, c.stop)]
+        begin = now + per_chunk
+        busy[e] = cid
+        state[cid] = {
+            "its": its,
+            "done": 0,
+            "begin": begin,
+            "waited": arrived[cid] < begin - per_chunk,
+            "published": False,
+            "give_up": None,
+            "whole": not c.trial,
+        }
+        push(begin + its[0], 1, cid)
+
+    def finish(cid: int, handed: bool) -> None:
+        c = sched.chunks[cid]
+        st = state.pop(cid)
+        assert c.engine is not None
+        busy[c.engine] = None
+        push(now + rtt / 2, 2, cid, (st["its"][: st["done"]], st["waited"], handed))
+        start_next(c.engine)
 
     send()
     while events:
-        now, kind, cid, payload, waited = heapq.heappop(events)
+        now, _o, kind, cid, payload = heapq.heappop(events)
         c = sched.chunks[cid]
         if kind == 0:
-            done, median = payload
-            sched.observe_trial(cid, done, median * done)
+            assert c.engine is not None
+            arrived[cid] = now
+            queue[c.engine].append(cid)
+            start_next(c.engine)
             continue
-        its = payload
+        if kind == 1:
+            st = state[cid]
+            st["done"] += 1
+            done, its = st["done"], st["its"]
+            if done == len(its):
+                finish(cid, False)
+                continue
+            ran = now - st["begin"]
+            if not st["whole"] and ran >= budget:
+                if not st["published"]:
+                    st["published"] = True
+                    median = sorted(its[:done])[done // 2]
+                    sched.observe_trial(cid, done, median * done)
+                    left = (len(its) - done) * ran / done
+                    if sched.heard and left <= EXTEND_MAX_SECONDS:
+                        st["give_up"] = now + VERDICT_WAIT
+                said = sched.verdict if st["give_up"] is not None else False
+                if said is True:
+                    st["whole"] = True
+                elif said is False or now >= st["give_up"]:
+                    finish(cid, False)
+                    continue
+            thr = hand_back[0]
+            if (
+                thr is not None
+                and c.stoppable
+                and len(its) - done >= 2
+                and (len(its) - done) * ran / done > thr
+            ):
+                finish(cid, True)
+                continue
+            push(now + its[done], 1, cid)
+            continue
+        its, waited, handed = payload
         secs = sum(its) if sched.profiled else _reported(its)
-        if c.trial:
-            costs = its if sched.takes_costs else None
-            sched.complete(cid, secs, done=len(its), costs=costs)
+        if c.trial or handed:
+            costs = its if c.trial and sched.takes_costs else None
+            sched.complete(cid, secs, done=len(its), costs=costs, handed_back=handed)
         else:
             sched.complete(cid, secs)
         # as the dispatcher: a round trip minus compute, or for a chunk that

@@ -654,6 +654,42 @@ def test_an_uneven_loops_trials_are_told_to_stop(ip, cluster):
     assert max(c.stop - c.start for c in chunks) < 12
 
 
+def test_a_chunk_held_up_by_a_costly_iteration_hands_its_rest_back(ip, cluster):
+    """A first run where iteration 3 of 40 takes 0.6 s and the others 20 ms:
+    the trials agree (uniform), so each engine's part runs whole, and the
+    engine with iteration 3 would still hold 16 iterations when the other
+    one is done.  The idle engine calls for them (a flag in /dev/shm), the
+    chunk stops after iteration 3 and its rest is shared out: the namespace
+    is the serial one (reductions, lists, dicts, last values), every
+    iteration ran once, and the flag is gone after."""
+    import glob
+
+    needs_shared_shm(cluster)
+    cluster.cost_history.clear()
+    cell = (
+        "import time\n"
+        "out = []\n"
+        "total = 0\n"
+        "seen = {}\n"
+        "for i in range(40):\n"
+        "    time.sleep(0.6 if i == 3 else 0.02)\n"
+        "    out.append(i * i)\n"
+        "    total += i\n"
+        "    seen[i] = str(i)\n"
+        "    last = i\n"
+    )
+    assert_serial_equivalent(ip, cell, {})
+    lr = gpucell.last_run
+    assert lr.hand_backs >= 1, [(c.engine, c.start, c.stop) for c in lr.chunks]
+    done = sorted((c.start, c.stop) for c in lr.chunks if c.state == "done")
+    assert done[0][0] == 0 and done[-1][1] == 40
+    assert all(a[1] == b[0] for a, b in zip(done, done[1:], strict=False))
+    held = next(c for c in lr.chunks if c.start <= 3 < c.stop)
+    assert held.stop < 20  # it stopped, instead of running its whole part
+    ch = cluster.results_channel()
+    assert not glob.glob(f"{ch.directory}/gpucell-{ch.token}-handback-*")
+
+
 @pytest.mark.parametrize(
     ("line", "sizes"),
     [("--schedule static", {20}), ("--schedule dynamic --chunksize 5", {5})],

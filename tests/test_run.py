@@ -317,7 +317,7 @@ def test_a_first_wave_goes_as_one_message_only_when_small_and_one_per_engine():
 
     def item(eid: int, nbytes: int = 10) -> tuple[Any, _RunArgs, bool]:
         frames = [b"x" * nbytes]
-        args = _RunArgs("cell", frames, 0, eid, None, None, None, None, None, "k")
+        args = _RunArgs("cell", frames, 0, eid, None, None, None, None, None, "k", True)
         return (SimpleNamespace(engine=eid), args, True)
 
     three = [item(0), item(1), item(2)]

@@ -624,6 +624,8 @@ def test_a_first_run_of_rising_costs_is_scheduled_by_the_trials_estimate(bench_s
     engines: 0.936 -> 0.952 and 0.883 -> 0.910)."""
     cost = [i * 0.005 for i in range(64)]
     ideal = sum(cost) / k
+    # (no hand-backs: they make up for much of a poor cut at the end, which
+    # would hide what the estimate does)
     with_estimate = [_first_run(bench_sim, cost, k, seed=sd) for sd in range(3)]
     without = [
         _first_run(bench_sim, cost, k, seed=sd, provisional=False) for sd in range(3)
@@ -633,8 +635,9 @@ def test_a_first_run_of_rising_costs_is_scheduled_by_the_trials_estimate(bench_s
     eff = ideal / statistics.fmean(m for _, m in with_estimate)
     eff_without = ideal / statistics.fmean(m for _, m in without)
     assert eff > eff_without + 0.004, (eff, eff_without)
-    # (the simulation's iterations vary by +-10% each: 0.963 and 0.896 here)
-    assert eff >= (0.95 if k == 8 else 0.88), eff
+    # (the simulation's iterations vary by +-10% each: 0.966 and 0.868 here;
+    # trials wait for the verdict iteration by iteration, as on the engines)
+    assert eff >= (0.95 if k == 8 else 0.86), eff
 
 
 def test_no_estimate_where_the_trials_agree_or_cannot_tell(bench_sim):
@@ -743,3 +746,181 @@ def test_a_profiled_schedule_queues_nothing_once_one_dearest_iteration_each_is_l
         c = rng.choice(running)
         s.complete(c.id, sum(cost[c.start : c.stop]))
     assert near_end > 0  # (the end was reached with work still to hand out)
+
+
+# -- hand-backs: a running chunk stops early for idle engines ------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    costs=st.lists(st.floats(0.0, 0.2), min_size=1, max_size=120),
+    k=st.integers(1, 5),
+    kind=st.sampled_from(["first", "hint", "profile", "guided", "resumed"]),
+    order=st.randoms(use_true_random=False),
+    kill=st.one_of(st.none(), st.integers(0, 4)),
+)
+def test_handed_back_rests_still_run_every_iteration_once(costs, k, kind, order, kill):
+    """Chunks stopped early anywhere to hand their rest back (and trials cut
+    short, and an engine lost midway), completed in any order, in a first
+    run, a uniform re-run's static split, a profiled or a plain guided
+    schedule, or a resumed one: every iteration is still handed out exactly
+    once (re-runs of lost work aside) and the loop finishes."""
+    n = len(costs)
+    kw: dict = {
+        "first": {"trial": True, "heard": True},
+        "hint": {"hint": 0.01, "uniform": True},
+        "profile": {"profile": costs},
+        "guided": {},
+        "resumed": {"kept": [(0, n // 2)]},
+    }[kind]
+    s = Schedule(n, list(range(k)), overhead=0.001, stealing=True, **kw)
+    assert s.stealing
+    expect = [0 if kind == "resumed" and i < n // 2 else 1 for i in range(n)]
+    handed = [0] * n
+    killed = False
+    guard = 0
+    while not s.finished:
+        guard += 1
+        assert guard < 10_000
+        for c in s.fill():
+            assert c.stoppable
+            handed[c.start : c.stop] = [h + 1 for h in handed[c.start : c.stop]]
+        running = [c for e in s.alive for c in s.outstanding(e)]
+        assert running, "nothing in flight and the loop is not finished"
+        c = order.choice(running)
+        its = costs[c.start : c.stop]
+        if kill is not None and not killed and kill < k and len(s.alive) > 1:
+            if order.random() < 0.1 and c.engine == kill:
+                killed = True
+                for lost in s.lose_engine(kill):
+                    for i in range(lost.start, lost.stop):
+                        handed[i] -= 1
+                continue
+        back = c.size >= 2 and order.random() < 0.3
+        if back or c.trial:
+            done = order.randint(1, c.size - 1) if back else order.randint(1, c.size)
+            s.complete(
+                c.id,
+                sum(its[:done]),
+                done=done,
+                costs=its[:done] if c.trial else None,
+                handed_back=back,
+            )
+            for i in range(c.start + done, c.start + len(its)):
+                handed[i] -= 1
+        else:
+            s.complete(c.id, sum(its))
+    assert handed == expect
+    assert (
+        covers([c for c in s.chunks if c.state == "done"] + [], n) or kind == "resumed"
+    )
+
+
+def test_a_handed_back_rest_is_shared_among_the_engines():
+    """A uniform re-run's static split on 4 engines: three finish their 10
+    iterations, the fourth hands back the 8 it had not started.  Those go out
+    as one piece per engine (not one iteration per round trip, as a uniform
+    loop's fair count would give an engine that did its part), and the
+    hand-back threshold follows the measured dispatch overhead."""
+    s = Schedule(40, [0, 1, 2, 3], hint=0.05, uniform=True, stealing=True)
+    s.overhead = 0.003
+    first = {c.engine: c for c in s.fill()}
+    assert [c.size for c in first.values()] == [10] * 4
+    assert s.idle_engines() == []
+    for e in (1, 2, 3):
+        s.complete(first[e].id, 0.5)
+    assert s.idle_engines() == [1, 2, 3]
+    assert s.hand_back_seconds() == pytest.approx(4 * 0.003)
+    s.complete(first[0].id, 0.1, done=2, handed_back=True)
+    pieces = s.fill()
+    assert sorted((c.start, c.stop) for c in pieces) == [
+        (2, 4),
+        (4, 6),
+        (6, 8),
+        (8, 10),
+    ]
+    assert {c.engine for c in pieces} == {0, 1, 2, 3}
+    # pieces last at least HAND_BACK_PIECE dispatch overheads: cheap
+    # iterations are not sent one by one
+    t = Schedule(4000, [0, 1], hint=1e-4, uniform=True, stealing=True)
+    t.overhead = 0.003
+    a, b = t.fill()
+    t.complete(b.id, 0.2)
+    t.complete(a.id, 0.01, done=100, handed_back=True)
+    sizes = [c.size for c in t.fill()]
+    assert min(sizes) >= 2 * 0.003 / 1e-4 and sum(sizes) == 1900
+
+
+def test_no_hand_backs_where_the_chunks_were_asked_for():
+    """A fixed chunk size, a static or dynamic schedule asked for: chunks are
+    what was asked, so none is stoppable, and a chunk said to be handed back
+    is taken as run whole (it cannot have stopped)."""
+    for kw in (
+        {"chunksize": 4},
+        {"mode": "static"},
+        {"mode": "dynamic"},
+        {"mode": "static", "hint": 0.01},
+    ):
+        s = Schedule(20, [0, 1], stealing=True, **kw)
+        assert not s.stealing, kw
+        c = s.fill()[0]
+        size = c.size
+        assert not c.stoppable
+        s.complete(c.id, 0.01, done=1, handed_back=True)
+        assert c.size == size and c.state == "done"
+    assert not Schedule(20, [0, 1]).stealing  # (off unless the dispatcher asks)
+
+
+@pytest.mark.parametrize(
+    ("name", "gain"),
+    [("5 spike k=2", 0.08), ("3 uniform noisy", 0.03), ("1 linear64 k=16", 0.02)],
+)
+def test_hand_backs_rebalance_a_first_runs_end(bench_sim, name, gain):
+    """On the simulated engines (bench/sim_schedule.py), a first run whose
+    uniform verdict sent each engine its whole part: one rare costly
+    iteration, or an engine 15% slower than its equals, held the rest of its
+    part while the others idled (0.725, 0.925); with hand-backs the rest is
+    shared out (0.843, 0.969).  Rising costs on 16 engines: 0.875 -> 0.916."""
+    case = {c.name: c for c in bench_sim._cases()}[name]
+    k = len(case.factors)
+    ideal = sum(case.cost) / k
+
+    def eff(stealing: bool) -> float:
+        spans = []
+        for seed in range(4):
+            s = Schedule(
+                len(case.cost),
+                list(range(k)),
+                trial=True,
+                heard=True,
+                stealing=stealing,
+            )
+            spans.append(
+                bench_sim.simulate(s, case.cost, case.factors, random.Random(seed))
+            )
+        return ideal / statistics.fmean(spans)
+
+    with_, without = eff(True), eff(False)
+    assert with_ >= without + gain, (with_, without)
+
+
+@pytest.mark.parametrize("name", ["3 uniform k=2", "1 linear64 k=8", "4 heavy k=4"])
+def test_hand_backs_cost_nothing_where_the_end_is_balanced(bench_sim, name):
+    case = {c.name: c for c in bench_sim._cases()}[name]
+    k = len(case.factors)
+    spans = {}
+    for stealing in (False, True):
+        out = []
+        for seed in range(4):
+            s = Schedule(
+                len(case.cost),
+                list(range(k)),
+                trial=True,
+                heard=True,
+                stealing=stealing,
+            )
+            out.append(
+                bench_sim.simulate(s, case.cost, case.factors, random.Random(seed))
+            )
+        spans[stealing] = statistics.fmean(out)
+    assert spans[True] <= spans[False] * 1.01, spans

@@ -306,3 +306,60 @@ def test_a_trial_with_a_long_rest_goes_back_even_when_told_to_run_whole():
         verdict=told,
     )
     assert r.count == 1 and told.polls == 0 and len(told.published) == 1
+
+
+class _Flag:
+    """A hand-back flag raised from the start (the kernel's file, in memory)."""
+
+    def __init__(self, threshold: float | None) -> None:
+        self._threshold = threshold
+        self.stopped = False
+        self.asked = 0
+
+    def threshold(self) -> float | None:
+        self.asked += 1
+        return self._threshold
+
+
+def test_a_chunk_hands_its_rest_back_when_idle_engines_call_for_it():
+    """Raised with a threshold below the rest's time at the chunk's pace, the
+    flag stops the chunk after its current iteration (at least one runs) and
+    the result covers what ran, as a trial stopped early does: stamped or
+    unstamped, and a trial running whole after its verdict too."""
+    import time
+
+    prog = _program(
+        "import time\nout = []\nfor i in range(n):\n    time.sleep(0.002)\n"
+        "    out.append(i)\n",
+        ["out", "n", "time"],
+    )
+    flag = _Flag(0.001)
+    r = run_chunk(
+        prog, {"n": 20, "time": time}, ("range", range(0, 20)), 0, hand_back=flag
+    )
+    assert flag.stopped and 1 <= r.count <= 18
+    # a threshold the rest never exceeds, or no flag raised: the chunk runs whole
+    for quiet in (_Flag(60.0), _Flag(None)):
+        r = run_chunk(
+            prog, {"n": 20, "time": time}, ("range", range(0, 20)), 0, hand_back=quiet
+        )
+        assert r.count == 20 and not quiet.stopped and quiet.asked >= 1
+    # the unstamped program of a long cheap chunk stops at a block's end
+    cheap = _program("acc = 0\nfor i in range(n):\n    acc += i\n", ["acc", "n"])
+    where = Where({}, 0)
+    big = UNSTAMPED_MIN * 50
+    flag = _Flag(0.0)
+    r = run_chunk(
+        cheap, {"n": big}, ("range", range(big)), 0, where=where, hand_back=flag
+    )
+    assert where.unstamped and flag.stopped and 0 < r.count < big
+    assert r.reductions["acc"] == ("+", sum(range(r.count)))
+
+
+def test_a_chunk_never_hands_back_a_last_iteration():
+    """A rest of one iteration would only move it: a two-item chunk stops for
+    nothing, whatever the flag says."""
+    prog = _program("out = []\nfor i in range(n):\n    out.append(i)\n", ["out", "n"])
+    flag = _Flag(0.0)
+    r = run_chunk(prog, {"n": 2}, ("range", range(2)), 0, hand_back=flag)
+    assert r.count == 2 and not flag.stopped

@@ -61,6 +61,9 @@ class LastRun:
     # chunks sent again with the program: their engine had tidied the cell away
     # while idle (worker.after_cell) before they came
     reloads: int = 0
+    # chunks that stopped early to hand their unrun rest to idle engines
+    # (Schedule.stealing): the rest ran in chunks of its own
+    hand_backs: int = 0
 
     def add_chunk(self, rec: ChunkRecord) -> None:
         """Record a chunk; its per-iteration stamps only while the run's total

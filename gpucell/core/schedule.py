@@ -76,6 +76,13 @@ ISOLATE_MAX = 256
 #: ``costs``): rebuilt as each trial comes back, in O(n log n)
 PROVISIONAL_MAX = 10_000
 
+#: a chunk hands its rest back to idle engines only when the rest would take
+#: longer than this many dispatch overheads (and HAND_BACK_MIN_SECONDS); its
+#: pieces then last at least HAND_BACK_PIECE of them each
+HAND_BACK_ROUND_TRIPS = 4
+HAND_BACK_MIN_SECONDS = 0.005
+HAND_BACK_PIECE = 2
+
 #: a long loop's chunks last at least 1/PROGRESS_STEPS of an engine's part
 PROGRESS_STEPS = 20
 
@@ -97,6 +104,7 @@ class Chunk:
     attempt: int = 0  # 0 the first time; +1 per re-run after a lost engine
     seconds: float = 0.0  # engine-measured compute time
     trial: bool = False  # run for a time budget only (see Schedule.trial)
+    stoppable: bool = False  # may hand back its rest (see Schedule.stealing)
 
     @property
     def size(self) -> int:
@@ -186,6 +194,17 @@ class Schedule:
         the same cell (``--resume``): only the other iterations are handed out,
         and they count as done.  A resumed schedule is guided or dynamic over
         what is missing (no static split, profile or trials).
+    stealing
+        Chunks this schedule chose (guided, or a static split chosen for a
+        uniform loop; not a fixed ``chunksize`` or a mode asked for) may come
+        back early with the rest handed back (``complete(..., handed_back=True)``):
+        once an engine is idle with nothing left to hand out
+        (:meth:`idle_engines`), the dispatcher asks running chunks whose
+        unrun rest would take longer than :meth:`hand_back_seconds` to stop
+        after their current iteration, and the rest is shared out among the
+        engines.  A rare costly iteration, or an engine slower than its
+        equals, then no longer holds its chunk's other iterations hostage
+        while the other engines idle.
     profile
         Seconds of each iteration ``0..n-1`` in an earlier run of the same cell:
         guided chunks are then cut by cost and the costliest go out first (see
@@ -211,6 +230,7 @@ class Schedule:
     heard: bool = False
     chunk_seconds: float = 1.0
     kept: Sequence[tuple[int, int]] = ()
+    stealing: bool = False
     profiled: bool = field(default=False, init=False)
     # the profile is the trials' estimate (see the module docstring), not a
     # last run's
@@ -239,6 +259,9 @@ class Schedule:
     # measured just before it (the trial stopped there): an estimate of its cost
     _rest_pace: dict[int, float] = field(default_factory=dict)
     _rest_owner: dict[int, int] = field(default_factory=dict)  # start -> engine
+    # start of a free run a running chunk handed back for idle engines -> the
+    # length of the whole rest it handed back (its pieces' measure)
+    _handed_back: dict[int, int] = field(default_factory=dict)
     _kept_iterations: int = 0  # done by an earlier run (``kept``)
     # iterations to re-run on one engine first (an out-of-memory retry)
     _pinned: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
@@ -309,6 +332,9 @@ class Schedule:
                         (a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a
                     ]
             self._cursor = self.n
+        self.stealing = (
+            self.stealing and not self.chunksize and (self.mode == "guided" or pieces)
+        )
 
     # -- queries ---------------------------------------------------------------
 
@@ -338,6 +364,22 @@ class Schedule:
         """The slowest seconds per iteration of any finished chunk (``None``:
         none finished yet)."""
         return self._max_pace or None
+
+    def idle_engines(self) -> list[int]:
+        """Live engines with no chunk outstanding and nothing left to hand
+        them: what stopping a running chunk early would put to work."""
+        return [
+            e
+            for e in self._alive
+            if not self._running.get(e) and not self._has_unassigned(e)
+        ]
+
+    def hand_back_seconds(self) -> float:
+        """A running chunk stops early for idle engines only when its unrun
+        rest would take longer than this at its pace: ``HAND_BACK_ROUND_TRIPS``
+        dispatch overheads, so that sharing it out gains more than the
+        messages cost."""
+        return max(HAND_BACK_MIN_SECONDS, HAND_BACK_ROUND_TRIPS * self.overhead)
 
     def pace(self, engine: int) -> float | None:
         """Measured seconds per iteration on ``engine`` (``None``: not yet)."""
@@ -483,8 +525,13 @@ class Schedule:
             start, stop, attempt = self._free.pop(j)
             pace = self._rest_pace.pop(start, None)
             owner = self._rest_owner.pop(start, None)
+            handed_back = self._handed_back.pop(start, None)
             if attempt > 0 and stop - start <= ISOLATE_MAX:
                 size = 1  # one iteration at a time: a second death names it
+            elif handed_back is not None:
+                # a rest handed back for idle engines: shared among them all,
+                # in pieces worth a few dispatch overheads each
+                size = self._hand_back_piece(engine, handed_back, pace)
             elif (
                 pace is not None
                 and not self.calibrating(engine)
@@ -503,6 +550,8 @@ class Schedule:
                     self._rest_pace[start + size] = pace
                 if owner is not None:
                     self._rest_owner[start + size] = owner
+                if handed_back is not None:
+                    self._handed_back[start + size] = handed_back
                 stop = start + size
             return self._new(start, stop, engine, attempt, trial)
         if self._cursor >= self.n:
@@ -538,6 +587,7 @@ class Schedule:
         done: int | None = None,
         stamped: bool = True,
         costs: Sequence[float] | None = None,
+        handed_back: bool = False,
     ) -> None:
         """Record a chunk done, with its engine-measured compute time.
 
@@ -549,11 +599,16 @@ class Schedule:
         to judge whether the loop looks uniform).  ``costs``: the seconds of
         each iteration the chunk ran, in order, when stamped (a provisional
         profile is estimated from them: see the module docstring).
+        ``handed_back``: a stoppable chunk stopped early for idle engines
+        (see ``stealing``) after ``done`` iterations; its rest is shared out.
         """
         c = self.chunks[chunk_id]
         if c.state != RUNNING:
             return
-        if c.trial and done is not None and 0 < done < c.size:
+        handed_back = handed_back and c.stoppable
+        if (c.trial or handed_back) and done is not None and 0 < done < c.size:
+            if handed_back:
+                self._handed_back[c.start + done] = c.size - done
             self._free.append((c.start + done, c.stop, c.attempt))
             self._free.sort()
             if self.profiled:  # (a provisional profile: trials still ran)
@@ -671,7 +726,21 @@ class Schedule:
         self._running[engine][c.id] = c
         if c.trial:
             self._trials[c.id] = c
+        c.stoppable = self.stealing
         return c
+
+    def _hand_back_piece(self, engine: int, run: int, pace: float | None) -> int:
+        """A piece of a handed-back rest of ``run`` iterations: an equal share
+        for every live engine (by speed, where devices differ), but lasting
+        at least ``HAND_BACK_PIECE`` dispatch overheads (``pace``: seconds per
+        iteration where the rest was cut off)."""
+        k = max(1, len(self._alive))
+        share = math.ceil(run * self._speed_share(engine) / k)
+        pace = pace or self._pace(engine) or self._mean_pace()
+        if self.profiled or not pace or pace <= 0:
+            return max(1, min(run, share))
+        least = HAND_BACK_PIECE * self.overhead / pace  # (inf: pace underflowed)
+        return max(1, min(run, max(share, math.ceil(min(least, run)))))
 
     def _remaining(self) -> int:
         pinned = sum(b - a for q in self._pinned.values() for a, b, _ in q)

@@ -457,17 +457,19 @@ class _TimedBlocks:
     BLOCK_SECONDS = 0.002
     MAX_BLOCK = 1 << 16
 
-    __slots__ = ("_base", "_cur", "_end", "_len", "_seq", "deadline")
+    __slots__ = ("_base", "_cur", "_end", "_len", "_seq", "_stop", "deadline")
 
     def __init__(
         self,
         seq: range | list[Any] | tuple[Any, ...],
         deadline: float,
         end: Callable[[int, float], bool | None] | None = None,
+        stop: Callable[[int, float], bool] | None = None,
     ):
         self._seq = seq
         self.deadline = deadline
         self._end = end
+        self._stop = stop
         self._base = 0
         self._len = 0
         self._cur: Any = iter(())
@@ -488,6 +490,8 @@ class _TimedBlocks:
                     return
                 if go:
                     self.deadline = math.inf  # the kernel says: run it whole
+            if pos and self._stop is not None and self._stop(pos, t - began):
+                return  # the rest goes to engines that are idle
             stop = min(n, pos + size)
             self._base, self._len = pos, stop - pos
             self._cur = iter(self._seq[pos:stop])
@@ -501,11 +505,14 @@ def _until(
     items: Iterable[Any],
     deadline: float,
     end: Callable[[int, float], bool | None] | None = None,
+    stop: Callable[[int, float], bool] | None = None,
 ) -> Iterator[Any]:
     """``items`` until ``deadline`` passes, checked after each iteration (so the
     first always runs): the loop's own ``for`` ends, the program is unchanged.
     ``end(done, seconds)``: asked after each iteration once the deadline passed:
-    true runs them all, false stops, ``None`` runs one more and asks again."""
+    true runs them all, false stops, ``None`` runs one more and asks again.
+    ``stop(done, seconds)``: asked after each iteration; true stops (the rest
+    is handed back for idle engines: :class:`_HandBack`)."""
     clock = time.perf_counter
     began = clock()
     it = iter(items)
@@ -516,8 +523,57 @@ def _until(
             if end is None or (go := end(done, now - began)) is False:
                 return
             if go:
-                yield from it
-                return
+                if stop is None:
+                    yield from it
+                    return
+                deadline = math.inf
+        if stop is not None and stop(done, now - began):
+            return
+
+
+#: a running chunk asks whether idle engines want its rest at most this often
+#: (a file read in /dev/shm, ~10 us)
+HAND_BACK_POLL = 0.001
+
+
+class HandBackFlag(Protocol):
+    """A running chunk's line to the kernel's hand-back flag (``engine/worker``:
+    a file in the host's /dev/shm); ``stopped`` is set when the chunk stopped
+    early because of it."""
+
+    stopped: bool
+
+    def threshold(self) -> float | None: ...
+
+
+class _HandBack:
+    """Whether a chunk should stop after the iteration just done and hand its
+    rest back: the kernel raises a flag (with a threshold in seconds) once an
+    engine is idle with nothing left to hand out, and a chunk whose unrun rest
+    would take longer than that at its pace so far, and is at least two
+    iterations, stops.  So a rare costly iteration, or an engine slower than
+    its equals, does not keep the rest of its chunk from engines that idle."""
+
+    __slots__ = ("_flag", "_n", "_next")
+
+    def __init__(self, flag: HandBackFlag, n: int):
+        self._flag = flag
+        self._n = n
+        self._next = 0.0
+
+    def __call__(self, done: int, seconds: float) -> bool:
+        rest = self._n - done
+        if rest < 2 or done <= 0:
+            return False
+        now = time.perf_counter()
+        if now < self._next:
+            return False
+        self._next = now + HAND_BACK_POLL
+        threshold = self._flag.threshold()
+        if threshold is None or rest * seconds / done <= threshold:
+            return False
+        self._flag.stopped = True
+        return True
 
 
 #: a trial told it may run whole does so only when what is left of it would
@@ -604,6 +660,7 @@ def run_chunk(
     where: Where | None = None,
     cheap: bool = False,
     verdict: TrialVerdict | None = None,
+    hand_back: HandBackFlag | None = None,
 ) -> ChunkResult:
     """Run the chunk program over one chunk's items.
 
@@ -650,6 +707,11 @@ def run_chunk(
         the kernel judges every trial's pace: told the loop is uniform, it
         runs whole; told otherwise, or told nothing for ``VERDICT_WAIT``, it
         stops.
+    hand_back : HandBackFlag, optional
+        The kernel's hand-back flag (see :class:`_HandBack`): the seconds a
+        rest must exceed to be worth handing to idle engines, while one is
+        raised.  The chunk may then stop early (``hand_back.stopped``);
+        ``count`` says how many ran.
 
     Raises
     ------
@@ -677,6 +739,8 @@ def run_chunk(
     end = None
     if deadline is not None and verdict is not None:
         end = _TrialEnd(verdict, _chunk_length(chunk_obj), stamped=seq is None)
+    length = _chunk_length(chunk_obj) if hand_back is not None else None
+    stop = None if hand_back is None or length is None else _HandBack(hand_back, length)
     ns: dict[str, Any] = dict(namespace)
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
@@ -690,19 +754,23 @@ def run_chunk(
         where=where,
     )
     ns[REC] = rec
-    if seq is not None and deadline is None:
+    if seq is not None and deadline is None and stop is None:
         it = iter(seq)
         where.follow(it, len(seq))
         ns[ITEMS] = it
     elif seq is not None:
-        blocks = _TimedBlocks(seq, deadline, end)
+        blocks = _TimedBlocks(
+            seq, math.inf if deadline is None else deadline, end, stop
+        )
         where.follow(blocks, len(seq))
         ns[ITEMS] = itertools.chain.from_iterable(blocks.blocks())
     else:
         items: Iterable[Any] = zip(
             itertools.count(start_index), chunk_items(chunk_obj), strict=False
         )
-        ns[ITEMS] = items if deadline is None else _until(items, deadline, end)
+        if deadline is not None or stop is not None:
+            items = _until(items, math.inf if deadline is None else deadline, end, stop)
+        ns[ITEMS] = items
     try:
         exec(code, ns)
         if rec.suppressed is not None:

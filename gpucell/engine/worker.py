@@ -567,6 +567,24 @@ class _ShmVerdict:
         return None if said is None else said == b"1"
 
 
+class _ShmHandBack:
+    """A chunk's side of ``shm.hand_back_path`` (see ``chunk._HandBack``): the
+    threshold the kernel wrote while an engine idles with nothing to hand
+    out, else ``None``."""
+
+    __slots__ = ("_path", "stopped")
+
+    def __init__(self, ch: shm.Channel, cell: str):
+        self._path = shm.hand_back_path(ch, cell)
+        self.stopped = False
+
+    def threshold(self) -> float | None:
+        raw = shm.peek(self._path)
+        if raw is None or len(raw) != shm.HAND_BACK.size:
+            return None
+        return float(shm.HAND_BACK.unpack(raw)[0])
+
+
 def run(
     cell: str,
     chunk_frames: list[Any],
@@ -578,6 +596,7 @@ def run(
     results_to: shm.Channel | None = None,
     budget: float | None = None,
     kernel: str = "",
+    stoppable: bool = False,
 ) -> list[Any]:
     """Run one chunk; return wire frames of ``(status, payload, timing)``.
 
@@ -591,6 +610,9 @@ def run(
     ``budget``: a trial chunk starts no iteration after this many seconds of
     running; ``timing["done"]`` says how many ran.  ``kernel``: whose program and
     inputs (``gpucell.devices.host.kernel_key``; several kernels may share engines).
+    ``stoppable``: the chunk may stop early to hand its rest to idle engines
+    when the kernel says so (``shm.hand_back_path``: engines on the kernel's
+    host); ``timing["handed_back"]`` says it did.
     """
     entered = time.time()
     runtime.busy()  # what waits for an idle engine waits on
@@ -628,6 +650,9 @@ def run(
     verdict = None
     if budget is not None and results_to is not None and shm.reachable(results_to):
         verdict = _ShmVerdict(results_to, cell, engine_id, start, stamps)  # here
+    hand_back = None
+    if stoppable and results_to is not None and shm.reachable(results_to):
+        hand_back = _ShmHandBack(results_to, cell)
     to_host = tohost.copier(device)
     behind = writebehind.start(results_to, tag) if to_host is not None else None
     if to_host is not None and behind is not None:
@@ -648,6 +673,7 @@ def run(
                 st.iteration_mean is not None and st.iteration_mean < CHEAP_ITERATION
             ),
             verdict=verdict,
+            hand_back=hand_back,
         )
         changed = checkin.changes(checked_in, st.inputs, items)
         if changed:
@@ -695,6 +721,7 @@ def run(
             else _median_iteration(stamps, end)
         ),
         "done": where.done(),
+        "handed_back": hand_back is not None and hand_back.stopped,
         "unstamped": where.unstamped,
         "host": socket.gethostname(),
         "pid": os.getpid(),

@@ -295,6 +295,8 @@ class Run:
         # _hear_trials); trial chunks whose published pace was read
         self.verdict_file: str | None = None
         self.paces_read: set[int] = set()
+        # the hand-back flag's threshold while raised (see _call_for_rests)
+        self.hand_back_raised: float | None = None
         self.near = {e for e in self.alive if gc.sees_shm(e)}  # publish paces
         # (host, input names) -> (engine, its pid, tag): who publishes them there
         self.leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]] = {}
@@ -316,6 +318,8 @@ class Run:
             # every engine hears the verdict on the trials: one trial each
             heard=self.channel is not None and set(self.alive) <= self.near,
             kept=self.kept,
+            # chunks on this host hand their rest back to idle engines
+            stealing=self.channel is not None and bool(self.near),
         )
         if self.sched.trial and not _cheap_to_resend(chunk_of, n):
             # (probed only for schedules that would send trial chunks at all)
@@ -460,6 +464,30 @@ class Run:
         if shm.put(path, b"1" if said else b"0"):
             self.verdict_file = path  # (not written: trials stop as usual)
 
+    def _call_for_rests(self) -> None:
+        """While an engine is idle with nothing left to hand out, chunks running
+        on this host whose unrun rest would take longer than
+        ``Schedule.hand_back_seconds`` stop after their current iteration and
+        send it back to be shared out (``shm.hand_back_path``); the flag goes
+        once every engine has work again."""
+        if self.channel is None or not self.sched.stealing:
+            return
+        want = bool(self.sched.idle_engines()) and any(
+            f.chunk.stoppable and f.chunk.engine in self.near
+            for f in self.inflight.values()
+        )
+        path = shm.hand_back_path(self.channel, self.cell)
+        if want:
+            threshold = self.sched.hand_back_seconds()
+            raised = self.hand_back_raised
+            if raised is None or abs(raised - threshold) > 0.25 * threshold:
+                shm.put(path, shm.HAND_BACK.pack(threshold))
+                self.hand_back_raised = threshold
+        elif self.hand_back_raised is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            self.hand_back_raised = None
+
     def _awaiting_verdict(self) -> bool:
         """A trial on this host may be running on past its budget, waiting: one
         was heard, or one was sent less than ``HEARING_SECONDS`` past its budget
@@ -489,6 +517,7 @@ class Run:
             if c.trial and c.engine in self.near
         ]
         paths.append(shm.verdict_path(self.channel, self.cell))
+        paths.append(shm.hand_back_path(self.channel, self.cell))
         for path in paths:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -597,6 +626,7 @@ class Run:
                 self.channel,
                 TRIAL_SECONDS if c.trial else None,
                 kernel_key(),
+                c.stoppable and eid in self.near,
             )
             # a chunk queued behind another waits on the engine, and an engine's
             # first chunk also loads the program and inputs (and the imports they
@@ -719,13 +749,29 @@ class Run:
             if chunk.trial and stamped and sched.takes_costs
             else None
         )
+        # a chunk that stopped early to hand its rest to idle engines
+        back = bool(timing.get("handed_back", False))
         if sched.profiled:
             sched.complete(
-                chunk.id, timing["compute"], done=done, stamped=stamped, costs=costs
+                chunk.id,
+                timing["compute"],
+                done=done,
+                stamped=stamped,
+                costs=costs,
+                handed_back=back,
             )
         else:
             seconds = _robust_seconds(timing, done)
-            sched.complete(chunk.id, seconds, done=done, stamped=stamped, costs=costs)
+            sched.complete(
+                chunk.id,
+                seconds,
+                done=done,
+                stamped=stamped,
+                costs=costs,
+                handed_back=back,
+            )
+        if back:
+            record.hand_backs += 1
         if chunk.trial:
             self._give_verdict()
         if flight.timed_from is not None:
@@ -1001,6 +1047,7 @@ class Run:
                             elif (why := self._hung(eid, now)) is not None:
                                 self._end_hung(eid, why)
                     self.submit()
+                    self._call_for_rests()
                     self.report()
                     restarts = self._restarts()
                     if not self.inflight and not sched.finished:
@@ -1086,6 +1133,7 @@ class _RunArgs(NamedTuple):
     results_to: Any
     budget: float | None
     kernel: str
+    stoppable: bool
 
 
 def _one_message(

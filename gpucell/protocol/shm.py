@@ -45,12 +45,14 @@ from typing import Any
 
 __all__ = [
     "FOLLOW",
+    "HAND_BACK",
     "LEAD",
     "MARK",
     "PACE",
     "Channel",
     "Prewritten",
     "follow",
+    "hand_back_path",
     "host_role",
     "lead",
     "pace_path",
@@ -129,6 +131,20 @@ def verdict_path(ch: Channel, cell: str) -> str:
     rest (one round trip and one chunk fewer per engine); ``b"0"`` they do not,
     stop.  Written once (:func:`put`), read by :func:`peek`."""
     return ch.path(f"verdict-{cell[:16]}")
+
+
+def hand_back_path(ch: Channel, cell: str) -> str:
+    """Where the kernel tells a cell's running chunks on this host that an
+    engine is idle with nothing left to hand out (:data:`HAND_BACK`: the
+    seconds a chunk's unrun rest must exceed to be worth handing back; gone
+    again once every engine has work): such a chunk stops after its current
+    iteration and its rest is shared out.  Written by :func:`put`, removed by
+    the kernel, read by :func:`peek`."""
+    return ch.path(f"handback-{cell[:16]}")
+
+
+#: the hand-back flag's contents: seconds
+HAND_BACK = struct.Struct("<d")
 
 
 def pace_path(ch: Channel, cell: str, engine: int, start: int) -> str:
