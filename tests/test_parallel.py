@@ -55,6 +55,8 @@ def same(a, b) -> bool:
     if isinstance(a, np.ndarray):
         return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.allclose(a, b)
     if isinstance(a, float):
+        if a != a:  # nan: the same when both are
+            return isinstance(b, float) and b != b
         return a == b or abs(a - b) <= 1e-9 * max(1.0, abs(a))
     if type(a).__module__.startswith("pandas"):
         return type(a) is type(b) and a.equals(b)
@@ -919,3 +921,152 @@ def test_pandas_writes_to_other_rows_or_duplicate_labels_are_refused(ip, cluster
             "for idx, row in df.iterrows():\n    df.at[idx + 1, 'c'] = row['a']\n",
         )
     assert df.equals(before)
+
+
+# -- what a loop's text does not show: helpers, objects, nan, the directory ----------
+
+
+@pytest.mark.parametrize(
+    ("helpers", "cell", "function", "name"),
+    [
+        (
+            "uniq = []\ndef is_new(t):\n    return t not in uniq\n",
+            "for t in tokens:\n    if is_new(t):\n        uniq.append(t)\n",
+            "is_new",
+            "uniq",
+        ),
+        (
+            "prev = 0\ndef delta(v):\n    return v - prev\n",
+            "diffs = []\nfor v in tokens:\n    diffs.append(delta(v))\n    prev = v\n",
+            "delta",
+            "prev",
+        ),
+        (  # read through a second function, from a notebook class's method
+            "total = 0\ndef frac(v):\n    return v / (total or 1)\n"
+            "class Scaler:\n    def __call__(self, v):\n        return frac(v)\n"
+            "scale = Scaler()\n",
+            "out = []\nfor v in tokens:\n    total += v\n    out.append(scale(v))\n",
+            "scale",
+            "total",
+        ),
+    ],
+)
+def test_a_helper_reading_a_global_the_loop_changes_is_refused(
+    ip, cluster, helpers, cell, function, name
+):
+    """Serially a notebook function called in the loop sees what the iterations
+    before it left in a global; on an engine it would read the value from
+    before the loop (a silently different result, found by a sweep of real
+    loops).  Refused before anything runs, naming the function, the global
+    and the lines; the namespace is untouched."""
+    ip.run_cell(helpers)
+    ip.user_ns["tokens"] = [1, 2, 2, 3, 1, 4]
+    before = {k: copy.copy(ip.user_ns.get(k)) for k in ("uniq", "prev", "total")}
+    with pytest.raises(gpucell.NotParallelizable) as e:
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    msg = str(e.value)
+    assert f"`{function}`" in msg and f"global `{name}`" in msg, msg
+    assert "line" in msg and "argument" in msg
+    assert {k: ip.user_ns.get(k) for k in before} == before
+
+
+def test_a_helper_reading_only_what_the_loop_does_not_change_runs(ip, cluster):
+    ip.run_cell("scale = 3\ndef times(v):\n    return v * scale\n")
+    ip.user_ns["vals"] = list(range(9))
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "out = []\nfor v in vals:\n    out.append(times(v))\n",
+    )
+    assert ip.user_ns["out"] == [3 * v for v in range(9)]
+
+
+def test_add_and_update_on_other_objects_are_refused_sets_dicts_counters_merge(
+    ip, cluster
+):
+    """``.add``/``.update`` merge as a set union or dict update; on a notebook
+    class (or a hash, a progress bar) the method does something else, which
+    the merge replayed twice (a Bag of 7 items came back with 14).  Refused
+    by name and type; sets, dicts and Counters still merge exactly."""
+    ip.run_cell(
+        "class Bag:\n    def __init__(self):\n        self.items = []\n"
+        "    def add(self, x):\n        self.items.append(x)\n"
+        "bag = Bag()\nimport hashlib\nh = hashlib.md5()\n"
+    )
+    for cell, name in (
+        ("for i in range(7):\n    bag.add(i * 3)\n", "bag"),
+        ("for c in [b'a', b'b']:\n    h.update(c)\ndigest = h.hexdigest()\n", "h"),
+    ):
+        with pytest.raises(gpucell.NotParallelizable, match=rf"`{name}\.add"):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["bag"].items == [] and "digest" not in ip.user_ns
+    ns = {"words": "a b a c b a".split()}
+    cell = (
+        "from collections import Counter\nseen = set()\nd = {}\nc = Counter()\n"
+        "for w in words:\n    seen.add(w)\n    d.update({w: len(w)})\n"
+        "    c.update([w])\n"
+    )
+    assert_serial_equivalent(ip, cell, ns, line="--quiet --chunksize 2")
+
+
+def test_max_and_min_with_nan_are_the_serial_ones(ip, cluster):
+    """``worst = max(worst, l)`` skips a nan serially (``nan > worst`` is
+    false), but a chunk starting with nan kept nan as its partial and hid the
+    rest of the chunk (1.2 came back as 0.6)."""
+    nan = float("nan")
+    ns = {"losses": [0.5, 0.3, 0.6, 0.2, nan, 0.9, 0.2, 1.2, nan, 0.4]}
+    cell = (
+        "worst = 0.0\nbest = 9.0\nfor l in losses:\n    worst = max(worst, l)\n"
+        "    best = min(best, l)\n"
+    )
+    for line in ("--quiet --chunksize 2", "--quiet --chunksize 3"):
+        got = assert_serial_equivalent(ip, cell, ns, line=line)
+        assert got["worst"] == 1.2 and got["best"] == 0.2
+
+
+def test_random_draws_are_named_even_with_quiet(ip, cluster, capsys):
+    """A draw from a global generator makes the numbers differ from a serial
+    run: said even with ``--quiet`` (it only drops the summary line), also
+    when the draw is in a notebook function, or in a torch model's dropout
+    left in training mode."""
+    ip.run_cell(
+        "import random\ndef coin():\n    return random.random() < 0.5\n"
+        "import torch\nnet = torch.nn.Sequential(torch.nn.Linear(2, 2), "
+        "torch.nn.Dropout(0.5))\n"
+    )
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "flips = []\nfor i in range(6):\n    flips.append(coin())\n",
+    )
+    out = capsys.readouterr().out
+    assert "`random.random` in `coin`" in out and "--seed" in out
+    ip.user_ns["xs"] = [torch.ones(1, 2) * i for i in range(4)]
+    cell = "outs = []\nfor x in xs:\n    outs.append(net(x))\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert "`net`'s dropout in training mode" in capsys.readouterr().out
+    ip.run_cell("net.eval()")
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_relative_paths_name_the_kernels_files(ip, cluster, tmp_path):
+    """After ``%cd data`` (``os.chdir``) in the kernel, ``open("f1.txt")`` in
+    the loop reads the kernel's ``data/f1.txt`` on the engines of its host,
+    not a file of that name where the engines started."""
+    import os
+
+    (tmp_path / "f1.txt").write_text("x" * 10)
+    (tmp_path / "f2.txt").write_text("y" * 20)
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        ns = {"names": ["f1.txt", "f2.txt"]}
+        cell = (
+            "import os\nsizes = {}\nfor n in names:\n"
+            "    sizes[n] = os.path.getsize(n)\n"
+        )
+        got = assert_serial_equivalent(ip, cell, ns, line="--quiet --chunksize 1")
+        assert got["sizes"] == {"f1.txt": 10, "f2.txt": 20}
+    finally:
+        os.chdir(here)

@@ -22,7 +22,7 @@ from types import CodeType, ModuleType
 from typing import Any, Protocol
 
 from gpucell.protocol.chunks import DETAIL_MAX, ChunkResult, chunk_items
-from gpucell.protocol.fold import fold, is_numpy, is_torch, own
+from gpucell.protocol.fold import fold, is_numpy, is_torch, own, unordered
 from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
@@ -277,6 +277,12 @@ class Recorder:
 
     def reduce(self, name: str, value: Any) -> None:
         op = self.red_ops[name]
+        if op in ("max", "min") and unordered(value):
+            # ``acc = max(acc, nan)`` keeps ``acc`` (nan > acc is false), and
+            # an ``acc`` that is nan stays nan whatever comes: serially a nan
+            # contribution never changes the result, but as a chunk's first
+            # value it would become the chunk's partial and hide the rest
+            return
         cur = self._partials.get(name, _MISSING)
         if cur is _MISSING:
             self._partials[name] = own(op, value)

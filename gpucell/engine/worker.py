@@ -17,6 +17,7 @@ user's own exception type with gpucell's context attached.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -57,6 +58,9 @@ class _Session:
     # seconds per iteration of this cell's last chunk here: cheap iterations
     # run the unstamped program (gpucell.engine.chunk.CHEAP_ITERATION)
     iteration_mean: float | None = None
+    # the kernel's working directory, where this cell's chunks run (if it
+    # exists here: on another host it may not)
+    cwd: str | None = None
 
 
 #: kernel key (``gpucell.devices.host.kernel_key``) -> its state here, the most
@@ -319,6 +323,7 @@ def _set_up(
         kernel,
     )
     st = _session(kernel)
+    st.cwd = setup.get("cwd")
     _set_warning_filters(st, setup.get("warnings") or [])
     _evict(st.cache, setup.get("cache_bytes"), keep=set(setup["names"]))
     loaded["cached"] = _cached_keys(st)
@@ -330,6 +335,32 @@ def _set_up(
             "again."
         )
     return loaded
+
+
+def _enter_cwd(cwd: str | None) -> str | None:
+    """Run in the kernel's working directory (``Setup["cwd"]``), so a relative
+    path in the loop names the file it names serially; returns the directory
+    to go back to (``None``: nothing changed).  A directory this host does
+    not have is left alone."""
+    if not cwd:
+        return None
+    try:
+        here = os.getcwd()
+    except OSError:  # (this engine's own directory was removed)
+        here = None
+    if here == cwd:
+        return None
+    try:
+        os.chdir(cwd)
+    except OSError:
+        return None
+    return here or "/"
+
+
+def _leave_cwd(home: str | None) -> None:
+    if home is not None:
+        with contextlib.suppress(OSError):
+            os.chdir(home)
 
 
 def _kernel_warning_filters(st: _Session) -> Any:
@@ -646,6 +677,7 @@ def run(
         items = lambda: chunk_items(chunk_obj)  # noqa: E731
     checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
     caught = _kernel_warning_filters(st)
+    home = _enter_cwd(st.cwd)
     tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
     verdict = None
     if budget is not None and results_to is not None and shm.reachable(results_to):
@@ -696,6 +728,7 @@ def run(
         # where it can leave the stream unable to deliver later output
         with interrupts_held():
             caught.__exit__(None, None, None)
+            _leave_cwd(home)
             end, compute = time.time(), time.perf_counter() - c0
             # ipykernel's flush waits for its I/O thread (about a millisecond on
             # a busy host): only a stream that was written to needs it

@@ -401,6 +401,7 @@ class Run:
             "watch": self.watch,
             "warnings": self._filters,
             "cache_bytes": self.cache_bytes,
+            "cwd": os.getcwd(),
         }
         self.setups[eid] = (setup, frames)
         gc.input_cache.pop(eid, None)  # unknown until its first chunk answers

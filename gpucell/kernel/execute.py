@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,7 +205,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             plain=not cuda and not req.asks_for_engines(),
             inline_below=_config.settings().inline_below,
         )
-        _warn_random(prep.plan, req)
+        _warn_random(prep.plan, req, loop.inputs, ns)
         try:
             results = _run_loop(
                 shell,
@@ -330,15 +331,61 @@ def _binder(item: ast.withitem, filename: str) -> Any:
     return compile(module, filename, "exec")
 
 
-def _warn_random(plan: Any, req: CellRequest) -> None:
-    if plan.random_calls and req.seed is None and not req.quiet:
-        calls = ", ".join(f"`{c}` (line {n})" for n, c in plan.random_calls)
-        print(
-            f"gpucell: warning: {calls} draw(s) from a global random generator: each "
-            "engine's is its own, so the numbers differ from a serial run and with "
-            "the number of engines. `%%gpu_parallel --seed S` makes them depend "
-            "only on S and the iteration."
+def _warn_random(
+    plan: Any, req: CellRequest, inputs: dict[str, Any], ns: dict[str, Any]
+) -> None:
+    """Say when iterations draw from a process-wide random generator: in the
+    loop's own text, in a notebook function it calls, or in a torch model in
+    training mode with dropout.  Each engine's generator is its own, so the
+    numbers differ from a serial run.  (Shown with ``--quiet`` too: it says
+    the results will differ, not how the run went.)"""
+    if req.seed is not None:
+        return
+    from gpucell.core.globalreads import global_random_calls
+
+    calls = [f"`{c}` (line {n})" for n, c in plan.random_calls]
+    lines = {info.name: info.line for info in plan.names}
+    calls += [
+        f"`{call}` in `{fn}` (called at line {lines.get(via, '?')})"
+        for via, fn, call in global_random_calls(inputs, ns)
+    ]
+    models = [name for name, value in inputs.items() if _draws_in_training(value)]
+    calls += [
+        f"`{name}`'s dropout in training mode (line {lines.get(name, '?')})"
+        for name in models
+    ]
+    if calls:
+        hint = (
+            f" (`{models[0]}` only evaluated in the loop: call `{models[0]}.eval()` "
+            "before it)"
+            if models
+            else ""
         )
+        print(
+            f"gpucell: warning: {', '.join(calls)} draw(s) from a global random "
+            "generator: each engine's is its own, so the numbers differ from a "
+            "serial run and with the number of engines. `%%gpu_parallel --seed S` "
+            f"makes them depend only on S and the iteration{hint}."
+        )
+
+
+def _draws_in_training(value: Any) -> bool:
+    """A torch module in training mode with a layer that draws random numbers
+    on every call (dropout with p > 0, RReLU)."""
+    torch = sys.modules.get("torch")
+    nn = getattr(torch, "nn", None)
+    if nn is None or not isinstance(value, nn.Module) or not value.training:
+        return False
+    dropout = getattr(getattr(nn.modules, "dropout", None), "_DropoutNd", None)
+    rrelu = getattr(nn, "RReLU", None)
+    for m in value.modules():
+        if not m.training:
+            continue
+        if isinstance(dropout, type) and isinstance(m, dropout) and m.p > 0:
+            return True
+        if isinstance(rrelu, type) and isinstance(m, rrelu):
+            return True
+    return False
 
 
 def _run_without_cluster(shell: Any, src: str, filename: str) -> None:
@@ -379,6 +426,8 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     _refuse_interleaved_generators(plan, values)
     _refuse_duplicate_labels(plan, ns)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
+    _refuse_helpers_reading_what_the_loop_changes(plan, ns, inputs)
+    _refuse_unions_of_other_types(plan, ns)
     _refuse_inputs_shared_with_sinks(plan, ns, inputs, values)
     _refuse_contexts_that_cannot_travel(plan, ns)
     _refuse_rows_that_are_not_own(plan, ns)
@@ -484,6 +533,73 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
                 "cell of its own, then loop over `items`), or run the cell without "
                 "%%gpu_parallel. Nothing from the loop ran."
             )
+
+
+def _refuse_helpers_reading_what_the_loop_changes(
+    plan: Any, ns: dict[str, Any], inputs: dict[str, Any]
+) -> None:
+    """A function defined in the notebook that the loop calls and that reads a
+    global the loop changes (``def is_new(t): return t not in uniq`` while the
+    loop appends to ``uniq``): serially each call sees what the iterations
+    before it left there; on an engine the function reads a copy from before
+    the loop.  The cell's text does not show it, so the functions' code is
+    read here, before anything runs."""
+    from gpucell.core.globalreads import global_reads
+    from gpucell.errors import NotParallelizable
+
+    changed = {
+        *plan.locals,
+        *plan.affected_names,
+        *plan.deep_writes,
+    }
+    found = global_reads(inputs, ns, changed) if changed else []
+    if not found:
+        return
+    lines = {info.name: info.line for info in plan.names}
+    r = found[0]
+    what = (
+        f"`{r.via}`" if r.function == r.via else f"`{r.via}` (through `{r.function}`)"
+    )
+    raise NotParallelizable(
+        f"%%gpu_parallel: {what}, called at line {lines.get(r.via, '?')}, reads the "
+        f"global `{r.name}`, which the loop changes (line "
+        f"{lines.get(r.name, plan.loop_lines[0])}). Serially each call sees what "
+        f"the iterations before it left in `{r.name}`; on an engine the function "
+        f"reads `{r.name}` as it was before the loop, so the results would differ. "
+        f"Pass `{r.name}` to the function as an argument (the loop's own code then "
+        "shows the dependence), or run the cell without %%gpu_parallel. Nothing "
+        "from the loop ran."
+    )
+
+
+def _refuse_unions_of_other_types(plan: Any, ns: dict[str, Any]) -> None:
+    """``x.add(...)``/``x.update(...)`` in the body is merged as a set union or
+    a dict update; on any other object (a notebook class, ``hashlib``'s
+    hashes, a tqdm bar) the method does something the merge cannot replay
+    exactly, so the loop is refused before it runs."""
+    from gpucell.errors import NotParallelizable
+
+    lines = {info.name: info.line for info in plan.names}
+    for name in plan.unions:
+        # (Counter, OrderedDict, defaultdict and other subclasses included)
+        if name not in ns or isinstance(ns[name], (set, dict)):
+            continue
+        kind = type(ns[name])
+        where = (
+            "defined in this notebook"
+            if kind.__module__ == "__main__"
+            else (f"from `{kind.__module__}`")
+        )
+        raise NotParallelizable(
+            f"%%gpu_parallel: `{name}.add(...)`/`{name}.update(...)` (line "
+            f"{lines.get(name, plan.loop_lines[0])}) changes `{name}`, a "
+            f"`{kind.__name__}` ({where}). gpucell merges `.add`/`.update` only "
+            "on sets, dicts and Counters, replaying them in iteration order; "
+            "another object's method would run on each engine's copy. Collect "
+            f"the arguments in a list in the loop (`args.append(...)`) and call "
+            f"`{name}.update` on each after the loop, or run the cell without "
+            "%%gpu_parallel. Nothing from the loop ran."
+        )
 
 
 def _refuse_inputs_shared_with_sinks(

@@ -14,7 +14,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["BINARY", "combine", "fold", "is_numpy", "is_torch", "own"]
+__all__ = ["BINARY", "combine", "fold", "is_numpy", "is_torch", "own", "unordered"]
 
 #: reduction operator -> the binary function serial code applies
 BINARY: dict[str, Callable[[Any, Any], Any]] = {
@@ -44,6 +44,15 @@ def is_numpy(value: Any) -> bool:
 
 def is_torch(value: Any) -> bool:
     return _module(value).startswith("torch") and hasattr(value, "data_ptr")
+
+
+def unordered(value: Any) -> bool:
+    """A value that is not equal to itself (a float, numpy or torch nan): no
+    ``max``/``min`` comparison with it is ever true."""
+    try:
+        return bool(value != value)
+    except Exception:  # (an array of several items has no single truth)
+        return False
 
 
 def own(op: str, value: Any) -> Any:

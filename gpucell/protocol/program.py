@@ -180,6 +180,9 @@ class Setup(TypedDict):
     watch: Watch  # what the chunks check in and out
     warnings: list[Any]  # wire frames of the kernel's warnings.filters
     cache_bytes: int  # the engine's budget for cached inputs (LRU beyond it)
+    # the kernel's working directory: relative paths in the loop (`open("a.csv")`
+    # after `%cd data`) name the same files on the engines of its host
+    cwd: str
 
 
 def gather_name(name: str) -> str:

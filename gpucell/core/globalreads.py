@@ -1,0 +1,177 @@
+"""Which globals the notebook's own functions read (pure: objects in, names out).
+
+A loop body that calls a helper defined in the notebook (``def is_new(t):
+return t not in uniq``) depends on every global the helper reads.  Serially
+the helper sees what earlier iterations left in those globals; on an engine
+it runs on a copy of them from before the loop.  The analysis sees only the
+cell's text, so the kernel asks this module, before anything runs, which
+globals the functions reachable from the loop's inputs read, and refuses the
+loop when the loop changes one of them.
+
+Only code defined in the notebook is followed (a function whose globals are
+the notebook's namespace, and the methods of classes defined there): an
+installed library's functions read their own module's globals, which the
+cell cannot change by assignment.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GlobalRead", "global_random_calls", "global_reads", "notebook_functions"]
+
+#: the instructions that read or write a global by name
+_GLOBAL_OPS = frozenset(
+    {
+        "LOAD_GLOBAL",
+        "LOAD_NAME",
+        "LOAD_FROM_DICT_OR_GLOBALS",
+        "STORE_GLOBAL",
+        "DELETE_GLOBAL",
+    }
+)
+
+#: at most this many functions are followed from one loop's inputs
+MAX_FUNCTIONS = 500
+
+
+@dataclass(frozen=True)
+class GlobalRead:
+    """``function`` (reached from the input ``via``) uses the global ``name``."""
+
+    via: str
+    function: str
+    name: str
+
+
+def code_globals(code: types.CodeType) -> set[str]:
+    """Global names a code object and the code nested in it (inner functions,
+    lambdas, comprehensions) load, store or delete: not attribute names,
+    which ``co_names`` also holds."""
+    out: set[str] = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str):
+            out.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= code_globals(const)
+    return out
+
+
+def _functions(value: Any, ns: Mapping[str, Any]) -> Iterator[types.FunctionType]:
+    """The notebook functions ``value`` is or holds as code: itself, a
+    partial's or a bound method's function, a notebook class's methods (of a
+    class, or of an instance's class)."""
+    if isinstance(value, functools.partial):
+        yield from _functions(value.func, ns)
+        return
+    if isinstance(value, types.MethodType):
+        yield from _functions(value.__func__, ns)
+        return
+    if isinstance(value, (staticmethod, classmethod)):
+        yield from _functions(value.__func__, ns)
+        return
+    if isinstance(value, property):
+        for part in (value.fget, value.fset, value.fdel):
+            if part is not None:
+                yield from _functions(part, ns)
+        return
+    if isinstance(value, types.FunctionType):
+        if value.__globals__ is ns:
+            yield value
+        return
+    cls = value if isinstance(value, type) else type(value)
+    if getattr(cls, "__module__", None) != "__main__":
+        return
+    for klass in cls.__mro__:
+        if getattr(klass, "__module__", None) != "__main__":
+            continue
+        for member in vars(klass).values():
+            if isinstance(
+                member,
+                (types.FunctionType, staticmethod, classmethod, property),
+            ):
+                yield from _functions(member, ns)
+
+
+def global_reads(
+    inputs: Mapping[str, Any], ns: Mapping[str, Any], names: set[str]
+) -> list[GlobalRead]:
+    """Which of ``names`` the notebook functions reachable from ``inputs``
+    use as globals: followed through the globals they use and their
+    closures, each function once.  In input order, then by name."""
+    return [
+        GlobalRead(via, fn.__qualname__, n)
+        for via, fn in notebook_functions(inputs, ns)
+        for n in sorted(code_globals(fn.__code__) & names)
+    ]
+
+
+def notebook_functions(
+    inputs: Mapping[str, Any], ns: Mapping[str, Any]
+) -> Iterator[tuple[str, types.FunctionType]]:
+    """``(input, function)`` for every notebook function reachable from
+    ``inputs`` (as :func:`global_reads` follows them), each once."""
+    seen: set[int] = set()
+    for via, value in inputs.items():
+        todo = list(_functions(value, ns))
+        while todo and len(seen) < MAX_FUNCTIONS:
+            fn = todo.pop()
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            yield via, fn
+            for n in sorted(code_globals(fn.__code__)):
+                if n in ns:
+                    todo.extend(_functions(ns[n], ns))
+            for cell in fn.__closure__ or ():
+                try:
+                    todo.extend(_functions(cell.cell_contents, ns))
+                except ValueError:  # an empty cell
+                    pass
+
+
+def global_random_calls(
+    inputs: Mapping[str, Any], ns: Mapping[str, Any]
+) -> list[tuple[str, str, str]]:
+    """``(input, function, call)`` for calls drawing from a process-wide random
+    generator (``random.random()``, ``np.random.rand()``, ``torch.randn()``)
+    in the notebook functions reachable from ``inputs``: the loop's own text
+    does not show them.  Read from the functions' source (IPython keeps each
+    cell's); a function without one is skipped."""
+    import ast
+    import inspect
+    import textwrap
+
+    from gpucell.core.analysis.scope import is_global_random
+
+    out: list[tuple[str, str, str]] = []
+    for via, fn in notebook_functions(inputs, ns):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                text = _dotted(node.func)
+                if text is not None and is_global_random(text):
+                    out.append((via, fn.__qualname__, text))
+    return out
+
+
+def _dotted(node: Any) -> str | None:
+    import ast
+
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
