@@ -492,3 +492,19 @@ def test_cluster_round_trip_nested(cluster: Any) -> None:
     assert torch.equal(t0.detach(), t.detach())
     assert torch.equal(t1.detach(), t.detach() + 1)
     assert f3 == 9
+
+
+def test_read_only_arrays_come_back_writable() -> None:
+    """An engine's inputs are read-only views; a loop that hands one (or a
+    row of one) back, as its loop variable's last value or in a list, must
+    leave the kernel a writable array, as the serial loop does (a later
+    ``row[0] = 1`` raised "assignment destination is read-only")."""
+    for shape in ((8,), (300, 300), (4, 5)):
+        a = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+        a.flags.writeable = False
+        views = [a, a[1:] if a.ndim == 1 else a[:, ::2]]
+        for v in views:
+            got = wire.loads(wire.dumps({"row": v})).get("row")
+            assert got.flags.writeable and np.array_equal(got, v)
+            got[...] = 0  # (writable: no error)
+    assert not a.flags.writeable  # the original is left as it was

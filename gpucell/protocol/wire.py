@@ -85,12 +85,24 @@ class _Pickler(cloudpickle.CloudPickler):
 
 
 def _reduce_ndarray(a: Any) -> Any:
-    """Big non-contiguous arrays: one contiguous copy sent out of band.
+    """Big non-contiguous arrays: one contiguous copy sent out of band; small
+    read-only ones: a writable copy (see below).
 
     numpy's own reduction pickles them in-band through ``tobytes()``: a copy into a
     bytes object and a second one into the pickle stream (and a third out of it).
     """
     flags = a.flags
+    if not flags.writeable and not a.dtype.hasobject:
+        # read-only (an engine's input is a read-only view, and a loop may hand
+        # an input's element back): pickle marks a read-only buffer read-only
+        # on the way back too, where the serial loop leaves a writable array
+        if flags.c_contiguous or flags.f_contiguous:
+            order = "C" if flags.c_contiguous else "F"
+            raw = pickle.PickleBuffer(a)
+            return (_rebuild_read_only, (raw, a.dtype, a.shape, order))
+        import numpy as np
+
+        return np.ascontiguousarray(a).__reduce_ex__(_PROTOCOL)  # (a copy)
     if flags.c_contiguous or flags.f_contiguous or a.dtype.hasobject:
         return NotImplemented
     if a.nbytes < INBAND_MAX:
@@ -98,6 +110,29 @@ def _reduce_ndarray(a: Any) -> Any:
     import numpy as np
 
     return np.ascontiguousarray(a).__reduce_ex__(_PROTOCOL)
+
+
+def _rebuild_read_only(buf: Any, dtype: Any, shape: Any, order: str) -> Any:
+    """An array that was read-only where it was sent from, rebuilt as
+    ``loads`` was asked: writable (the kernel: serial code would have a
+    writable array) on the memory received when that is ours to write (a
+    frame ``loads`` copied), else on a copy; or, where read-only views are
+    asked for (an engine's inputs), a read-only view."""
+    import numpy as np
+
+    opts = _OPTIONS.get() or _DEFAULT_OPTIONS
+    mv = memoryview(buf)
+    if mv.readonly and opts.writable and mv.obj is not None:
+        try:
+            whole = memoryview(mv.obj)
+        except TypeError:
+            whole = mv
+        if not whole.readonly and whole.nbytes == mv.nbytes:
+            mv = whole  # the frame loads copied, or a result's mapping: ours
+    arr = np.frombuffer(mv, dtype=dtype).reshape(shape, order=order)
+    if opts.writable and not arr.flags.writeable:
+        arr = arr.copy(order=order)
+    return arr
 
 
 def _reduce_torch(obj: Any) -> Any:
