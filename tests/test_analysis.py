@@ -825,3 +825,291 @@ def test_labels_are_the_own_index_only_of_the_frame_they_come_from() -> None:
         "for idx in df.index:\n    df.loc[idx, 'c'] = df.loc[idx, 'a'] + 1\n",
         known_names={"df"},
     ).ok
+
+
+# -- nested loops that surely run, and advice that fits the pattern ---------------
+
+SWEEP = """\
+results = {}
+for lr in [0.1, 0.01, 0.001]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for epoch in range(30):
+        opt.zero_grad()
+        loss = ((model(X) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+    results[lr] = loss.item()
+"""
+
+
+def texts(src: str) -> dict[tuple[str, str], str]:
+    """(name, kind) -> message, for a refused cell."""
+    p = analyse(textwrap.dedent(src), known_names=KNOWN, raise_errors=False)
+    assert not p.ok
+    return {(d.name, d.kind): d.text for d in p.diagnostics}
+
+
+def test_hyper_parameter_sweep_is_accepted() -> None:
+    p = analyse(SWEEP, known_names=["torch", "X", "y"])
+    assert classes(p)["loss"] == LOCAL and classes(p)["results"] == WRITE
+
+
+@pytest.mark.parametrize(
+    "it",
+    [
+        "range(30)",
+        "range(1, 4)",
+        "range(5, 0, -1)",
+        "range(-2, 0)",
+        "[1, 2]",
+        "(0,)",
+        "{'a': 1}",
+        "'ab'",
+        "[*xs, 1]",
+        "enumerate([1])",
+        "zip([1], 'a')",
+    ],
+)
+def test_inner_loop_over_a_non_empty_literal_assigns(it: str) -> None:
+    p = plan(f"for x in xs:\n    for j in {it}:\n        z = x\n    out.append(z)\n")
+    assert classes(p)["z"] == LOCAL
+
+
+@pytest.mark.parametrize(
+    "it",
+    [
+        "range(0)",
+        "range(3, 1)",
+        "range(1, 9, 0)",
+        "range(n)",
+        "ys",
+        "[]",
+        "[*ys]",
+        "''",
+    ],
+)
+def test_inner_loop_that_may_not_run_still_refuses(it: str) -> None:
+    src = f"for x in xs:\n    for j in {it}:\n        z = x\n    out.append(z)\n"
+    assert refusals(src) == [("z", "loop-carried", 4)]
+    text = texts(src)[("z", "loop-carried")]
+    assert "`z = None` before the loop on line 2" in text
+
+
+def test_shadowed_range_may_be_empty() -> None:
+    src = (
+        "range = f\nfor x in xs:\n    for j in range(3):\n        z = x\n"
+        "    out.append(z)\n"
+    )
+    assert ("z", "loop-carried", 5) in refusals(src)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # read before the inner loop assigns it: the previous iteration's value
+        "    for j in range(3):\n        out.append(z)\n        z = x\n",
+        # a break (or continue) before the assignment on the first pass
+        "    for j in range(3):\n        if f(j):\n            break\n        z = x\n"
+        "    out.append(z)\n",
+        "    for j in range(3):\n        if f(j):\n            continue\n"
+        "        z = x\n    out.append(z)\n",
+        # assigned only under a condition inside the loop
+        "    for j in range(3):\n        if f(j):\n            z = x\n"
+        "    out.append(z)\n",
+        # deleted again inside the loop
+        "    for j in range(3):\n        z = x\n        del z\n    out.append(z)\n",
+        # while with a test may not run; while True may break first
+        "    while f(x):\n        z = x\n    out.append(z)\n",
+        "    while True:\n        if f(x):\n            break\n        z = x\n"
+        "    out.append(z)\n",
+    ],
+)
+def test_carried_values_through_inner_loops_stay_refused(body: str) -> None:
+    kinds = {(n, k) for n, k, _line in refusals("for x in xs:\n" + body)}
+    assert ("z", "loop-carried") in kinds
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    for j in range(3):\n        z = x\n        if f(z):\n            break\n",
+        "    while True:\n        z = f(x)\n        if z:\n            break\n",
+        "    while 1:\n        z = f(x)\n        break\n",
+        "    for j in range(3):\n        pass\n    z = j\n",
+    ],
+)
+def test_break_after_the_assignment_keeps_it(body: str) -> None:
+    p = plan("for x in xs:\n" + body + "    out.append(z)\n")
+    assert classes(p)["z"] == LOCAL
+
+
+def test_setdefault_advice_names_the_defaultdict_form() -> None:
+    text = texts("for k in xs:\n    d.setdefault(k, []).append(k)\n")
+    assert "collections.defaultdict(list)" in text[("d", "outer-mutation")]
+    assert "`d[k].append(...)`" in text[("d", "outer-mutation")]
+    text = texts("for k in xs:\n    d.setdefault(k, set()).add(k)\n")
+    assert "pairs.append((k, value))" in text[("d", "outer-mutation")]
+    assert classes(plan("for k in xs:\n    d[k].append(k)\n"))["d"] == "keyed gather"
+
+
+def test_new_list_per_key_then_filled_is_an_own_row() -> None:
+    p = plan(
+        """\
+        for lr in xs:
+            D[lr] = []
+            for w in range(3):
+                D[lr].append(w * lr)
+            if lr:
+                continue
+            D[lr].extend([0])
+        """
+    )
+    ((row,),) = [p.own_rows]
+    assert (row.name, row.index, row.mode) == ("D", "lr", "value")
+    assert "D" in p.writes
+
+
+def test_new_list_per_key_matches_serial_with_repeated_keys() -> None:
+    from cellgen import assert_same_namespace, run_parallel_local, run_serial
+
+    src = (
+        "for lr in [0.1, 0.1, 0.2, 0.1]:\n    h[lr] = []\n"
+        "    for w in range(3):\n        h[lr].append(w * lr)\n"
+        "    if lr > 0.15:\n        continue\n    h[lr].append(-1)\n"
+        "for i in range(len(o)):\n    o[i] = []\n    o[i].append(i)\n"
+    )
+    for cuts in [(0.5,), (0.2, 0.7)]:
+        serial: dict[str, object] = {"h": {"old": [1]}, "o": [None] * 4}
+        par: dict[str, object] = {"h": {"old": [1]}, "o": [None] * 4}
+        s_before, p_before = dict(serial), dict(par)
+        run_serial(src, serial)
+        run_parallel_local(src, par, cuts)
+        assert_same_namespace(serial, par, s_before, p_before)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the old list under the key is appended to first
+        "    D[k].append(k)\n    D[k] = []\n",
+        # on the other path the old (or an earlier iteration's) list is used
+        "    if f(k):\n        D[k] = []\n    D[k].append(k)\n",
+        # not a new object: serially `xs` itself grows
+        "    D[k] = xs\n    D[k].append(k)\n",
+        # another key than the loop variable
+        "    D[k] = []\n    D[k + 1].append(k)\n",
+        # the key is rebound
+        "    D[k] = []\n    D[k].append(k)\n    k = 3\n",
+        # the whole dict is read (it grows across iterations serially)
+        "    D[k] = []\n    D[k].append(len(D))\n",
+    ],
+)
+def test_fill_of_a_key_not_proven_new_is_refused(body: str) -> None:
+    kinds = {k for n, k, _line in refusals("for k in xs:\n" + body) if n == "D"}
+    assert kinds
+
+
+def test_mixed_write_and_gather_advice_builds_a_local() -> None:
+    text = texts("for k in xs:\n    D[k].append(k)\n    D[k] = []\n")
+    assert "`h = []`" in text[("D", "mixed-use")]
+
+
+def test_iterating_over_the_filled_dict_is_refused() -> None:
+    kinds = {
+        k for n, k, _l in refusals("for k in D:\n    D[k] = []\n    D[k].append(1)\n")
+    }
+    assert "iterable-mutated" in kinds
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    out[i] = xs\n    out[i] += [1]\n",  # += would grow `xs` itself
+        "    out[i] = 0\n    out[i] += len(out)\n",  # a dict grows serially
+    ],
+)
+def test_whole_element_read_back_that_could_differ_is_refused(body: str) -> None:
+    assert any(n == "out" for n, _k, _l in refusals("for i in range(n):\n" + body))
+
+
+def test_whole_element_set_then_accumulated_still_accepted() -> None:
+    p = plan("for i in range(n):\n    out[i] = 0\n    out[i] += i\n")
+    assert [r.mode for r in p.own_rows] == ["value"]
+
+
+def test_own_key_rewrite_advice_works() -> None:
+    for header in ("for k in d:", "for k in list(d):"):
+        text = texts(header + "\n    d[k] = f(d[k])\n")
+        advice = text[("d", "sink-read")]
+        assert "d.items()" in advice and "new[k] = f(d[k])" in advice
+    iterated = texts("for k in d:\n    d[k] = f(d[k])\n")[("d", "iterable-mutated")]
+    assert "not enough" in iterated
+    # the forms the advice names are accepted
+    assert "d" in plan("for k, v in d.items():\n    d[k] = f(v)\n").writes
+    assert "new" in plan("new = {}\nfor k in d:\n    new[k] = f(d[k])\n").writes
+    # a copy is still the advice when the body does not read the container
+    plain = texts("for k in d:\n    d[k] = 0\n")[("d", "iterable-mutated")]
+    assert "list(d)" in plain
+
+
+def test_same_message_is_not_repeated_on_one_line() -> None:
+    r = refusals("for k in d:\n    d[k] = d[k] + d[k] * d[k]\n")
+    assert r.count(("d", "sink-read", 2)) == 1
+
+
+def test_row_written_at_two_depths_advice() -> None:
+    src = "for i in range(A.shape[0]):\n    A[i] *= 2\n    A[i, :2] += 1\n"
+    text = texts(src.replace("A", "arr"))
+    assert ("arr", "iterable-mutated") not in text  # it iterates over a range
+    assert "`arr[i, :] *= 2`" in text[("arr", "mixed-reduction")]
+    fixed = plan(src.replace("A[i] *=", "A[i, :] *=").replace("A", "arr"))
+    assert [r.mode for r in fixed.own_rows] == ["row"]
+    assert ("arr", "iterable-mutated", 1) in refusals("for x in arr:\n    arr[0] = x\n")
+
+
+@pytest.mark.parametrize(
+    ("src", "name", "want", "never"),
+    [
+        (
+            "best = -1\nfor p in xs:\n    s = f(p)\n    if s > best:\n"
+            "        best = s\n        bp = p\n",
+            "best",
+            "max(pairs, key=lambda t: t[0])",
+            "best +=",
+        ),
+        (
+            "best = -1\nfor p in xs:\n    best = p if p > best else best\n",
+            "best",
+            "max(pairs",
+            "best +=",
+        ),
+        (
+            "found = None\nfor x in xs:\n    if found is None and x > 3:\n"
+            "        found = x\n",
+            "found",
+            "hits[0] if hits else None",
+            "found +=",
+        ),
+    ],
+)
+def test_selection_advice(src: str, name: str, want: str, never: str) -> None:
+    text = texts(src)[(name, "loop-carried")]
+    assert want in text and never not in text
+
+
+@pytest.mark.parametrize(
+    "op", ["+", "-", "*", "/", "//", "%", "**", "<<", ">>", "|", "&", "^", "@"]
+)
+def test_augmented_operator_is_quoted_as_written(op: str) -> None:
+    text = texts(f"for x in xs:\n    obj.w {op}= x\n")[("obj", "outer-mutation")]
+    assert f"`obj.w {op}= ...`" in text
+    alias = texts(f"for x in xs:\n    a = x\n    a {op}= 1\n")
+    assert all("?" not in t for t in alias.values())
+
+
+def test_every_operator_has_its_text() -> None:
+    from gpucell.core.analysis.classify import OP_TEXT
+
+    assert set(OP_TEXT) == set(ast.operator.__subclasses__())

@@ -1070,3 +1070,72 @@ def test_relative_paths_name_the_kernels_files(ip, cluster, tmp_path):
         assert got["sizes"] == {"f1.txt": 10, "f2.txt": 20}
     finally:
         os.chdir(here)
+
+
+def test_column_writes_with_duplicate_column_labels_are_refused(ip, cluster):
+    """``for col, s in df.items(): df[col] = ...`` writes each iteration's own
+    column only when no two columns share a label (serially ``items()``
+    reads columns as it goes)."""
+    import pandas as pd
+
+    cell = "for col, s in df.items():\n    df[col] = s * 2\n"
+    ok = pd.DataFrame({"a": [1, 2], "b": [3, 4]})
+    assert_serial_equivalent(ip, cell, {"df": ok})
+    dup = pd.DataFrame([[1, 2], [3, 4]], columns=["a", "a"])
+    ip.user_ns["df"] = dup
+    with pytest.raises(gpucell.NotParallelizable, match="columns have duplicate"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["df"].values.tolist() == [[1, 2], [3, 4]]
+
+
+def test_the_loop_variable_is_the_kernels_own_last_item(ip, cluster):
+    """Serially ``for xb in batches`` leaves ``xb`` the very object
+    ``batches[-1]`` (a numpy row a view of its array); an engine's value is an
+    equal copy.  Unless the body rebinds it, the kernel binds its own."""
+    import numpy as np
+
+    X = np.arange(12.0).reshape(4, 3)
+    batches = [[i, i + 1] for i in range(5)]
+    ip.user_ns.update({"X": X, "batches": batches, "out": []})
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "for i, (xb, row) in enumerate(zip(batches, X)):\n    out.append(sum(xb))\n",
+    )
+    ns = ip.user_ns
+    assert ns["xb"] is batches[3] and ns["i"] == 3  # (zip stops at X's 4 rows)
+    assert np.shares_memory(ns["row"], X) and ns["row"].flags.writeable
+    ns["row"][0] = -1.0
+    assert X[3, 0] == -1.0
+    # an item of an object the loop changes is not what the last iteration
+    # saw; a body that rebinds the name keeps the body's last value
+    ip.run_cell_magic(
+        "gpu_parallel", "--quiet", "for xb in batches:\n    xb = xb + [0]\n"
+    )
+    assert ns["xb"] == batches[-1] + [0]
+
+
+def test_a_loop_that_reseeds_every_iteration_is_noted_not_warned(ip, cluster, capsys):
+    """``torch.manual_seed(0)`` at the top of each iteration (a sweep that
+    gives every model the same initial weights) makes each iteration's
+    numbers the serial ones; only the kernel's generator is left where it
+    was, which a note says.  A seed under an ``if`` still warns."""
+    import torch
+
+    ns = {"lrs": [0.1, 0.2, 0.3]}
+    cell = (
+        "import torch\nw = {}\nfor lr in lrs:\n    torch.manual_seed(0)\n"
+        "    w[lr] = torch.randn(3) * lr\n"
+    )
+    assert_serial_equivalent(ip, cell, ns)
+    out = capsys.readouterr().out
+    assert "note: each iteration seeds" in out and "warning" not in out
+    ip.user_ns["lrs"] = [0.1, 0.2, 0.3]
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "w = {}\nfor lr in lrs:\n    if lr < 0.15:\n        torch.manual_seed(0)\n"
+        "    w[lr] = torch.randn(3)\n",
+    )
+    assert "warning" in capsys.readouterr().out
+    del torch

@@ -508,3 +508,19 @@ def test_read_only_arrays_come_back_writable() -> None:
             assert got.flags.writeable and np.array_equal(got, v)
             got[...] = 0  # (writable: no error)
     assert not a.flags.writeable  # the original is left as it was
+
+
+def test_gradients_of_leaf_tensors_and_parameters_travel() -> None:
+    """A model trained in the loop (a hyper-parameter sweep's last one) keeps
+    its parameters' ``.grad`` as the serial loop leaves them; torch's own
+    pickling drops it."""
+    m = torch.nn.Linear(3, 2)
+    x = torch.ones(4, 3, requires_grad=True)
+    (m(x) ** 2).sum().backward()
+    got_m, got_x = wire.loads(wire.dumps((m, x)))
+    assert isinstance(got_m.weight, torch.nn.Parameter)
+    assert torch.equal(got_m.weight.grad, m.weight.grad)
+    assert torch.equal(got_m.bias.grad, m.bias.grad)
+    assert got_x.requires_grad and torch.equal(got_x.grad, x.grad)
+    fresh = wire.loads(wire.dumps(torch.nn.Linear(2, 2)))
+    assert fresh.weight.grad is None

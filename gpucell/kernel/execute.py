@@ -236,6 +236,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             )
         try:
             _merge(ns, prep.plan, results)
+            _bind_last_item(ns, prep, loop)
         except BaseException as e:
             # every chunk finished: keep them all, so a fixed namespace (the
             # error says what) merges with --resume without running anything
@@ -343,16 +344,42 @@ def _warn_random(
         return
     from gpucell.core.globalreads import global_random_calls
 
-    calls = [f"`{c}` (line {n})" for n, c in plan.random_calls]
     lines = {info.name: info.line for info in plan.names}
-    calls += [
-        f"`{call}` in `{fn}` (called at line {lines.get(via, '?')})"
+    # (line, text) of each draw; seeds in the body apart
+    draws = [(n, f"`{c}` (line {n})") for n, c in plan.random_calls if not _seeds(c)]
+    seeds = [(n, c) for n, c in plan.random_calls if _seeds(c)]
+    draws += [
+        (
+            lines.get(via, 0),
+            f"`{call}` in `{fn}` (called at line {lines.get(via, '?')})",
+        )
         for via, fn, call in global_random_calls(inputs, ns)
     ]
     models = [name for name, value in inputs.items() if _draws_in_training(value)]
-    calls += [
-        f"`{name}`'s dropout in training mode (line {lines.get(name, '?')})"
+    draws += [
+        (
+            lines.get(name, 0),
+            f"`{name}`'s dropout in training mode (line {lines.get(name, '?')})",
+        )
         for name in models
+    ]
+    if (
+        seeds
+        and _top_of_body(plan, seeds[0][0])
+        and all(n > seeds[0][0] for n, _ in draws)
+    ):
+        # every iteration reseeds before it draws: its numbers are the serial
+        # ones; only the kernel's generator is not where the loop left it
+        line, call = seeds[0]
+        print(
+            f"gpucell: note: each iteration seeds its generator (`{call}`, line "
+            f"{line}) before drawing, so its numbers are those of a serial run; "
+            "the kernel's generator is left as it was before the cell, not where "
+            "the last iteration left it (reseed before drawing in a later cell)."
+        )
+        return
+    calls = [text for _, text in sorted(draws)] + [
+        f"`{c}` (line {n})" for n, c in seeds
     ]
     if calls:
         hint = (
@@ -367,6 +394,29 @@ def _warn_random(
             "serial run and with the number of engines. `%%gpu_parallel --seed S` "
             f"makes them depend only on S and the iteration{hint}."
         )
+
+
+def _top_of_body(plan: Any, line: int) -> bool:
+    """Line ``line`` is a statement of the loop body itself (not under an
+    ``if`` or an inner loop): it runs in every iteration."""
+    if plan.kind != "for" or plan.loop_lines is None:
+        return False
+    try:
+        tree = ast.parse(plan.source)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and node.lineno == plan.loop_lines[0]:
+            return any(
+                isinstance(st, ast.Expr) and st.lineno == line for st in node.body
+            )
+    return False
+
+
+def _seeds(call: str) -> bool:
+    """``random.seed``, ``np.random.seed``, ``torch.manual_seed``: a call that
+    resets a global generator rather than drawing from it."""
+    return call.rsplit(".", 1)[-1] in ("seed", "manual_seed")
 
 
 def _draws_in_training(value: Any) -> bool:
@@ -776,7 +826,8 @@ def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
     from gpucell.errors import NotParallelizable
 
     for name in plan.writes:
-        index = getattr(ns.get(name), "index", None)
+        value = ns.get(name)
+        index = getattr(value, "index", None)
         if index is not None and getattr(index, "is_unique", True) is False:
             raise NotParallelizable(
                 f"%%gpu_parallel: `{name}` is written by label and its index has "
@@ -785,6 +836,50 @@ def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
                 f"the index unique (`{name} = {name}.reset_index(drop=True)`), or run "
                 "the cell without %%gpu_parallel. Nothing from the loop ran."
             )
+        # (a DataFrame's columns: `for col, s in df.items(): df[col] = ...`)
+        columns = getattr(value, "columns", None)
+        if columns is not None and getattr(columns, "is_unique", True) is False:
+            raise NotParallelizable(
+                f"%%gpu_parallel: `{name}` is written by label and its columns have "
+                "duplicate labels, so two iterations may write the same columns "
+                "(and serially a later one could read what an earlier one wrote). "
+                "Make the column labels unique (`df.columns = [...]`), or run the "
+                "cell without %%gpu_parallel. Nothing from the loop ran."
+            )
+
+
+def _bind_last_item(ns: dict[str, Any], prep: Prepared, loop: _Loop) -> None:
+    """The loop variable is the kernel's own last item, as serially (the same
+    object, not an engine's equal copy), when the body never rebinds it
+    (``core/lastitem.py``)."""
+    from gpucell.core.lastitem import LAST_ITEM, last_item_binding
+    from gpucell.protocol.chunks import chunk_items
+
+    plan, n = prep.plan, loop.chunker.count
+    if plan.kind != "for" or not n or plan.loop_lines is None:
+        return
+    # an item read from an object the loop changed (`for i, x in enumerate(a):
+    # a[i] = ...`) is not what the last iteration saw: the engine's value stays
+    changed = {*plan.affected_names, *(r.name for r in plan.own_rows)}
+    if plan.iter_space is None or changed & _identifiers(
+        " ".join(plan.iter_space.leaves)
+    ):
+        return
+    code = prep.code(
+        "last item",
+        lambda: last_item_binding(plan.source, plan.loop_lines[0], plan.filename),
+    )
+    if code is None:
+        return
+    for last in chunk_items(loop.chunker.chunk(n - 1, n)):
+        ns[LAST_ITEM] = last
+        try:
+            exec(code, ns)
+        except Exception:
+            pass  # (it does not unpack: the engine's values stay)
+        finally:
+            ns.pop(LAST_ITEM, None)
+        return
 
 
 def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:

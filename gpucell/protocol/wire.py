@@ -143,7 +143,13 @@ def _reduce_torch(obj: Any) -> Any:
     complex32). Anything exotic falls back to torch's own pickling.
     """
     torch = sys.modules.get("torch")
-    if torch is None or type(obj) is not torch.Tensor:
+    if torch is None:
+        return NotImplemented
+    if type(obj) is torch.nn.Parameter and _grad(obj) is not None:
+        # torch's own reduction keeps the data and flags but drops ``.grad``,
+        # which the serial loop leaves on a model it trained
+        return (_rebuild_parameter, (obj.data, obj.requires_grad, obj.grad))
+    if type(obj) is not torch.Tensor:
         # Parameters reduce to a plain tensor (their ``.data``) plus flags: that
         # tensor comes back here.
         return NotImplemented
@@ -159,10 +165,23 @@ def _reduce_torch(obj: Any) -> Any:
         d = d.contiguous()
     raw = tensor_buffer(d)
     dtype = str(t.dtype).removeprefix("torch.")
-    return (
-        _rebuild_tensor,
-        (pickle.PickleBuffer(raw), dtype, tuple(t.shape), t.requires_grad, device),
-    )
+    args = (pickle.PickleBuffer(raw), dtype, tuple(t.shape), t.requires_grad, device)
+    grad = _grad(t)
+    return (_rebuild_tensor, args if grad is None else (*args, grad))
+
+
+def _grad(t: Any) -> Any:
+    """A leaf tensor's ``.grad`` (``None`` for others: reading a non-leaf's
+    warns)."""
+    return t.grad if t.is_leaf and t.requires_grad else None
+
+
+def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
+    import torch
+
+    p = torch.nn.Parameter(data, requires_grad=requires_grad)
+    p.grad = grad
+    return p
 
 
 def tensor_buffer(d: Any) -> Any:
@@ -194,7 +213,12 @@ _OPTIONS: contextvars.ContextVar[_LoadOptions | None] = contextvars.ContextVar(
 
 
 def _rebuild_tensor(
-    buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool, device: str
+    buf: Any,
+    dtype: str,
+    shape: tuple[int, ...],
+    requires_grad: bool,
+    device: str,
+    grad: Any = None,
 ) -> Any:
     """Inverse of :func:`_reduce_torch`; runs inside :func:`loads` (reads its options).
 
@@ -219,6 +243,8 @@ def _rebuild_tensor(
         t = t.to(opts.cuda_to)
     if requires_grad:
         t.requires_grad_(True)
+        if grad is not None:
+            t.grad = grad
     return t
 
 

@@ -27,7 +27,6 @@ from gpucell.core.analysis.ownrows import OwnRow, find_own_rows, metadata_only
 from gpucell.core.analysis.scope import (
     COMPREHENSIONS,
     ENGINE_PROVIDED,
-    NESTED_SCOPES,
     SAFE_BUILTINS,
     WELL_KNOWN_MODULES,
     bindings_of,
@@ -269,6 +268,20 @@ class _Ctx:
         self.random_calls: list[tuple[int, str]] = []
         self.deleted: set[str] = set()
         self.seen_stored: set[str] = set()
+        # sinks the body also reads (refused as sink-read)
+        self.sink_reads: dict[str, int] = {}
+        # names a nested loop's body binds -> that loop's line (innermost)
+        self.loop_stored: dict[str, int] = {}
+        # names kept as a running best or first match: "best" / "first"
+        self.selections: dict[str, str] = {}
+
+
+@dataclass
+class _Jumps:
+    """States at the ``break``s and ``continue``s of one nested loop."""
+
+    breaks: list[State] = field(default_factory=list)
+    continues: list[State] = field(default_factory=list)
 
 
 class _Flow:
@@ -278,6 +291,8 @@ class _Flow:
         self.c = ctx
         self.loop_depth = 0
         self.shadow: list[frozenset[str]] = []
+        # break/continue states of the nested loops being walked, innermost last
+        self.jumps: list[_Jumps] = []
 
     # -- helpers ---------------------------------------------------------------
 
@@ -299,36 +314,76 @@ class _Flow:
                 f"`{n}` is combined across iterations ({cand.cls} on line "
                 f"{cand.stmt.lineno}) and is also used here; while the loop runs in "
                 f"parallel an iteration sees only its own contributions, not those "
-                f"of earlier iterations. Use `{n}` only after the loop (or give the "
-                f"running value another name inside the loop).",
+                f"of earlier iterations. "
+                + (
+                    _own_key_fix(n)
+                    if cand.cls == WRITE
+                    else f"Use `{n}` only after the loop (or give the running "
+                    f"value another name inside the loop)."
+                ),
             )
+            c.sink_reads.setdefault(n, node.lineno)
         elif n in c.body_bound:
             if state is not None and n not in state:
-                if n in c.seen_stored:
-                    why = (
-                        f"`{n}` is assigned earlier in the loop only on some paths "
-                        f"(e.g. under an `if` or inside a nested loop), so on the "
-                        f"other paths this read would see the value left by the "
-                        f"previous iteration."
-                    )
-                else:
-                    why = (
-                        f"`{n}` is read here before the iteration assigns it, so it "
-                        f"would see the value left by the previous iteration (a "
-                        f"loop-carried dependency)."
-                    )
                 c.diag.add(
                     node.lineno,
                     node.col_offset,
                     n,
                     "loop-carried",
-                    why + " Iterations run independently in parallel. Assign "
-                    f"`{n}` before reading it on every path of the iteration, or, if "
-                    f"it accumulates, write it as a reduction (`{n} += ...`) and "
-                    f"read it only after the loop.",
+                    self._carried_text(n),
                 )
         elif n not in c.inputs:
             c.inputs[n] = node.lineno
+
+    def _carried_text(self, n: str) -> str:
+        """Why reading ``n`` here sees the previous iteration, and the rewrite
+        that fits how the body assigns it."""
+        c = self.c
+        loop_line = c.loop_stored.get(n)
+        if n in c.seen_stored and loop_line is not None:
+            why = (
+                f"`{n}` is assigned inside the loop on line {loop_line}, which may "
+                f"run zero times (or skip the assignment), so this read could see "
+                f"the value left by the previous iteration."
+            )
+        elif n in c.seen_stored:
+            why = (
+                f"`{n}` is assigned earlier in the loop only on some paths "
+                f"(e.g. under an `if`), so on the other paths this read would see "
+                f"the value left by the previous iteration."
+            )
+        else:
+            why = (
+                f"`{n}` is read here before the iteration assigns it, so it "
+                f"would see the value left by the previous iteration (a "
+                f"loop-carried dependency)."
+            )
+        why += " Iterations run independently in parallel. "
+        pick = c.selections.get(n)
+        if pick == "first":
+            return why + (
+                f"`{n}` keeps the first match, which depends on the iterations "
+                f"before it: collect the matches (`hits.append(x)`) and take the "
+                f"first after the loop (`{n} = hits[0] if hits else None`)."
+            )
+        if pick == "best":
+            return why + (
+                f"`{n}` keeps a running best, which depends on the iterations "
+                f"before it: collect candidates (`pairs.append((score, params))`) "
+                f"and pick after the loop (`max(pairs, key=lambda t: t[0])`), or "
+                f"write `{n} = max({n}, score)` when only the value is needed."
+            )
+        fix = f"Assign `{n}` before reading it on every path of the iteration"
+        if loop_line is not None:
+            fix += f" (e.g. `{n} = None` before the loop on line {loop_line})"
+        return (
+            why
+            + fix
+            + (
+                f", or, if it accumulates, write it as a reduction (`{n} += ...`) and "
+                f"read it only after the loop."
+            )
+        )
 
     def outerish(self, name: ast.Name | None, state: State) -> bool:
         """Would changing ``name``'s object in place change an object from outside?"""
@@ -343,20 +398,22 @@ class _Flow:
             return True
         return n not in self.c.body_bound and not self.c.is_builtin(n)
 
-    def _refuse_mutation(self, node: ast.AST, root: ast.Name, what: str) -> None:
+    def _refuse_mutation(
+        self, node: ast.AST, root: ast.Name, what: str, fix: str = ""
+    ) -> None:
         n = root.id
         if n in self.c.tainted or self._shadowed(n):
             owner = (
                 f"`{n}` refers to an element of the loop's data or to an object that "
                 f"exists before the loop"
             )
-            fix = (
+            fix = fix or (
                 f"Make a new object instead (`{n} = {n} + ...`, `{n}.copy()`), "
                 f"or collect the results (`results.append(...)`)."
             )
         else:
             owner = f"`{n}` exists before the loop"
-            fix = (
+            fix = fix or (
                 "Collect what you need (`results.append(...)`, `d[k] = ...`) and "
                 "apply the change after the loop, or run the cell serially."
             )
@@ -441,18 +498,21 @@ class _Flow:
                     )
             return
         if is_mutating_method(f.attr) and self.outerish(root, state):
-            self._refuse_mutation(call, root, f"`{ast.unparse(f)}(...)`")
+            fix = _setdefault_fix(call, root.id) if f.attr == "setdefault" else ""
+            self._refuse_mutation(call, root, f"`{ast.unparse(f)}(...)`", fix)
 
-    def check_target_mutation(self, part: ast.expr, state: State, aug: bool) -> None:
+    def check_target_mutation(self, part: ast.expr, state: State, op: str) -> None:
+        """Refuse a store into an outer object; ``op``: the augmented operator
+        (``"/"`` for ``/=``), ``""`` for a plain ``=``."""
         root = root_name(part)
         if not self.outerish(root, state):
             return
         assert root is not None
         text = ast.unparse(part)
         if isinstance(part, ast.Attribute):
-            what = f"`{text} {'+' if aug else ''}= ...` (attribute assignment)"
+            what = f"`{text} {op}= ...` (attribute assignment)"
         else:
-            what = f"`{text} {'+' if aug else ''}= ...`"
+            what = f"`{text} {op}= ...`"
         self._refuse_mutation(part, root, what)
 
     def forbid(self, node: ast.AST, name: str, kind: str, text: str) -> None:
@@ -467,7 +527,7 @@ class _Flow:
             state = self.stmt(s, state)
         return state
 
-    def store(self, target: ast.expr, state: State, aug: bool = False) -> State:
+    def store(self, target: ast.expr, state: State, op: str = "") -> State:
         for part in target_parts(target):
             if isinstance(part, ast.Name):
                 if id(part) in self.c.own:
@@ -480,10 +540,10 @@ class _Flow:
                     continue
                 state = self.expr(part.value, state)
                 state = self.expr(part.slice, state)
-                self.check_target_mutation(part, state, aug)
+                self.check_target_mutation(part, state, op)
             elif isinstance(part, ast.Attribute):
                 state = self.expr(part.value, state)
-                self.check_target_mutation(part, state, aug)
+                self.check_target_mutation(part, state, op)
             else:
                 state = self.expr(part, state)
         return state
@@ -531,7 +591,7 @@ class _Flow:
             if id(t.value) in self.c.own:
                 state = self.expr(t.slice, state)
                 return self.expr(s.value, state)
-        state = self.store(t, state, aug=True)
+        state = self.store(t, state, _op_text(s.op))
         return self.expr(s.value, state)
 
     def _loop(
@@ -540,21 +600,31 @@ class _Flow:
         state: State,
         head: Callable[[State], State],
     ) -> State:
-        entry = state
-        s_in = entry
+        """Definite assignment through a nested loop.  A loop whose body surely
+        runs once (:func:`_runs_once`) leaves what that body assigns on every
+        path; any other may run zero times and leaves only what held before it.
+        ``break``/``continue`` states are collected, not guessed."""
+        entry = s_in = state
         self.loop_depth += 1
+        converged = False
         for _ in range(4):  # definite assignment converges in a pass or two
+            self.jumps.append(_Jumps())
             body_end = self.block(s.body, head(s_in))
-            new_in = _join(entry, body_end) if body_end is not None else entry
-            if new_in == s_in:
+            jumps = self.jumps.pop()
+            new_in = _join(entry, body_end, *jumps.continues)
+            converged = new_in == s_in
+            if converged:
                 break
             s_in = new_in
         self.loop_depth -= 1
-        head_state = head(s_in) if isinstance(s, ast.While) else s_in
-        after = self.block(s.orelse, head_state if isinstance(s, ast.While) else s_in)
-        if _has_break(s.body):
-            after = _join(after, s_in)
-        return after
+        # the last pass's states are lower bounds only once they converged
+        runs = converged and _runs_once(s, self.c.is_builtin)
+        if isinstance(s, ast.While):
+            exhausted = None if runs else head(s_in)
+        else:
+            exhausted = _join(body_end, *jumps.continues) if runs else s_in
+        after = self.block(s.orelse, exhausted)
+        return _join(after, *jumps.breaks)
 
     def stmt_For(self, s: ast.For, state: State) -> State:
         state = self.expr(s.iter, state)
@@ -648,9 +718,13 @@ class _Flow:
         return None
 
     def stmt_Continue(self, s: ast.Continue, state: State) -> State:
+        if self.jumps:  # a nested loop's: its next item starts from here
+            self.jumps[-1].continues.append(state)
         return None
 
     def stmt_Break(self, s: ast.Break, state: State) -> State:
+        if self.jumps:  # a nested loop's: the code after it starts from here
+            self.jumps[-1].breaks.append(state)
         if self.loop_depth == 0:
             self.forbid(
                 s,
@@ -770,7 +844,12 @@ class _Flow:
                         if isinstance(part, (ast.Attribute, ast.Subscript)):
                             root = root_name(part)
                             if root is not None and root.id in free_names:
-                                self.check_target_mutation(part, state, False)
+                                op = (
+                                    _op_text(inner.op)
+                                    if isinstance(inner, ast.AugAssign)
+                                    else ""
+                                )
+                                self.check_target_mutation(part, state, op)
         return state
 
     def stmt_FunctionDef(self, s: ast.FunctionDef, state: State) -> State:
@@ -876,27 +955,200 @@ _AWAIT_TEXT = (
 )
 
 
+#: the source text of every binary operator (messages quote the user's own)
+OP_TEXT: dict[type[ast.operator], str] = {
+    **BIN_OPS,
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.Pow: "**",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+}
+
+
 def _op_text(op: ast.operator) -> str:
-    return BIN_OPS.get(type(op), "?")
+    """``/`` for ``ast.Div()``: the operator as the user wrote it."""
+    return OP_TEXT[type(op)]
 
 
-def _has_break(stmts: list[ast.stmt]) -> bool:
-    """A ``break`` belonging to this loop (not to a loop nested inside it)."""
+def _element_fix(name: str) -> str:
+    """Advice for ``h[k] = []`` beside ``h[k].append(x)`` (or ``+=``) that was
+    not proven to be the iteration's own new element."""
+    return (
+        f"To fill a new element per key, make it new at the top of the loop "
+        f"body, before any other use of `{name}`, under the loop variable "
+        f"itself (`{name}[k] = []`, then `{name}[k].append(...)`); or build it "
+        f"in a local and store it once (`h = []`, `h.append(...)`, "
+        f"`{name}[k] = h`)."
+    )
+
+
+def _mixed_depths(cs: list[Candidate]) -> bool:
+    """``A[i] *= 2`` beside ``A[i, :2] += 1``: one row written at two depths."""
+    tuples: set[bool] = set()
+    for c in cs:
+        st = c.stmt
+        if isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Subscript):
+            tuples.add(isinstance(st.target.slice, ast.Tuple))
+    return len(tuples) > 1
+
+
+def _row_depth_fix(name: str) -> str:
+    """The own-row form of mixed-depth row updates (numpy/torch rows)."""
+    return (
+        f" If each iteration changes only its own row `{name}[i]` (`i` from "
+        f"`range` or `enumerate`), write every statement one level into the "
+        f"row (`{name}[i, :] *= 2` beside `{name}[i, :2] += 1`): own-row writes "
+        f"are accepted."
+    )
+
+
+def _own_key_fix(name: str) -> str:
+    """Advice for ``for k in d: d[k] = f(d[k])``: forms that are accepted."""
+    return (
+        f"If each iteration reads and writes only its own item, loop over "
+        f"`{name}.items()` (`for k, v in {name}.items(): {name}[k] = f(v)`) for "
+        f"a dict, or `range(len({name}))` for a list or array; or write into "
+        f"another name (`new[k] = f({name}[k])`) and apply it after the loop "
+        f"(`for k, v in new.items(): {name}[k] = v`)."
+    )
+
+
+def _setdefault_fix(call: ast.Call, name: str) -> str:
+    """Advice for ``D.setdefault(k, []).append(v)``: the ``defaultdict`` form is
+    a keyed gather; other defaults (``set()``) are built after the loop."""
+    default = call.args[1] if len(call.args) == 2 else None
+    k = ast.unparse(call.args[0]) if call.args else "k"
+    is_list = isinstance(default, (ast.List, ast.ListComp)) or (
+        isinstance(default, ast.Call)
+        and isinstance(default.func, ast.Name)
+        and default.func.id == "list"
+    )
+    if is_list:
+        return (
+            f"Make `{name}` a `collections.defaultdict(list)` before the loop and "
+            f"write `{name}[{k}].append(...)` (or `.extend(...)`) in it: the lists "
+            f"per key are gathered in iteration order."
+        )
+    return (
+        f"Collect the pairs (`pairs.append(({k}, value))`) and run this "
+        f"statement after the loop (`for {k}, value in pairs: ...`), where it "
+        f"changes `{name}` itself."
+    )
+
+
+def _loop_bindings(stmts: Iterable[ast.stmt]) -> dict[str, int]:
+    """Names bound by a nested loop (its target or body) -> the line of the
+    innermost such loop: where to initialise a name the loop may not assign."""
+    out: dict[str, int] = {}
+    for s in stmts:  # pre-order: an inner loop overwrites its outer one
+        if isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
+            parts: list[ast.AST] = list(s.body)
+            if not isinstance(s, ast.While):
+                parts.append(s.target)
+            for n in bindings_of(node for p in parts for node in scope_nodes(p)):
+                out[n] = s.lineno
+    return out
+
+
+def _selection_kind(test: ast.expr, name: str) -> str | None:
+    """``"first"`` for a test like ``name is None`` / ``not name``, ``"best"``
+    for an ordering (``score > name``), else ``None``."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            if isinstance(node.operand, ast.Name) and node.operand.id == name:
+                return "first"
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if not any(isinstance(x, ast.Name) and x.id == name for x in sides):
+                continue
+            if any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                return "first"
+            if any(
+                isinstance(op, (ast.Lt, ast.Gt, ast.LtE, ast.GtE)) for op in node.ops
+            ):
+                return "best"
+    return None
+
+
+def _selections(stmts: Iterable[ast.stmt]) -> dict[str, str]:
+    """Names the body re-assigns under a test that reads them (``if score >
+    best: best = score``, ``if found is None: found = x``): a running best or a
+    first match, for which a reduction is the wrong advice."""
+    out: dict[str, str] = {}
     for s in stmts:
-        if isinstance(s, ast.Break):
-            return True
-        if isinstance(s, (ast.For, ast.AsyncFor, ast.While, *NESTED_SCOPES)):
-            continue
-        for name in ("body", "orelse", "finalbody"):
-            if _has_break(getattr(s, name, [])):
-                return True
-        for h in getattr(s, "handlers", []):
-            if _has_break(h.body):
-                return True
-        for c in getattr(s, "cases", []):
-            if _has_break(c.body):
-                return True
+        guarded: list[tuple[ast.expr, list[ast.stmt]]] = []
+        if isinstance(s, ast.If):
+            guarded.append((s.test, [*s.body, *s.orelse]))
+        elif isinstance(s, ast.Assign) and isinstance(s.value, ast.IfExp):
+            guarded.append((s.value.test, [s]))
+        for test, body in guarded:
+            bound = {
+                n.id
+                for st in block_statements(body)
+                if isinstance(st, (ast.Assign, ast.AnnAssign))
+                for t in (st.targets if isinstance(st, ast.Assign) else [st.target])
+                for n in target_names(t)
+            }
+            for n in sorted(bound):
+                kind = _selection_kind(test, n)
+                if kind is not None:
+                    out.setdefault(n, kind)
+    return out
+
+
+def _int_literal(e: ast.expr) -> int | None:
+    """``3`` or ``-3`` written as a literal (not a bool), else ``None``."""
+    sign = 1
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub):
+        sign, e = -1, e.operand
+    if isinstance(e, ast.Constant) and type(e.value) is int:
+        return sign * e.value
+    return None
+
+
+def _nonempty(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
+    """Does iterating ``e`` surely yield an item?  Literals only: ``range`` of
+    int literals, a display with an item that is not ``*starred``, a non-empty
+    string, ``enumerate``/``zip`` of those.  Anything else may be empty."""
+    if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
+        return any(not isinstance(x, ast.Starred) for x in e.elts)
+    if isinstance(e, ast.Dict):
+        return any(k is not None for k in e.keys)
+    if isinstance(e, ast.Constant):
+        return isinstance(e.value, (str, bytes)) and len(e.value) > 0
+    if not (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and is_builtin(e.func.id)
+        and e.args
+        and not any(isinstance(a, ast.Starred) for a in e.args)
+    ):
+        return False
+    f, args = e.func.id, e.args
+    if f == "range" and not e.keywords and len(args) <= 3:
+        bounds = [_int_literal(a) for a in args]
+        ints = [b for b in bounds if b is not None]
+        return (
+            len(ints) == len(args)
+            and (len(args) < 3 or ints[2] != 0)
+            and (len(range(*ints)) > 0)
+        )
+    if f == "enumerate":
+        return _nonempty(args[0], is_builtin)
+    if f == "zip":
+        return all(_nonempty(a, is_builtin) for a in args)
     return False
+
+
+def _runs_once(s: ast.For | ast.While, is_builtin: Callable[[str], bool]) -> bool:
+    """A nested ``for`` over a surely non-empty iterable runs its body at least
+    once; a ``while True:`` leaves only by ``break`` (or an exception)."""
+    if isinstance(s, ast.While):
+        t = s.test
+        return isinstance(t, ast.Constant) and bool(t.value)
+    return _nonempty(s.iter, is_builtin)
 
 
 def _alias_expr(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
@@ -925,8 +1177,11 @@ def _mentions(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
 #: builtins that consume their argument before the loop starts: a sink named in
 #: them (``range(len(a))``) is read once, as serially, not iterated lazily
 _EAGER = frozenset(
-    {"len", "list", "tuple", "sorted", "set", "frozenset", "dict", "sum", "min", "max"}
-)
+    {
+        "len", "list", "tuple", "sorted", "set", "frozenset", "dict", "sum",
+        "min", "max", "range",
+    }
+)  # fmt: skip
 
 
 def _lazy_names(e: ast.AST, is_builtin: Callable[[str], bool]) -> Iterator[ast.Name]:
@@ -1087,13 +1342,11 @@ def _own_rows(
     is_builtin: Callable[[str], bool],
 ) -> dict[str, OwnRow]:
     """Sinks written and read back under the loop's own position index (from
-    ``range`` or ``enumerate``; labels can repeat across objects), never the
-    iterable itself (its items would not see the writes on an engine)."""
-    if _labels_owner(loop_iter) is not None:
-        return {}
-    i = _own_index(loop_target, loop_iter, is_builtin)
-    if i is None or i in bindings_of(nodes):
-        return {}
+    ``range`` or ``enumerate``; labels can repeat across objects), or under any
+    loop variable for a row the iteration first makes new (``h[k] = []``);
+    never the iterable itself (its items would not see the writes on an
+    engine)."""
+    rebound = bindings_of(nodes)
     iterated = (
         {
             n.id
@@ -1112,9 +1365,19 @@ def _own_rows(
         }
         - bound
         - iterated
-        - {i}
     )
-    rows = find_own_rows(body, i, sorted(names), is_builtin)
+    i = (
+        None
+        if _labels_owner(loop_iter)
+        else _own_index(loop_target, loop_iter, is_builtin)
+    )
+    rows: dict[str, OwnRow] = {}
+    if i is not None and i not in rebound:
+        rows = find_own_rows(body, i, sorted(names - {i}), is_builtin)
+    for t in target_names(loop_target):
+        if t.id != i and t.id not in rebound:
+            left = sorted(names - set(rows) - {t.id})
+            rows.update(find_own_rows(body, t.id, left, is_builtin, distinct=False))
     return {n: r for n, r in rows.items() if not (r.mode == "value" and r.simple)}
 
 
@@ -1234,7 +1497,12 @@ def classify_body(
                 name,
                 "mixed-use",
                 f"`{name}` is used both as {kinds} in the loop; gpucell can merge "
-                f"one kind of contribution per name. Use a separate name for each.",
+                f"one kind of contribution per name. "
+                + (
+                    _element_fix(name)
+                    if WRITE in classes and classes & {KEYED, KEYED_GATHER}
+                    else "Use a separate name for each."
+                ),
             )
             sinks[name] = first
             continue
@@ -1251,7 +1519,8 @@ def classify_body(
                     f"`{name}` is combined with different operators or forms "
                     f"({', '.join(sorted(ast.unparse(c.stmt) for c in cs))}); a "
                     f"parallel reduction needs one associative operator per name. "
-                    f"Use one form (e.g. only `{name} += ...`).",
+                    f"Use one form (e.g. only `{name}{'[k]' if cls == KEYED else ''}"
+                    f" += ...`)." + (_row_depth_fix(name) if _mixed_depths(cs) else ""),
                 )
         sinks[name] = first
         line = first.stmt.lineno
@@ -1337,6 +1606,8 @@ def classify_body(
     )
     ctx.target_names = {n.id for n in target_names(loop_target)}
     ctx.own_elements = own_elements
+    ctx.loop_stored = _loop_bindings(stmts)
+    ctx.selections = _selections(stmts)
     flow = _Flow(ctx)
     entry: State = frozenset(n.id for n in target_names(loop_target))
     for part in target_parts(loop_target):
@@ -1362,8 +1633,15 @@ def classify_body(
                     "iterable-mutated",
                     f"the loop iterates over `{node.id}`, which the body also changes "
                     f"(line {sinks[node.id].stmt.lineno}); serially the loop would "
-                    f"see its own changes. Iterate over a copy "
-                    f"(`for x in list({node.id}):`) or collect into another name.",
+                    f"see its own changes. "
+                    + (
+                        f"A copy (`list({node.id})`) is not enough here: the body "
+                        f"also reads `{node.id}` (see line "
+                        f"{ctx.sink_reads[node.id]})."
+                        if node.id in ctx.sink_reads
+                        else f"Iterate over a copy (`for x in list({node.id}):`) "
+                        f"or collect into another name."
+                    ),
                 )
 
     for name, row in own_rows.items():

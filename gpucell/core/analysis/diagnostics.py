@@ -52,14 +52,19 @@ class DiagnosticSink:
 
     def __init__(self) -> None:
         self._seen: set[tuple[int, int, str, str]] = set()
+        self._texts: set[tuple[int, str, str, str]] = set()
         self._items: list[Diagnostic] = []
 
     def add(self, line: int, col: int, name: str, kind: str, text: str) -> None:
-        """Record a problem unless the same one was recorded already."""
+        """Record a problem unless the same one was recorded already: at the
+        same place, or with the same words on the same line (``d[k] + d[k]``
+        would otherwise repeat one sentence per read)."""
         key = (line, col, name, kind)
-        if key in self._seen:
+        said = (line, name, kind, text)
+        if key in self._seen or said in self._texts:
             return
         self._seen.add(key)
+        self._texts.add(said)
         self._items.append(Diagnostic(line, col, name, kind, text))
 
     def extend(self, items: Iterable[Diagnostic]) -> None:

@@ -141,24 +141,100 @@ def _use_ok(
     )
 
 
+def _method_call(
+    top: ast.expr, up: ast.AST | None, parents: dict[int, ast.AST]
+) -> bool:
+    """``S[i].append(x)``: a method called on the row itself."""
+    return (
+        isinstance(up, ast.Attribute)
+        and up.value is top
+        and isinstance(parents.get(id(up)), ast.Call)
+        and getattr(parents.get(id(up)), "func", None) is up
+    )
+
+
+def _fresh_value(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
+    """A new object no one else holds: a display, a comprehension, a literal,
+    ``list()``/``dict()``/``set()`` of anything."""
+    if isinstance(
+        e,
+        (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp),
+    ):
+        return True
+    if isinstance(e, ast.Constant):
+        return True
+    return (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id in ("list", "dict", "set", "bytearray")
+        and is_builtin(e.func.id)
+    )
+
+
+def _may_alias(e: ast.expr) -> bool:
+    """Could ``e`` evaluate to an object held elsewhere (``xs``, ``a.b[0]``)?
+    Calls and operators make new objects, as elsewhere in the analysis."""
+    if isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Starred)):
+        return True
+    if isinstance(e, ast.IfExp):
+        return _may_alias(e.body) or _may_alias(e.orelse)
+    if isinstance(e, ast.BoolOp):
+        return any(_may_alias(v) for v in e.values)
+    if isinstance(e, ast.NamedExpr):
+        return _may_alias(e.value)
+    return False
+
+
+def _fresh_first(
+    name: str,
+    body: list[ast.stmt],
+    uses: list[ast.Name],
+    is_builtin: Callable[[str], bool],
+) -> bool:
+    """Does a top-level ``S[i] = <new object>`` come before every other use of
+    ``S``?  Then the iteration never sees the row from before it (nor from an
+    earlier iteration with the same key): it works on its own new object, even
+    through method calls, and the row's final value is all that comes back."""
+    for pos, st in enumerate(body):
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+            continue
+        t = st.targets[0]
+        if not (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and t.value.id == name
+        ):
+            continue
+        if not _fresh_value(st.value, is_builtin):
+            return False
+        later = {id(n) for s in body[pos + 1 :] for n in ast.walk(s)}
+        return all(u is t.value or id(u) in later for u in uses)
+    return False
+
+
 def _candidate(
     name: str,
     index: str,
     body: list[ast.stmt],
     parents: dict[int, ast.AST],
     is_builtin: Callable[[str], bool],
+    distinct: bool = True,
 ) -> OwnRow | None:
     writes: list[tuple[int, bool, ast.stmt]] = []
     reads: list[tuple[int, int]] = []
+    uses: list[ast.Name] = []
+    meta = methods = False
     for s in body:
         for node in ast.walk(s):
             if not (isinstance(node, ast.Name) and node.id == name):
                 continue
+            uses.append(node)
             base = parents.get(id(node))
             if _metadata_read(node, base) and not (
                 isinstance(parents.get(id(base)), ast.Call)
                 and getattr(parents.get(id(base)), "func", None) is base
             ):
+                meta = True
                 continue
             if not isinstance(base, ast.Subscript) or base.value is not node:
                 return None
@@ -184,6 +260,9 @@ def _candidate(
                     writes.append((levels, True, up))
                 else:
                     return None
+            elif levels == 1 and _method_call(top, up, parents):
+                methods = True  # allowed on a row made new in this iteration
+                reads.append((node.lineno, node.col_offset))
             elif isinstance(top.ctx, ast.Del) or not _use_ok(top, up, is_builtin):
                 return None
             else:
@@ -197,6 +276,37 @@ def _candidate(
         mode = "value"
     else:
         return None
+    if mode == "value" and not _value_ok(writes, meta, methods):
+        return None
+    if (methods or not distinct) and not _fresh_first(name, body, uses, is_builtin):
+        return None
+    return _own_row(name, index, mode, writes, reads, parents)
+
+
+def _value_ok(
+    writes: list[tuple[int, bool, ast.stmt]], meta: bool, methods: bool
+) -> bool:
+    """Whole-element writes read back: ``len(S)`` would change as new keys of
+    a dict are written (serially, not on an engine), and ``S[i] = xs`` then
+    ``S[i] += ...`` (or a method) would change ``xs`` in place."""
+    if meta:
+        return False
+    if not (methods or any(aug for _d, aug, _s in writes)):
+        return True
+    return not any(
+        isinstance(s, ast.Assign) and _may_alias(s.value) for _d, _a, s in writes
+    )
+
+
+def _own_row(
+    name: str,
+    index: str,
+    mode: Mode,
+    writes: list[tuple[int, bool, ast.stmt]],
+    reads: list[tuple[int, int]],
+    parents: dict[int, ast.AST],
+) -> OwnRow:
+    """The record, with ``simple`` set when the plain own-element rule fits."""
     first = min(s.lineno for _d, _a, s in writes)
     stmts = {id(s): s for _d, _a, s in writes}
     simple = False
@@ -223,15 +333,19 @@ def find_own_rows(
     index: str | None,
     candidates: Collection[str],
     is_builtin: Callable[[str], bool],
+    distinct: bool = True,
 ) -> dict[str, OwnRow]:
     """The own-row sinks among ``candidates`` (names the body neither binds nor
-    iterates over), given the loop's distinct index ``index``."""
+    iterates over), given the loop's index ``index``.  An index that may repeat
+    (``distinct=False``: any loop variable) is enough for a row the iteration
+    first replaces with a new object (``h[k] = []``, then ``h[k].append(x)``):
+    an earlier iteration with the same key cannot leak into it."""
     if index is None:
         return {}
     parents = _parents(body)
     found = {}
     for name in candidates:
-        row = _candidate(name, index, body, parents, is_builtin)
+        row = _candidate(name, index, body, parents, is_builtin, distinct)
         if row is not None:
             found[name] = row
     return found

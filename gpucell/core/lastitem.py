@@ -1,0 +1,75 @@
+"""The loop variable after the loop: the iterable's last item itself (pure).
+
+Serially ``for xb in batches: ...`` leaves ``xb`` bound to ``batches[-1]``,
+the same object; from an engine it would come back an equal copy (a later
+``xb[0] = 0`` would then not show in ``batches``, and a numpy row would not
+share memory with its array).  When the body never rebinds or deletes a name
+of the loop's target, the kernel binds the target to the last item it holds
+itself, with Python's own unpacking (``for i, (a, b) in ...``).
+"""
+
+from __future__ import annotations
+
+import ast
+from types import CodeType
+
+__all__ = ["LAST_ITEM", "last_item_binding"]
+
+#: the name the kernel puts the last item under while the binding runs
+LAST_ITEM = "__gpucell_last_item__"
+
+
+def _names_only(target: ast.expr) -> bool:
+    if isinstance(target, ast.Name):
+        return True
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return all(_names_only(e) for e in target.elts)
+    if isinstance(target, ast.Starred):
+        return _names_only(target.value)
+    return False
+
+
+def _target_names(target: ast.expr) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _touched(body: list[ast.stmt]) -> set[str]:
+    """Names the body binds or deletes anywhere (nested scopes included: a
+    ``global``/``nonlocal`` there could rebind the target, so be generous)."""
+    out: set[str] = set()
+    binds = (ast.Store, ast.Del)
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, binds):
+                out.add(node.id)
+            elif isinstance(node, defs):
+                out.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                out.update(node.names)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                out.add(node.name)
+    return out
+
+
+def last_item_binding(source: str, line: int, filename: str) -> CodeType | None:
+    """Code binding the ``for`` loop at ``line``'s target to ``LAST_ITEM``, or
+    ``None`` when the body may leave another value there (it rebinds or
+    deletes a target name) or the target is not plain names."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    loop = next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno == line),
+        None,
+    )
+    if loop is None or not _names_only(loop.target):
+        return None
+    if _target_names(loop.target) & _touched(loop.body):
+        return None
+    module = ast.parse(f"{ast.unparse(loop.target)} = {LAST_ITEM}")
+    ast.increment_lineno(module, line - 1)  # (an error names the loop's line)
+    return compile(module, filename, "exec")
