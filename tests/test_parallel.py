@@ -1139,3 +1139,33 @@ def test_a_loop_that_reseeds_every_iteration_is_noted_not_warned(ip, cluster, ca
     )
     assert "warning" in capsys.readouterr().out
     del torch
+
+
+def test_a_result_holding_the_loops_own_items_holds_the_kernels_objects(ip, cluster):
+    """Serially ``adults.append(p)`` for ``p in people`` makes ``adults[0]``
+    the very dict ``people[k]`` (a later change through one shows in the
+    other); from an engine it was an equal copy.  Results that hold the
+    loop's own items (gathered, in tuples, as a best-so-far, as dict values,
+    through enumerate and zip) hold the kernel's objects."""
+    people = [{"name": n, "age": a} for n, a in [("a", 30), ("b", 12), ("c", 45)]]
+    rows = [[1, 2], [3, 4], [5, 6]]
+    ip.user_ns.update({"people": people, "rows": rows, "adults": [], "by": {}})
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --chunksize 1",
+        "pairs = []\n"
+        "for i, (p, r) in enumerate(zip(people, rows)):\n"
+        "    if p['age'] > 18:\n"
+        "        adults.append(p)\n"
+        "    pairs.append((i, r))\n"
+        "    by[p['name']] = r\n",
+    )
+    ns = ip.user_ns
+    assert [a is people[k] for a, k in zip(ns["adults"], (0, 2), strict=True)] == [
+        True,
+        True,
+    ]
+    assert all(pair[1] is rows[k] for k, pair in enumerate(ns["pairs"]))
+    assert ns["by"]["b"] is rows[1] and ns["p"] is people[2]
+    people[0]["age"] = 31
+    assert ns["adults"][0]["age"] == 31  # as serially: one object

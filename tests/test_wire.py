@@ -524,3 +524,29 @@ def test_gradients_of_leaf_tensors_and_parameters_travel() -> None:
     assert got_x.requires_grad and torch.equal(got_x.grad, x.grad)
     fresh = wire.loads(wire.dumps(torch.nn.Linear(2, 2)))
     assert fresh.weight.grad is None
+
+
+def test_the_loops_own_items_travel_as_references() -> None:
+    """``dumps(..., items=...)`` sends an object that is one of the loop's
+    items as a reference, and ``loads(..., items=...)`` puts the receiver's
+    own item there; nothing else changes, and a reference with no resolver
+    is a clear error."""
+    from gpucell.protocol.chunks import item_at, item_refs
+
+    people = [{"n": 1}, {"n": 2}, {"n": 3}]
+    chunk = ("enumerate", 5, ("zip", (("seq", people[1:]), ("seq", [7, 8]))))
+    refs = item_refs(chunk, 5)
+    assert refs == {id(people[1]): (5, "e", 0), id(people[2]): (6, "e", 0)}
+    kernels = [{"n": 1}, {"n": 2}, {"n": 3}]  # the kernel's own, equal objects
+
+    def own(i: int, path: tuple) -> object:
+        one = ("enumerate", i, ("zip", (("seq", kernels[i - 4 : i - 3]), ("seq", [0]))))
+        return item_at(one, path)
+
+    frames = wire.dumps({"kept": [people[2], {"n": 2}], "last": people[1]}, items=refs)
+    got = wire.loads(frames, items=own)
+    assert got["kept"][0] is kernels[2] and got["last"] is kernels[1]
+    assert got["kept"][1] == {"n": 2} and got["kept"][1] is not kernels[1]
+    assert item_refs(("seq", [1, 2.0, "x"]), 0) == {}  # plain values: no refs
+    with pytest.raises(pickle.UnpicklingError, match="no items were given"):
+        wire.loads(frames)

@@ -20,12 +20,13 @@ LAST_ITEM = "__gpucell_last_item__"
 
 
 def _names_only(target: ast.expr) -> bool:
+    """Plain names, in tuples or lists: each is bound to a part of the item.
+    (Not ``*rest``: it gets a new list, which the body may have gathered and
+    so be the same object as one that came back from the engine.)"""
     if isinstance(target, ast.Name):
         return True
     if isinstance(target, (ast.Tuple, ast.List)):
         return all(_names_only(e) for e in target.elts)
-    if isinstance(target, ast.Starred):
-        return _names_only(target.value)
     return False
 
 

@@ -34,7 +34,7 @@ from gpucell.engine import checkin, hostcopy, runtime, tohost, writebehind
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
-from gpucell.protocol.chunks import DETAIL_MAX, chunk_items
+from gpucell.protocol.chunks import DETAIL_MAX, chunk_items, item_refs
 from gpucell.protocol.fold import is_torch
 from gpucell.protocol.program import Setup, Watch
 
@@ -767,8 +767,11 @@ def run(
             prewritten = behind.finish()
         else:
             behind.discard()
+    # results that hold the loop's own items (`out.append(p)`) name them, and
+    # the kernel puts its own there: serially they are the same objects
+    items = item_refs(chunk_obj, start) if status == "ok" else None
     try:
-        frames = wire.dumps((status, payload, timing))
+        frames = wire.dumps((status, payload, timing), items=items)
     except Exception:
         if prewritten is not None:
             shm.discard(prewritten)
@@ -778,7 +781,7 @@ def run(
         # generator, a lock) must not fail a loop whose results are fine: the
         # kernel leaves that name as it was, and says so
         _mark_unsendable(payload)
-        frames = wire.dumps((status, payload, timing))
+        frames = wire.dumps((status, payload, timing), items=items)
         prewritten = None
     spilled = shm.spill(frames, results_to, tag, prewritten)
     runtime.busy()

@@ -707,7 +707,7 @@ class Run:
                 f"{e.traceback or ''}"
             ) from None
         frames = shm.unspill(frames, record)
-        status, payload, timing = wire.loads(frames)
+        status, payload, timing = wire.loads(frames, items=self._own_item)
         if timing.get("cached") is not None:
             # what the engine caches now, as it says (never assumed)
             gc.input_cache[chunk.engine] = dict(timing["cached"])
@@ -733,6 +733,13 @@ class Run:
         # its provenance and its kept copy (an interrupt waits until then)
         with interrupts_deferred("a finished chunk was recorded"):
             self._finished(flight, chunk, payload, timing)
+
+    def _own_item(self, iteration: int, path: tuple[Any, ...]) -> Any:
+        """The kernel's own item of ``iteration`` that a result holds (the
+        engine sent a reference: ``protocol.chunks.item_refs``)."""
+        from gpucell.protocol.chunks import item_at
+
+        return item_at(self.chunk_of(iteration, iteration + 1), path)
 
     def _finished(self, flight: Flight, chunk: Any, payload: Any, timing: Any) -> None:
         gc, record, sched = self.gc, self.record, self.sched

@@ -32,7 +32,7 @@ import io
 import pickle
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,7 +248,42 @@ def _rebuild_tensor(
     return t
 
 
-def dumps(obj: Any) -> list[memoryview | bytes]:
+#: a persistent id naming one of the loop's own items (see ``dumps``'s ``items``)
+ITEM = "gpucell-item"
+
+
+class _ItemPickler(_Pickler):
+    """Objects that are the loop's own items travel as a reference to them."""
+
+    def __init__(self, *args: Any, items: dict[int, tuple[Any, ...]], **kw: Any):
+        super().__init__(*args, **kw)
+        self._items = items
+
+    def persistent_id(self, obj: Any) -> Any:
+        ref = self._items.get(id(obj))
+        return None if ref is None else (ITEM, *ref)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves item references with ``loads``'s ``items``."""
+
+    def __init__(self, *args: Any, items: Callable[..., Any] | None, **kw: Any):
+        super().__init__(*args, **kw)
+        self._items = items
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and pid and pid[0] == ITEM):
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        if self._items is None:
+            raise pickle.UnpicklingError(
+                "a result names the loop's own items, but no items were given"
+            )
+        return self._items(pid[1], tuple(pid[2:]))
+
+
+def dumps(
+    obj: Any, items: dict[int, tuple[Any, ...]] | None = None
+) -> list[memoryview | bytes]:
     """Serialise ``obj`` into frames whose big buffers are the objects' own memory.
 
     Parameters
@@ -267,6 +302,11 @@ def dumps(obj: Any) -> list[memoryview | bytes]:
         ``apply`` argument, or return it from the applied function, and each big frame
         travels as its own zero-copy zmq frame.
 
+    items : dict, optional
+        ``id(object) -> (iteration, *path)`` for objects that are the loop's
+        own items (``protocol.chunks.item_refs``): each travels as a
+        reference, and :func:`loads` puts the receiver's own item there.
+
     Notes
     -----
     The frames alias the objects: do not mutate them until the message is sent
@@ -283,7 +323,12 @@ def dumps(obj: Any) -> list[memoryview | bytes]:
         return False
 
     f = io.BytesIO()
-    _Pickler(f, protocol=_PROTOCOL, buffer_callback=_out_of_band).dump(obj)
+    if items:
+        _ItemPickler(
+            f, protocol=_PROTOCOL, buffer_callback=_out_of_band, items=items
+        ).dump(obj)
+    else:
+        _Pickler(f, protocol=_PROTOCOL, buffer_callback=_out_of_band).dump(obj)
     payload = f.getbuffer()
     frames, layout = _pack(bufs)
     header = pickle.dumps((*FORMAT, layout), protocol=_PROTOCOL)
@@ -325,7 +370,13 @@ def frames_nbytes(frames: Iterable[Any]) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def loads(frames: Sequence[Any], *, cuda_to: Any = None, writable: bool = True) -> Any:
+def loads(
+    frames: Sequence[Any],
+    *,
+    cuda_to: Any = None,
+    writable: bool = True,
+    items: Callable[[int, tuple[Any, ...]], Any] | None = None,
+) -> Any:
     """Rebuild the object :func:`dumps` serialised, on top of the received frames.
 
     Parameters
@@ -342,6 +393,9 @@ def loads(frames: Sequence[Any], *, cuda_to: Any = None, writable: bool = True) 
         memcpy, a few GB/s). ``False`` skips that copy: numpy arrays come back
         read-only views of the frames, and torch tensors (which have no read-only
         flag) share them, so writing to them writes into the received message.
+    items : callable, optional
+        ``items(iteration, path)``: the receiver's own loop item that a
+        reference made by ``dumps(..., items=...)`` names.
 
     Notes
     -----
@@ -362,7 +416,7 @@ def loads(frames: Sequence[Any], *, cuda_to: Any = None, writable: bool = True) 
         bufs = [views[fi][a:z] for fi, a, z in layout]
     token = _OPTIONS.set(_LoadOptions(cuda_to, writable))
     try:
-        return pickle.loads(frames[1], buffers=bufs)
+        return _Unpickler(io.BytesIO(frames[1]), buffers=bufs, items=items).load()
     finally:
         _OPTIONS.reset(token)
 
