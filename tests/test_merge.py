@@ -265,3 +265,30 @@ def test_keyed_gathers_into_one_list_under_two_keys_are_refused() -> None:
     with pytest.raises(NotParallelizable, match="same list as another key's"):
         merge(plan, results, ns)
     assert shared == []
+
+
+def test_a_set_gets_its_items_in_serial_insertion_order():
+    """A set's iteration order follows its insertion history (table resizes
+    included): ``list(vocab)`` after ``vocab.add(t)`` in the loop must list
+    the items as the serial loop leaves them."""
+    from gpucell.core.analysis import analyse
+    from gpucell.core.merge import merge
+
+    tokens = ("a b c d e f g a b c h i j " * 4).split()
+    cell = "for t in tokens:\n    vocab.add(t)\n    vocab.add(t.upper())\n"
+    serial: set = set()
+    for t in tokens:
+        serial.add(t)
+        serial.add(t.upper())
+    plan = analyse(cell, known_names=["tokens", "vocab"])
+    ns = {"vocab": set(), "tokens": tokens}
+    half = len(tokens) // 2
+    from gpucell.engine.chunk import run_chunk
+
+    prog = plan.engine_program()
+    results = [
+        run_chunk(prog, ns, ("seq", tokens[a:b]), a)
+        for a, b in ((0, half), (half, len(tokens)))
+    ]
+    merge(plan, results, ns)
+    assert list(ns["vocab"]) == list(serial)

@@ -676,10 +676,19 @@ def _replay(target: Any, ops: list[tuple[str, Any]]) -> None:
 
 def _prepare_union(name: str, target: Any, ops: list[tuple[str, Any]]) -> Mutation:
     if isinstance(target, set):
-        items: set[Any] = set()
+        # added one by one, first seen first, as serially: a set's iteration
+        # order follows its insertion history, table resizes included
+        # (`list(vocab)` after the loop; `update` would presize the table)
+        items: dict[Any, None] = {}
         for _kind, payload in ops:
-            items.update(payload)
-        return Mutation(name, "update", lambda: target.update(items))
+            items.update(dict.fromkeys(payload))
+
+        def add_each() -> None:
+            add = target.add
+            for x in items:
+                add(x)
+
+        return Mutation(name, "update", add_each)
     trial = copy.copy(target)
     _replay(trial, ops)
     return Mutation(name, "replay", lambda: _replay(target, ops))
