@@ -1169,3 +1169,56 @@ def test_a_result_holding_the_loops_own_items_holds_the_kernels_objects(ip, clus
     assert ns["by"]["b"] is rows[1] and ns["p"] is people[2]
     people[0]["age"] = 31
     assert ns["adults"][0]["age"] == 31  # as serially: one object
+
+
+def test_with_open_in_the_body_leaves_a_closed_file_as_serially(ip, cluster, tmp_path):
+    """``with open(p) as fh:`` in the body leaves ``fh`` a closed file
+    serially; a file cannot travel, so the kernel stands in an equal closed
+    one (type, name, mode, encoding) instead of leaving the name unbound."""
+    import io
+
+    for k in range(4):
+        (tmp_path / f"f{k}.txt").write_text("x" * k)
+    ns = {"paths": [str(tmp_path / f"f{k}.txt") for k in range(4)]}
+    cell = (
+        "sizes = []\nfor p in paths:\n    with open(p) as fh:\n"
+        "        sizes.append(len(fh.read()))\n"
+        "    with open(p + '.out', 'wb') as out:\n        out.write(b'1')\n"
+    )
+    ip.user_ns.update(ns)
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    fh, out = ip.user_ns["fh"], ip.user_ns["out"]
+    assert ip.user_ns["sizes"] == [0, 1, 2, 3]
+    assert type(fh) is io.TextIOWrapper and fh.closed
+    assert fh.name == ns["paths"][-1] and fh.mode == "r"
+    assert type(out) is io.BufferedWriter and out.closed
+    assert out.name == ns["paths"][-1] + ".out"
+    with pytest.raises(ValueError, match="closed file"):
+        fh.read()
+
+
+def test_one_file_written_by_every_iteration_is_refused(ip, cluster, tmp_path):
+    """``open("log.txt", "a")`` (or ``"w"``) with the same path in every
+    iteration: serially the lines end in iteration order (the last
+    iteration's content for "w"); engines writing at once would not.
+    Refused by line and path; a path built from the loop variable runs."""
+    log = tmp_path / "log.txt"
+    ip.user_ns["LOG"] = str(log)
+    for mode in ("a", "w"):
+        cell = (
+            f"for i in range(6):\n    with open(LOG, '{mode}') as f:\n"
+            "        f.write(str(i))\n"
+        )
+        with pytest.raises(gpucell.NotParallelizable, match="line 3 opens `LOG`"):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert not log.exists()
+    ip.user_ns["DIR"] = str(tmp_path)
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "for i in range(4):\n    with open(f'{DIR}/part{i}.txt', 'w') as f:\n"
+        "        f.write(str(i))\n",
+    )
+    assert sorted(p.name for p in tmp_path.glob("part*")) == [
+        f"part{i}.txt" for i in range(4)
+    ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from types import CodeType
 
-__all__ = ["LAST_ITEM", "last_item_binding"]
+__all__ = ["LAST_ITEM", "last_item_binding", "shared_file_writes"]
 
 #: the name the kernel puts the last item under while the binding runs
 LAST_ITEM = "__gpucell_last_item__"
@@ -74,3 +74,50 @@ def last_item_binding(source: str, line: int, filename: str) -> CodeType | None:
     module = ast.parse(f"{ast.unparse(loop.target)} = {LAST_ITEM}")
     ast.increment_lineno(module, line - 1)  # (an error names the loop's line)
     return compile(module, filename, "exec")
+
+
+_WRITE_MODES = frozenset("wax+")
+
+
+def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
+    """``(line, path text)`` of each ``open(path, mode)`` in the ``for`` loop at
+    ``line`` that writes (mode ``w``, ``a``, ``x`` or ``+``) a path that
+    names nothing the loop binds: every iteration writes the same file, so
+    what it holds at the end (the last iteration's content, or the lines in
+    iteration order) depends on which engine writes when."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    loop = next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno == line),
+        None,
+    )
+    if loop is None:
+        return []
+    bound = _target_names(loop.target) | _touched(loop.body)
+    out: list[tuple[int, str]] = []
+    for stmt in loop.body:
+        for node in ast.walk(stmt):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "open"
+                and node.args
+            ):
+                continue
+            mode: ast.expr | None = node.args[1] if len(node.args) > 1 else None
+            for kw in node.keywords:
+                if kw.arg == "mode":
+                    mode = kw.value
+            if not (
+                isinstance(mode, ast.Constant)
+                and isinstance(mode.value, str)
+                and _WRITE_MODES & set(mode.value)
+            ):
+                continue
+            path = node.args[0]
+            names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
+            if not names & bound:
+                out.append((node.lineno, ast.unparse(path)))
+    return out

@@ -40,6 +40,7 @@ from __future__ import annotations
 import builtins
 import copy
 import importlib
+import io
 import operator
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
@@ -416,6 +417,8 @@ def prepare(
             up.assign[name] = importlib.import_module(payload)
         elif kind == "deleted":
             deletes.append(name)
+        elif kind == "closed file":
+            up.assign[name] = closed_file(payload)
         elif kind == "unsendable":
             up.notes.append(
                 f"`{name}` keeps the value it had before the cell: its last value "
@@ -704,3 +707,33 @@ def merge(
     up = prepare(plan, results, view)
     up.commit(namespace)
     return up
+
+
+def closed_file(desc: dict[str, Any]) -> Any:
+    """A closed file object like the one an engine's loop left (``with open(p)
+    as f:`` in the body leaves ``f`` closed): same type, name, mode and
+    encoding, over no file (built in memory: nothing on disk is touched)."""
+    raw: Any = io.BytesIO()
+    name, mode = desc.get("name"), desc.get("mode")
+    if name is not None:
+        raw.name = name
+    kind = str(desc.get("kind"))
+    inner = str(desc.get("buffer", kind))
+    buffered: Any = {
+        "writer": io.BufferedWriter,
+        "random": io.BufferedRandom,
+    }.get(inner, io.BufferedReader)(raw)
+    if mode is not None:
+        raw.mode = mode
+    out: Any = buffered
+    if kind == "text":
+        out = io.TextIOWrapper(
+            buffered,
+            encoding=desc.get("encoding"),
+            errors=desc.get("errors"),
+            newline=None,
+        )
+        if mode is not None:
+            out.mode = mode
+    out.close()
+    return out

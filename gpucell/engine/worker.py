@@ -414,7 +414,35 @@ def _mark_unsendable(result: Any) -> None:
         try:
             wire.dumps(value)
         except Exception:
-            result.last_values[name] = (index, "unsendable", type(value).__name__)
+            closed = _closed_file(value)
+            if closed is not None:  # (`with open(p) as f:` in the body)
+                result.last_values[name] = (index, "closed file", closed)
+            else:
+                result.last_values[name] = (index, "unsendable", type(value).__name__)
+
+
+def _closed_file(value: Any) -> dict[str, Any] | None:
+    """What the kernel needs to stand in for a closed file object (``open``'s
+    text or buffered file, or its raw one): nothing can be done with it but
+    look at it, so an equal closed object is what the serial loop left."""
+    kinds = {
+        io.TextIOWrapper: "text",
+        io.BufferedReader: "reader",
+        io.BufferedWriter: "writer",
+        io.BufferedRandom: "random",
+    }
+    kind = kinds.get(type(value))
+    if kind is None or not getattr(value, "closed", False):
+        return None
+    out: dict[str, Any] = {"kind": kind}
+    for attr in ("name", "mode", "encoding", "errors", "newlines"):
+        try:
+            out[attr] = getattr(value, attr)
+        except (AttributeError, ValueError):
+            pass
+    if kind == "text":  # its buffer's kind (the name lives on the raw file)
+        out["buffer"] = kinds.get(type(getattr(value, "buffer", None)), "reader")
+    return out
 
 
 def _cuda_target() -> Any:

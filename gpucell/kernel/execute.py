@@ -477,6 +477,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     _refuse_duplicate_labels(plan, ns)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     _refuse_helpers_reading_what_the_loop_changes(plan, ns, inputs)
+    _refuse_one_file_written_by_every_iteration(plan, ns)
     _refuse_unions_of_other_types(plan, ns)
     _refuse_inputs_shared_with_sinks(plan, ns, inputs, values)
     _refuse_contexts_that_cannot_travel(plan, ns)
@@ -620,6 +621,33 @@ def _refuse_helpers_reading_what_the_loop_changes(
         "shows the dependence), or run the cell without %%gpu_parallel. Nothing "
         "from the loop ran."
     )
+
+
+def _refuse_one_file_written_by_every_iteration(plan: Any, ns: dict[str, Any]) -> None:
+    """``open("log.txt", "a")`` in the body, the path the same in every
+    iteration: serially the file ends with the lines in iteration order (or,
+    for ``"w"``, the last iteration's content); engines writing it at once
+    would leave another order or another iteration's content."""
+    from gpucell.core.lastitem import shared_file_writes
+    from gpucell.errors import NotParallelizable
+
+    if plan.kind != "for" or plan.loop_lines is None:
+        return
+    if getattr(ns.get("open"), "__module__", None) == "__main__":
+        return  # (`open` defined in the notebook: not the builtin's, nor IPython's)
+    found = shared_file_writes(plan.source, plan.loop_lines[0])
+    if found:
+        line, path = found[0]
+        raise NotParallelizable(
+            f"%%gpu_parallel: line {line} opens `{path}` for writing in every "
+            "iteration, the same file each time: serially it ends with what the "
+            "iterations wrote in order (or the last one's, for mode 'w'); engines "
+            "writing it at once would leave another order or another iteration's "
+            "content. Collect what to write in a list in the loop "
+            "(`lines.append(...)`) and write the file once after it, or give each "
+            "iteration its own file (a path built from the loop variable). "
+            "Nothing from the loop ran."
+        )
 
 
 def _refuse_unions_of_other_types(plan: Any, ns: dict[str, Any]) -> None:
