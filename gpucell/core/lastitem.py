@@ -80,11 +80,13 @@ _WRITE_MODES = frozenset("wax+")
 
 
 def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
-    """``(line, path text)`` of each ``open(path, mode)`` in the ``for`` loop at
-    ``line`` that writes (mode ``w``, ``a``, ``x`` or ``+``) a path that
-    names nothing the loop binds: every iteration writes the same file, so
-    what it holds at the end (the last iteration's content, or the lines in
-    iteration order) depends on which engine writes when."""
+    """``(line, path text)`` of each ``open(path, mode)`` that every iteration
+    of the ``for`` loop at ``line`` runs (not under an ``if`` or an inner
+    loop: a marker file touched once is fine) and that writes (mode ``w``,
+    ``a``, ``x`` or ``+``) a path naming nothing the loop binds: every
+    iteration writes the same file, so what it holds at the end (the last
+    iteration's content, or the lines in iteration order) depends on which
+    engine writes when."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -97,8 +99,8 @@ def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
         return []
     bound = _target_names(loop.target) | _touched(loop.body)
     out: list[tuple[int, str]] = []
-    for stmt in loop.body:
-        for node in ast.walk(stmt):
+    for stmt in _every_iteration(loop.body):
+        for node in _own_nodes(stmt):
             if not (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -121,3 +123,30 @@ def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
             if not names & bound:
                 out.append((node.lineno, ast.unparse(path)))
     return out
+
+
+def _every_iteration(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements every iteration runs: the body's own, and those inside
+    its ``with`` blocks and ``try`` bodies (not under ``if``, loops,
+    ``except`` or ``match``)."""
+    out: list[ast.stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            out.extend(_every_iteration(stmt.body))
+        elif isinstance(stmt, ast.Try):
+            out.extend(_every_iteration(stmt.body))
+            out.extend(_every_iteration(stmt.finalbody))
+    return out
+
+
+def _own_nodes(stmt: ast.stmt) -> list[ast.AST]:
+    """The nodes of ``stmt`` itself, not of the statements nested in it (those
+    are listed on their own, or not run in every iteration)."""
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [n for item in stmt.items for n in ast.walk(item)]
+    if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)):
+        return []
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return []
+    return list(ast.walk(stmt))
