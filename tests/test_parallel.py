@@ -262,6 +262,21 @@ def test_printed_lines_come_out_in_iteration_order(ip, cluster, capsys):
     assert order == list(range(12))
 
 
+def test_a_line_left_open_by_one_chunk_goes_on_in_the_next(ip, cluster, capsys):
+    """``print(i, end=" ")``: serially one line ``0 1 2 ... 7``; the chunks'
+    pieces of it are joined in iteration order (one tag, no line break at a
+    chunk's end)."""
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --chunksize 2",
+        "for i in range(8):\n    print(i, end=' ')\nprint()\n",
+    )
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].endswith("] 0 1 2 3 4 5 6 7 ") and lines[0].count("[engine") == 1
+
+
 def test_every_print_arrives_from_many_small_chunks(ip, cluster, capsys):
     """Engines skip flushes with nothing written (engine_tuning): output written
     just before a chunk ends must still arrive, in full."""

@@ -13,6 +13,7 @@ in turn.  A line waits at most for the iterations before it.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,10 @@ __all__ = ["PARTIAL_LINE_WAIT", "OutputRelay"]
 
 #: seconds an unfinished line from a running task waits for the rest of it
 PARTIAL_LINE_WAIT = 1.0
+
+
+#: the tag an engine puts at the start of each line (``worker._Tagged``)
+_TAG = re.compile(r"\A\[engine \d+(?: \| iteration \d+)?\] ")
 
 
 def _whole_lines(text: str, final: bool) -> str:
@@ -131,7 +136,10 @@ class OutputRelay:
             self._partial_since.pop(ar, None)
         if new_out:
             if self._open_line not in (None, ar):
-                new_out = "\n" + new_out  # another task's line was left open
+                # the task before it in iteration order left its last line
+                # open (`print(i, end=" ")`): serially this output goes on
+                # on that line, so it does here, without a second tag
+                new_out = _TAG.sub("", new_out, count=1)
             self._open_line = None if new_out.endswith("\n") else ar
             self._relay(new_out)
         if new_err:
