@@ -1238,3 +1238,23 @@ def test_one_file_written_by_every_iteration_is_refused(ip, cluster, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("part*")) == [
         f"part{i}.txt" for i in range(4)
     ]
+
+
+def test_functions_the_loop_makes_read_the_notebooks_globals(ip, cluster):
+    """``fns.append(lambda: i * 10)``: serially every lambda reads the
+    notebook's ``i`` when called (40 after the loop, the classic late
+    binding); from an engine each read that engine's last ``i``.  Functions
+    the loop's code makes come back on the notebook's globals; their
+    defaults and closures travel as they are."""
+    cell = (
+        "fns = []\nbound = []\nfor i in range(5):\n"
+        "    fns.append(lambda: i * 10)\n    bound.append(lambda i=i: i * 10)\n"
+        "    def named(x):\n        return x + i\n"
+        "post = [f() for f in fns]\npre = [f() for f in bound]\nlast = named(1)\n"
+    )
+    serial, got = run_both(ip, cell, {}, "--quiet --chunksize 2")
+    for k in ("post", "pre", "last"):
+        assert got[k] == serial[k], k
+    assert got["post"] == [40] * 5 and got["pre"] == [0, 10, 20, 30, 40]
+    assert got["last"] == 5
+    assert ip.user_ns["fns"][0].__globals__ is ip.user_ns

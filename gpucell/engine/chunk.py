@@ -405,13 +405,16 @@ class Where:
     iterator), so a print is still tagged and an error still names its iteration.
     """
 
-    __slots__ = ("_it", "_n", "stamps", "start")
+    __slots__ = ("_it", "_n", "namespace", "stamps", "start")
 
     def __init__(self, stamps: dict[int, float], start: int) -> None:
         self.stamps = stamps
         self.start = start
         self._it: Any = None
         self._n = 0
+        # the namespace the chunk's code runs in (functions it makes have it
+        # as their globals: see wire.dumps's cell_globals)
+        self.namespace: dict[str, Any] | None = None
 
     def follow(self, it: Any, n: int) -> None:
         """Read the position off ``it``'s ``__length_hint__`` (items not taken
@@ -748,6 +751,7 @@ def run_chunk(
     length = _chunk_length(chunk_obj) if hand_back is not None else None
     stop = None if hand_back is None or length is None else _HandBack(hand_back, length)
     ns: dict[str, Any] = dict(namespace)
+    where.namespace = ns
     ns.setdefault("__builtins__", builtins)
     ns.setdefault("__name__", "__main__")
     rec = Recorder(

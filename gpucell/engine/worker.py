@@ -799,7 +799,9 @@ def run(
     # the kernel puts its own there: serially they are the same objects
     items = item_refs(chunk_obj, start) if status == "ok" else None
     try:
-        frames = wire.dumps((status, payload, timing), items=items)
+        frames = wire.dumps(
+            (status, payload, timing), items=items, cell_globals=where.namespace
+        )
     except Exception:
         if prewritten is not None:
             shm.discard(prewritten)
@@ -809,7 +811,9 @@ def run(
         # generator, a lock) must not fail a loop whose results are fine: the
         # kernel leaves that name as it was, and says so
         _mark_unsendable(payload)
-        frames = wire.dumps((status, payload, timing), items=items)
+        frames = wire.dumps(
+            (status, payload, timing), items=items, cell_globals=where.namespace
+        )
         prewritten = None
     spilled = shm.spill(frames, results_to, tag, prewritten)
     runtime.busy()

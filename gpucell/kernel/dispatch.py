@@ -232,8 +232,11 @@ class Run:
         on_chunk: Callable[[int, int, Any], None] | None = None,
         drop_inputs: Callable[[str], bool] = lambda name: False,
         cache_bytes: int = 8 << 30,
+        namespace: dict[str, Any] | None = None,
     ) -> None:
         self.gc = gc
+        # the notebook's: functions the loop's code made get it as globals
+        self.namespace = namespace
         self.kept = tuple(kept)
         self.on_chunk = on_chunk
         # cached inputs whose kernel object is gone (``del big``): dropped
@@ -707,7 +710,9 @@ class Run:
                 f"{e.traceback or ''}"
             ) from None
         frames = shm.unspill(frames, record)
-        status, payload, timing = wire.loads(frames, items=self._own_item)
+        status, payload, timing = wire.loads(
+            frames, items=self._own_item, cell_globals=self.namespace
+        )
         if timing.get("cached") is not None:
             # what the engine caches now, as it says (never assumed)
             gc.input_cache[chunk.engine] = dict(timing["cached"])

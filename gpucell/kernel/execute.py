@@ -978,6 +978,7 @@ def _run_with_display(
             on_chunk=on_chunk,
             drop_inputs=lambda name: name not in shell.user_ns,
             cache_bytes=_config.settings().engine_cache_bytes,
+            namespace=shell.user_ns,
         )
     finally:
         display.close(last[0])

@@ -26,11 +26,13 @@ numpy and torch are optional: torch is imported only once a tensor is met.
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 import ctypes
 import io
 import pickle
 import sys
+import types
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -204,6 +206,7 @@ def tensor_buffer(d: Any) -> Any:
 class _LoadOptions:
     cuda_to: Any
     writable: bool
+    cell_globals: dict[str, Any] | None = None
 
 
 _DEFAULT_OPTIONS = _LoadOptions(None, True)
@@ -253,15 +256,68 @@ ITEM = "gpucell-item"
 
 
 class _ItemPickler(_Pickler):
-    """Objects that are the loop's own items travel as a reference to them."""
+    """Objects that are the loop's own items travel as a reference to them;
+    functions the loop's code made travel without their globals (see
+    ``dumps``'s ``cell_globals``)."""
 
-    def __init__(self, *args: Any, items: dict[int, tuple[Any, ...]], **kw: Any):
+    def __init__(
+        self,
+        *args: Any,
+        items: dict[int, tuple[Any, ...]] | None,
+        cell_globals: dict[str, Any] | None,
+        **kw: Any,
+    ):
         super().__init__(*args, **kw)
-        self._items = items
+        self._items = items or {}
+        self._cell_globals = cell_globals
 
     def persistent_id(self, obj: Any) -> Any:
         ref = self._items.get(id(obj))
         return None if ref is None else (ITEM, *ref)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            self._cell_globals is not None
+            and type(obj) is types.FunctionType
+            and obj.__globals__ is self._cell_globals
+        ):
+            return (
+                _cell_function,
+                (
+                    obj.__code__,
+                    obj.__name__,
+                    obj.__defaults__,
+                    obj.__kwdefaults__,
+                    obj.__closure__,
+                    obj.__qualname__,
+                    dict(obj.__dict__),
+                ),
+            )
+        return super().reducer_override(obj)
+
+
+def _cell_function(
+    code: Any,
+    name: str,
+    defaults: Any,
+    kwdefaults: Any,
+    closure: Any,
+    qualname: str,
+    attrs: dict[str, Any],
+) -> Any:
+    """A function the loop's code made, rebuilt on the receiver's globals
+    (``loads``'s ``cell_globals``: the notebook's namespace), as serially:
+    ``fns.append(lambda: i * 10)`` then reads the notebook's ``i`` when
+    called after the loop, not the engine's."""
+    opts = _OPTIONS.get() or _DEFAULT_OPTIONS
+    g = opts.cell_globals
+    if g is None:
+        g = {"__builtins__": builtins}
+    fn = types.FunctionType(code, g, name, defaults, closure)
+    fn.__kwdefaults__ = kwdefaults
+    fn.__qualname__ = qualname
+    fn.__dict__.update(attrs)
+    return fn
 
 
 class _Unpickler(pickle.Unpickler):
@@ -282,7 +338,9 @@ class _Unpickler(pickle.Unpickler):
 
 
 def dumps(
-    obj: Any, items: dict[int, tuple[Any, ...]] | None = None
+    obj: Any,
+    items: dict[int, tuple[Any, ...]] | None = None,
+    cell_globals: dict[str, Any] | None = None,
 ) -> list[memoryview | bytes]:
     """Serialise ``obj`` into frames whose big buffers are the objects' own memory.
 
@@ -306,6 +364,10 @@ def dumps(
         ``id(object) -> (iteration, *path)`` for objects that are the loop's
         own items (``protocol.chunks.item_refs``): each travels as a
         reference, and :func:`loads` puts the receiver's own item there.
+    cell_globals : dict, optional
+        The namespace the loop's code ran in: functions it made (their
+        ``__globals__`` is it) travel without it, and :func:`loads` gives
+        them the receiver's ``cell_globals``.
 
     Notes
     -----
@@ -323,9 +385,13 @@ def dumps(
         return False
 
     f = io.BytesIO()
-    if items:
+    if items or cell_globals is not None:
         _ItemPickler(
-            f, protocol=_PROTOCOL, buffer_callback=_out_of_band, items=items
+            f,
+            protocol=_PROTOCOL,
+            buffer_callback=_out_of_band,
+            items=items,
+            cell_globals=cell_globals,
         ).dump(obj)
     else:
         _Pickler(f, protocol=_PROTOCOL, buffer_callback=_out_of_band).dump(obj)
@@ -376,6 +442,7 @@ def loads(
     cuda_to: Any = None,
     writable: bool = True,
     items: Callable[[int, tuple[Any, ...]], Any] | None = None,
+    cell_globals: dict[str, Any] | None = None,
 ) -> Any:
     """Rebuild the object :func:`dumps` serialised, on top of the received frames.
 
@@ -396,6 +463,9 @@ def loads(
     items : callable, optional
         ``items(iteration, path)``: the receiver's own loop item that a
         reference made by ``dumps(..., items=...)`` names.
+    cell_globals : dict, optional
+        The globals of functions the loop's code made (``dumps``'s
+        ``cell_globals``): the notebook's namespace in the kernel.
 
     Notes
     -----
@@ -414,7 +484,7 @@ def loads(
     else:
         views = [memoryview(f).cast("B") for f in raw]
         bufs = [views[fi][a:z] for fi, a, z in layout]
-    token = _OPTIONS.set(_LoadOptions(cuda_to, writable))
+    token = _OPTIONS.set(_LoadOptions(cuda_to, writable, cell_globals))
     try:
         return _Unpickler(io.BytesIO(frames[1]), buffers=bufs, items=items).load()
     finally:
