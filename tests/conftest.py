@@ -67,10 +67,11 @@ def private_cluster(cluster) -> Iterator[gc_mod.GpuCluster]:
     """A 2-engine cluster of a test module's own, active while its tests run.
 
     For modules whose cells fail on purpose: each failure cancels the other
-    engine's chunk with SIGINT, and an engine interrupted inside ipykernel's
-    output machinery can stop delivering its output to later cells (seen in
-    full-suite runs; see the issue notes), which must not leak into other
-    modules' tests on the shared session cluster.
+    engine's chunk with SIGINT, which lands anywhere in the engine (an
+    interrupt between worker.run's stream swap and its restore once left every
+    later output of that engine filed under the interrupted request:
+    tests/test_cancel_output.py), so such modules keep it off the shared
+    session cluster.
     """
     saved = gc_mod._current
     gc_mod._current = None

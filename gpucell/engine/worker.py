@@ -506,6 +506,20 @@ class _Tagged(io.TextIOBase):
     def flush(self) -> None:
         self._target.flush()
 
+    def set_parent(self, parent: Any) -> None:
+        """ipykernel tags output with its request through
+        ``sys.stdout.set_parent`` (and skips a stream without one)."""
+        set_parent = getattr(self._target, "set_parent", None)
+        if set_parent is not None:
+            set_parent(parent)
+
+
+def _untagged(stream: Any) -> Any:
+    """``stream`` without the :class:`_Tagged` wrappers around it."""
+    while isinstance(stream, _Tagged):
+        stream = stream._target
+    return stream
+
 
 #: iterations' durations a chunk's median is taken over, at most
 MEDIAN_SAMPLE = 4096
@@ -695,67 +709,81 @@ def run(
     stamps: dict[int, float] = {}
     where = Where(stamps, start)
     device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
-    out, err = sys.stdout, sys.stderr
-    sys.stdout = _Tagged(out, engine_id, where)
-    sys.stderr = _Tagged(err, engine_id, where)
+    # a wrapper an earlier chunk left (interrupted between its swap and its
+    # restore) is dropped: output goes to ipykernel's own streams again
+    out, err = _untagged(sys.stdout), _untagged(sys.stderr)
     t0, c0 = time.time(), time.perf_counter()
-    items = None
-    if st.watch["items"]:
-        checkin.freeze(chunk_obj)
-        items = lambda: chunk_items(chunk_obj)  # noqa: E731
-    checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
-    caught = _kernel_warning_filters(st)
-    home = _enter_cwd(st.cwd)
-    tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
-    verdict = None
-    if budget is not None and results_to is not None and shm.reachable(results_to):
-        verdict = _ShmVerdict(results_to, cell, engine_id, start, stamps)  # here
-    hand_back = None
-    if stoppable and results_to is not None and shm.reachable(results_to):
-        hand_back = _ShmHandBack(results_to, cell)
-    to_host = tohost.copier(device)
-    behind = writebehind.start(results_to, tag) if to_host is not None else None
-    if to_host is not None and behind is not None:
-        to_host.sink = behind.add
+    caught: Any = None
+    home: str | None = None
+    behind: Any = None
     try:
-        result = run_chunk(
-            st.program,
-            st.inputs,
-            chunk_obj,
-            start,
-            seed_fn=_seeder(seed) if seed is not None else None,
-            device=device,
-            stamps=stamps,
-            to_host=to_host,
-            deadline=None if budget is None else c0 + budget,
-            where=where,
-            cheap=(
-                st.iteration_mean is not None and st.iteration_mean < CHEAP_ITERATION
-            ),
-            verdict=verdict,
-            hand_back=hand_back,
-        )
-        changed = checkin.changes(checked_in, st.inputs, items)
-        if changed:
-            for name, _what in changed:
-                st.cache.pop(name, None)  # the next cell gets a fresh copy
-            loaded = {"cached": _cached_keys(st)}
-            raise checkin.Changed(changed)
-        status, payload = "ok", result
+        # everything from the swap on is inside the try: an interrupt (a
+        # cancelled run signals engines at any moment) must not leave the
+        # wrapper installed; ipykernel tags later output with its request
+        # through ``sys.stdout.set_parent``, and every later chunk's output
+        # was filed under the interrupted request (lost, silently)
+        sys.stdout = _Tagged(out, engine_id, where)
+        sys.stderr = _Tagged(err, engine_id, where)
+        items = None
+        if st.watch["items"]:
+            checkin.freeze(chunk_obj)
+            items = lambda: chunk_items(chunk_obj)  # noqa: E731
+        checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
+        caught = _kernel_warning_filters(st)
+        home = _enter_cwd(st.cwd)
+        tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
+        reachable = results_to is not None and shm.reachable(results_to)
+        verdict = None
+        if budget is not None and reachable:
+            verdict = _ShmVerdict(results_to, cell, engine_id, start, stamps)  # here
+        hand_back = _ShmHandBack(results_to, cell) if stoppable and reachable else None
+        to_host = tohost.copier(device)
+        behind = writebehind.start(results_to, tag) if to_host is not None else None
+        if to_host is not None and behind is not None:
+            to_host.sink = behind.add
+        try:
+            result = run_chunk(
+                st.program,
+                st.inputs,
+                chunk_obj,
+                start,
+                seed_fn=_seeder(seed) if seed is not None else None,
+                device=device,
+                stamps=stamps,
+                to_host=to_host,
+                deadline=None if budget is None else c0 + budget,
+                where=where,
+                cheap=(
+                    st.iteration_mean is not None
+                    and st.iteration_mean < CHEAP_ITERATION
+                ),
+                verdict=verdict,
+                hand_back=hand_back,
+            )
+            changed = checkin.changes(checked_in, st.inputs, items)
+            if changed:
+                for name, _what in changed:
+                    st.cache.pop(name, None)  # the next cell gets a fresh copy
+                loaded = {"cached": _cached_keys(st)}
+                raise checkin.Changed(changed)
+            status, payload = "ok", result
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
+            status, payload = "error", _error_payload(exc, where, start, chunk_obj)
+            if payload["oom"]:
+                _release_cuda_cache()  # the kernel may retry here: start it clean
     except KeyboardInterrupt:
         if behind is not None:
             behind.discard()
         raise
-    except BaseException as exc:  # noqa: BLE001 - it goes back to the kernel
-        status, payload = "error", _error_payload(exc, where, start, chunk_obj)
-        if payload["oom"]:
-            _release_cuda_cache()  # the kernel may retry here: start it clean
     finally:
         # the chunk is over: an interrupt (a cancelled run signals every engine
         # with unfinished work) must not land inside ipykernel's output flush,
         # where it can leave the stream unable to deliver later output
         with interrupts_held():
-            caught.__exit__(None, None, None)
+            if caught is not None:
+                caught.__exit__(None, None, None)
             _leave_cwd(home)
             end, compute = time.time(), time.perf_counter() - c0
             # ipykernel's flush waits for its I/O thread (about a millisecond on
