@@ -1099,7 +1099,7 @@ def test_column_writes_with_duplicate_column_labels_are_refused(ip, cluster):
     assert_serial_equivalent(ip, cell, {"df": ok})
     dup = pd.DataFrame([[1, 2], [3, 4]], columns=["a", "a"])
     ip.user_ns["df"] = dup
-    with pytest.raises(gpucell.NotParallelizable, match="columns have duplicate"):
+    with pytest.raises(gpucell.NotParallelizable, match="columns has duplicate"):
         ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     assert ip.user_ns["df"].values.tolist() == [[1, 2], [3, 4]]
 

@@ -855,25 +855,21 @@ def _refuse_duplicate_labels(plan: Any, ns: dict[str, Any]) -> None:
 
     for name in plan.writes:
         value = ns.get(name)
-        index = getattr(value, "index", None)
-        if index is not None and getattr(index, "is_unique", True) is False:
-            raise NotParallelizable(
-                f"%%gpu_parallel: `{name}` is written by label and its index has "
-                "duplicate labels, so two iterations may write the same rows (and "
-                "serially a later one could read what an earlier one wrote). Make "
-                f"the index unique (`{name} = {name}.reset_index(drop=True)`), or run "
-                "the cell without %%gpu_parallel. Nothing from the loop ran."
-            )
-        # (a DataFrame's columns: `for col, s in df.items(): df[col] = ...`)
-        columns = getattr(value, "columns", None)
-        if columns is not None and getattr(columns, "is_unique", True) is False:
-            raise NotParallelizable(
-                f"%%gpu_parallel: `{name}` is written by label and its columns have "
-                "duplicate labels, so two iterations may write the same columns "
-                "(and serially a later one could read what an earlier one wrote). "
-                "Make the column labels unique (`df.columns = [...]`), or run the "
-                "cell without %%gpu_parallel. Nothing from the loop ran."
-            )
+        # rows by the index; a DataFrame's columns too (`for col, s in
+        # df.items(): df[col] = ...`)
+        for axis, what, fix in (
+            ("index", "rows", f"`{name} = {name}.reset_index(drop=True)`"),
+            ("columns", "columns", f"`{name}.columns = [...]`"),
+        ):
+            labels = getattr(value, axis, None)
+            if labels is not None and getattr(labels, "is_unique", True) is False:
+                raise NotParallelizable(
+                    f"%%gpu_parallel: `{name}` is written by label and its {axis} "
+                    f"has duplicate labels, so two iterations may write the same "
+                    f"{what} (and serially a later one could read what an earlier "
+                    f"one wrote). Make the labels unique ({fix}), or run the cell "
+                    "without %%gpu_parallel. Nothing from the loop ran."
+                )
 
 
 def _bind_last_item(ns: dict[str, Any], prep: Prepared, loop: _Loop) -> None:
