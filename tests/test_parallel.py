@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 import sys
 import textwrap
 import threading
@@ -1258,3 +1259,70 @@ def test_functions_the_loop_makes_read_the_notebooks_globals(ip, cluster):
     assert got["post"] == [40] * 5 and got["pre"] == [0, 10, 20, 30, 40]
     assert got["last"] == 5
     assert ip.user_ns["fns"][0].__globals__ is ip.user_ns
+
+
+@pytest.mark.parametrize(
+    ("setup", "cell", "what"),
+    [
+        (  # __init__ bumps a class counter: the ids depend on the order
+            "class Item:\n    count = 0\n    def __init__(self, v):\n"
+            "        Item.count += 1\n        self.id = Item.count\n",
+            "objs = []\nfor v in range(6):\n    objs.append(Item(v))\n",
+            "class attribute(s) `count` changed",
+        ),
+        (  # a mutable default keeps state across calls
+            "def add(x, acc=[]):\n    acc.append(x)\n    return len(acc)\n",
+            "sizes = []\nfor v in range(6):\n    sizes.append(add(v))\n",
+            "a default argument it keeps state in",
+        ),
+    ],
+)
+def test_state_a_call_keeps_across_iterations_fails_the_cell(
+    ip, cluster, setup, cell, what
+):
+    """A notebook class whose attributes an iteration changes (through
+    ``__init__``), or a function whose mutable default grows: serially later
+    iterations see the earlier ones' changes; on engines each saw its own
+    (ids 1, 2, 3 twice; and the returning instances overwrote the class's
+    attributes with one engine's).  The run-time check fails the cell,
+    nothing merged, naming what changed."""
+    ip.run_cell(setup)
+    from gpucell.errors import InputChanged
+
+    with pytest.raises(InputChanged, match=re.escape(what)):
+        ip.run_cell_magic("gpu_parallel", "--quiet --chunksize 2", cell)
+    # (the line before the loop ran, as serially; nothing from the loop merged)
+    assert ip.user_ns.get("objs", []) == [] and ip.user_ns.get("sizes", []) == []
+
+
+def test_changing_a_modules_list_is_refused(ip, cluster):
+    """``sys.path.append(d)`` in the body changes the engines' own ``sys``
+    only: refused before the loop runs (the notebook's sys.path was left
+    without the paths)."""
+    import sys
+
+    before = list(sys.path)
+    ip.user_ns["ds"] = ["/tmp/gpucell-a", "/tmp/gpucell-b"]
+    with pytest.raises(gpucell.NotParallelizable, match=r"sys\.path\.append"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "import sys\nfor d in ds:\n    if d not in sys.path:\n"
+            "        sys.path.append(d)\n",
+        )
+    assert sys.path == before
+
+
+def test_a_draw_after_a_reseeding_loop_is_warned(ip, cluster, capsys):
+    """Each iteration reseeds, so the loop's numbers are the serial ones, but
+    the kernel's generator is where it was before the cell: a draw after the
+    loop in the same cell would differ, which a warning says."""
+    ip.user_ns["ids"] = [1, 2, 3]
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "import random\ndraws = []\nfor i in ids:\n    random.seed(i)\n"
+        "    draws.append(random.random())\nafter = random.random()\n",
+    )
+    out = capsys.readouterr().out
+    assert "warning" in out and "`random.random` after the loop (line 7)" in out

@@ -149,6 +149,7 @@ def global_random_calls(
     import textwrap
 
     from gpucell.core.analysis.scope import is_global_random
+    from gpucell.core.lastitem import dotted_name
 
     out: list[tuple[str, str, str]] = []
     for via, fn in notebook_functions(inputs, ns):
@@ -158,20 +159,7 @@ def global_random_calls(
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
-                text = _dotted(node.func)
+                text = dotted_name(node.func)
                 if text is not None and is_global_random(text):
                     out.append((via, fn.__qualname__, text))
     return out
-
-
-def _dotted(node: Any) -> str | None:
-    import ast
-
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from types import CodeType
 
-__all__ = ["LAST_ITEM", "last_item_binding", "shared_file_writes"]
+__all__ = ["LAST_ITEM", "dotted_name", "last_item_binding", "shared_file_writes"]
 
 #: the name the kernel puts the last item under while the binding runs
 LAST_ITEM = "__gpucell_last_item__"
@@ -150,3 +150,15 @@ def _own_nodes(stmt: ast.stmt) -> list[ast.AST]:
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return []
     return list(ast.walk(stmt))
+
+
+def dotted_name(node: ast.expr) -> str | None:
+    """``np.random.rand`` for that attribute chain on a name, else ``None``."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))

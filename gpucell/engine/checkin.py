@@ -121,7 +121,32 @@ def _function(fn: types.FunctionType, budget: _Budget, seen: set[int]) -> Hashab
             parts.append((f"<closure {i}>", _token(cell.cell_contents, budget, seen)))
         except ValueError:  # an empty cell
             pass
+    # a mutable default (`def add(x, acc=[])`, a memo dict) keeps state
+    # across calls: serially later iterations see what earlier ones left
+    for i, d in enumerate(fn.__defaults__ or ()):
+        parts.append((f"<default {i}>", _token(d, budget, seen)))
+    for k, d in sorted((fn.__kwdefaults__ or {}).items()):
+        parts.append((f"<default {k}>", _token(d, budget, seen)))
     return ("function", id(fn), tuple(parts))
+
+
+def _class(cls: type, budget: _Budget, seen: set[int]) -> Hashable:
+    """A notebook class: its own attributes other than methods (``count = 0``
+    that ``__init__`` bumps: serially each instance sees the ones before it),
+    and its methods as notebook functions."""
+    if id(cls) in seen:
+        return ("class", id(cls))
+    seen.add(id(cls))
+    parts = []
+    for k, v in sorted(vars(cls).items(), key=lambda kv: kv[0]):
+        if k in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
+            continue
+        if isinstance(v, (staticmethod, classmethod)):
+            v = v.__func__
+        if isinstance(v, property):
+            continue
+        parts.append((k, _token(v, budget, seen)))
+    return ("class", id(cls), tuple(parts))
 
 
 def _pickled(obj: Any) -> Hashable:
@@ -186,6 +211,8 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         )
     if isinstance(obj, types.FunctionType):
         return _function(obj, budget, seen)
+    if isinstance(obj, type) and getattr(obj, "__module__", None) == "__main__":
+        return _class(obj, budget, seen)
     if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
         return ("=", id(obj))
     return _pickled(obj)
@@ -277,9 +304,20 @@ def _what(was: Hashable, now: Hashable) -> str:
         before = dict(was[2]) if len(was) > 2 else {}
         after = dict(now[2]) if len(now) > 2 else {}
         names = [n for n in before if before[n] != after.get(n)]
+        if names and all(n.startswith("<default") for n in names):
+            return "a default argument it keeps state in (`acc=[]`, a memo) changed"
         if names:
             return f"{', '.join(f'`{n}`' for n in names)}, which it uses, changed"
         return "a global it uses changed"
+    if kind == "class":
+        assert isinstance(was, tuple) and isinstance(now, tuple)
+        before = dict(was[2]) if len(was) > 2 else {}
+        after = dict(now[2]) if len(now) > 2 else {}
+        names = [n for n in before if before[n] != after.get(n)]
+        if names:
+            listed = ", ".join(f"`{n}`" for n in names)
+            return f"its class attribute(s) {listed} changed"
+        return "its class attributes changed"
     if kind == "pickled":
         return "its state changed"
     return "its contents changed"

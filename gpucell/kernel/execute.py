@@ -371,6 +371,16 @@ def _warn_random(
         # every iteration reseeds before it draws: its numbers are the serial
         # ones; only the kernel's generator is not where the loop left it
         line, call = seeds[0]
+        after = _draws_after_the_loop(plan)
+        if after is not None:
+            print(
+                f"gpucell: warning: each iteration seeds its generator (`{call}`, "
+                f"line {line}), so the loop's numbers are those of a serial run, but "
+                f"the kernel's generator is left as it was before the cell, and "
+                f"`{after[1]}` after the loop (line {after[0]}) draws other numbers "
+                "than serially. Reseed right after the loop."
+            )
+            return
         print(
             f"gpucell: note: each iteration seeds its generator (`{call}`, line "
             f"{line}) before drawing, so its numbers are those of a serial run; "
@@ -394,6 +404,27 @@ def _warn_random(
             "serial run and with the number of engines. `%%gpu_parallel --seed S` "
             f"makes them depend only on S and the iteration{hint}."
         )
+
+
+def _draws_after_the_loop(plan: Any) -> tuple[int, str] | None:
+    """``(line, call)`` of the first draw from a global generator in the code
+    after the loop (the cell's epilogue), if any."""
+    from gpucell.core.analysis.scope import is_global_random
+    from gpucell.core.lastitem import dotted_name
+
+    if not plan.epilogue_source.strip() or plan.epilogue_lines is None:
+        return None
+    try:
+        tree = ast.parse(plan.source)
+    except SyntaxError:
+        return None
+    first, last = plan.epilogue_lines
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and first <= node.lineno <= last:
+            text = dotted_name(node.func)
+            if text is not None and is_global_random(text):
+                return node.lineno, text
+    return None
 
 
 def _top_of_body(plan: Any, line: int) -> bool:

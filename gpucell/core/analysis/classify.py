@@ -489,6 +489,18 @@ class _Flow:
             return
         is_module = root.id in self.c.module_names and root.id not in self.c.tainted
         if is_module:
+            if isinstance(f.value, ast.Attribute) and f.attr in MODULE_STATE_MUTATORS:
+                # `sys.path.append(d)`: a module's list or dict, which each
+                # engine would change in its own process only
+                self._refuse_mutation(
+                    call,
+                    root,
+                    f"`{ast.unparse(f)}(...)`",
+                    f"`{ast.unparse(f.value)}` is state of the `{root.id}` module "
+                    "in this process: change it before or after the loop, or run "
+                    "the cell serially.",
+                )
+                return
             if is_inplace_method(f.attr) and call.args:
                 arg_root = root_name(call.args[0])
                 if self.outerish(arg_root, state):
@@ -952,6 +964,13 @@ class _Flow:
 _AWAIT_TEXT = (
     "`await`/`async` is not allowed in the parallel loop: engines run the body as "
     "plain synchronous code. Call a synchronous function, or run the cell serially."
+)
+
+
+#: methods only lists, dicts and sets have (no module function is called so):
+#: on a module's attribute (`sys.path.append`) they change module state
+MODULE_STATE_MUTATORS = frozenset(
+    {"append", "extend", "insert", "remove", "setdefault", "popitem", "discard"}
 )
 
 
