@@ -550,3 +550,21 @@ def test_the_loops_own_items_travel_as_references() -> None:
     assert item_refs(("seq", [1, 2.0, "x"]), 0) == {}  # plain values: no refs
     with pytest.raises(pickle.UnpicklingError, match="no items were given"):
         wire.loads(frames)
+
+
+def test_a_notebook_function_with_lru_cache_travels() -> None:
+    """``@functools.lru_cache`` on a notebook function: pickle cannot find it
+    by name elsewhere (the loop calling it was refused as unsendable); it
+    travels as its function plus the cache's parameters, with a new cache."""
+    import functools
+
+    ns: dict = {"__name__": "__main__", "functools": functools}
+    exec(
+        "@functools.lru_cache(maxsize=64)\n"
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+        ns,
+    )
+    ns["fib"](20)
+    got = wire.loads(wire.dumps(ns["fib"]))
+    assert got(25) == 75025 and got.cache_parameters()["maxsize"] == 64
+    assert got is not ns["fib"] and ns["fib"].cache_info().currsize == 21

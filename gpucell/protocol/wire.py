@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import contextvars
 import ctypes
+import functools
 import io
 import pickle
 import sys
@@ -75,6 +76,10 @@ class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
         mod = t.__module__
+        if t is functools._lru_cache_wrapper:
+            rv = _reduce_lru_cache(obj)
+            if rv is not NotImplemented:
+                return rv
         if mod.startswith("torch"):
             rv = _reduce_torch(obj)
             if rv is not NotImplemented:
@@ -84,6 +89,22 @@ class _Pickler(cloudpickle.CloudPickler):
             if rv is not NotImplemented:
                 return rv
         return super().reducer_override(obj)
+
+
+def _reduce_lru_cache(obj: Any) -> Any:
+    """A notebook function decorated with ``functools.lru_cache``: pickle finds
+    no ``__main__.name`` on the other side, so it travels as its function
+    (by value) and the cache's parameters, and gets a new, empty cache there
+    (what it returns does not depend on the cache)."""
+    fn = getattr(obj, "__wrapped__", None)
+    if not isinstance(fn, types.FunctionType) or fn.__module__ != "__main__":
+        return NotImplemented
+    params = obj.cache_parameters()
+    return (_rebuild_lru_cache, (fn, params["maxsize"], params["typed"]))
+
+
+def _rebuild_lru_cache(fn: Any, maxsize: int | None, typed: bool) -> Any:
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(fn)
 
 
 def _reduce_ndarray(a: Any) -> Any:
