@@ -1225,7 +1225,10 @@ def _encode_inputs(values: dict[str, Any]) -> list[Any]:
         "%%gpu_parallel cannot send what the loop reads to the engines: "
         + "; ".join(bad)
         + ". Create such objects inside the loop (each engine gets its own), pass "
-        "what they hold instead, or run the cell without %%gpu_parallel. Nothing ran."
+        "what they hold instead (a generator or iterator the loop advances with "
+        "`next()`: its items, `items = list(gen)`, if each iteration takes its "
+        "own), or run the cell without %%gpu_parallel. Nothing from the loop ran "
+        "(the lines before it did, as they would serially)."
     )
 
 
