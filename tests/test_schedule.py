@@ -688,6 +688,28 @@ def test_a_provisional_profile_still_runs_every_iteration_once(
     every iteration is still handed out exactly once (re-runs of lost work
     aside) and the loop finishes."""
     s = Schedule(len(costs), list(range(k)), trial=True, heard=heard, overhead=0.001)
+
+    def finish(c, its):
+        if not c.trial:
+            s.complete(c.id, sum(its))
+            return len(its)
+        done = order.randint(1, c.size)
+        if order.random() < 0.5:
+            s.observe_trial(c.id, done, sum(its[:done]) or 1e-9)
+        s.complete(c.id, sum(its[:done]), done=done, costs=its[:done])
+        return done
+
+    handed = _drive(s, costs, order, kill, finish)
+    assert covers(s.chunks, len(costs))
+    assert handed == [1] * len(costs)
+
+
+def _drive(s, costs, order, kill, finish, check=lambda c: None):
+    """Run schedule ``s`` to the end: every chunk handed out is counted, a
+    running one is picked at random, engine ``kill`` (if any) is lost once
+    midway, and ``finish(chunk, its)`` completes the picked chunk and says how
+    many of its iterations ran (the rest went back).  Returns how many times
+    each iteration was handed out, less the times it came back unrun."""
     handed = [0] * len(costs)
     killed = False
     guard = 0
@@ -695,30 +717,23 @@ def test_a_provisional_profile_still_runs_every_iteration_once(
         guard += 1
         assert guard < 10_000
         for c in s.fill():
+            check(c)
             handed[c.start : c.stop] = [h + 1 for h in handed[c.start : c.stop]]
         running = [c for e in s.alive for c in s.outstanding(e)]
         assert running, "nothing in flight and the loop is not finished"
         c = order.choice(running)
         its = costs[c.start : c.stop]
-        if kill is not None and not killed and kill < k and len(s.alive) > 1:
-            if order.random() < 0.1 and c.engine == kill:
+        if kill is not None and not killed and kill < len(s.engines):
+            if len(s.alive) > 1 and order.random() < 0.1 and c.engine == kill:
                 killed = True
                 for lost in s.lose_engine(kill):
                     for i in range(lost.start, lost.stop):
                         handed[i] -= 1
                 continue
-        if c.trial:
-            done = order.randint(1, c.size)
-            if order.random() < 0.5:
-                s.observe_trial(c.id, done, sum(its[:done]) or 1e-9)
-            s.complete(c.id, sum(its[:done]), done=done, costs=its[:done])
-            if done < len(its):
-                for i in range(c.start + done, c.start + len(its)):
-                    handed[i] -= 1
-        else:
-            s.complete(c.id, sum(its))
-    assert covers(s.chunks, len(costs))
-    assert handed == [1] * len(costs)
+        done = finish(c, its)
+        for i in range(c.start + done, c.start + len(its)):
+            handed[i] -= 1
+    return handed
 
 
 def test_a_profiled_schedule_queues_nothing_once_one_dearest_iteration_each_is_left():
@@ -776,44 +791,28 @@ def test_handed_back_rests_still_run_every_iteration_once(costs, k, kind, order,
     s = Schedule(n, list(range(k)), overhead=0.001, stealing=True, **kw)
     assert s.stealing
     expect = [0 if kind == "resumed" and i < n // 2 else 1 for i in range(n)]
-    handed = [0] * n
-    killed = False
-    guard = 0
-    while not s.finished:
-        guard += 1
-        assert guard < 10_000
-        for c in s.fill():
-            assert c.stoppable
-            handed[c.start : c.stop] = [h + 1 for h in handed[c.start : c.stop]]
-        running = [c for e in s.alive for c in s.outstanding(e)]
-        assert running, "nothing in flight and the loop is not finished"
-        c = order.choice(running)
-        its = costs[c.start : c.stop]
-        if kill is not None and not killed and kill < k and len(s.alive) > 1:
-            if order.random() < 0.1 and c.engine == kill:
-                killed = True
-                for lost in s.lose_engine(kill):
-                    for i in range(lost.start, lost.stop):
-                        handed[i] -= 1
-                continue
+
+    def stoppable(c):
+        assert c.stoppable
+
+    def finish(c, its):
         back = c.size >= 2 and order.random() < 0.3
-        if back or c.trial:
-            done = order.randint(1, c.size - 1) if back else order.randint(1, c.size)
-            s.complete(
-                c.id,
-                sum(its[:done]),
-                done=done,
-                costs=its[:done] if c.trial else None,
-                handed_back=back,
-            )
-            for i in range(c.start + done, c.start + len(its)):
-                handed[i] -= 1
-        else:
+        if not (back or c.trial):
             s.complete(c.id, sum(its))
+            return len(its)
+        done = order.randint(1, c.size - 1) if back else order.randint(1, c.size)
+        s.complete(
+            c.id,
+            sum(its[:done]),
+            done=done,
+            costs=its[:done] if c.trial else None,
+            handed_back=back,
+        )
+        return done
+
+    handed = _drive(s, costs, order, kill, finish, stoppable)
     assert handed == expect
-    assert (
-        covers([c for c in s.chunks if c.state == "done"] + [], n) or kind == "resumed"
-    )
+    assert covers([c for c in s.chunks if c.state == "done"], n) or kind == "resumed"
 
 
 def test_a_handed_back_rest_is_shared_among_the_engines():
