@@ -13,7 +13,13 @@ from __future__ import annotations
 import ast
 from types import CodeType
 
-__all__ = ["LAST_ITEM", "dotted_name", "last_item_binding", "shared_file_writes"]
+__all__ = [
+    "LAST_ITEM",
+    "dotted_name",
+    "last_item_binding",
+    "loop_node",
+    "shared_file_writes",
+]
 
 #: the name the kernel puts the last item under while the binding runs
 LAST_ITEM = "__gpucell_last_item__"
@@ -55,18 +61,24 @@ def _touched(body: list[ast.stmt]) -> set[str]:
     return out
 
 
-def last_item_binding(source: str, line: int, filename: str) -> CodeType | None:
-    """Code binding the ``for`` loop at ``line``'s target to ``LAST_ITEM``, or
-    ``None`` when the body may leave another value there (it rebinds or
-    deletes a target name) or the target is not plain names."""
+def loop_node(source: str, line: int) -> ast.For | None:
+    """The ``for`` statement at ``line`` of ``source`` (the analysed cell), or
+    ``None``."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    loop = next(
+    return next(
         (n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno == line),
         None,
     )
+
+
+def last_item_binding(source: str, line: int, filename: str) -> CodeType | None:
+    """Code binding the ``for`` loop at ``line``'s target to ``LAST_ITEM``, or
+    ``None`` when the body may leave another value there (it rebinds or
+    deletes a target name) or the target is not plain names."""
+    loop = loop_node(source, line)
     if loop is None or not _names_only(loop.target):
         return None
     if _target_names(loop.target) & _touched(loop.body):
@@ -87,14 +99,7 @@ def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
     iteration writes the same file, so what it holds at the end (the last
     iteration's content, or the lines in iteration order) depends on which
     engine writes when."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    loop = next(
-        (n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno == line),
-        None,
-    )
+    loop = loop_node(source, line)
     if loop is None:
         return []
     bound = _target_names(loop.target) | _touched(loop.body)

@@ -430,18 +430,14 @@ def _draws_after_the_loop(plan: Any) -> tuple[int, str] | None:
 def _top_of_body(plan: Any, line: int) -> bool:
     """Line ``line`` is a statement of the loop body itself (not under an
     ``if`` or an inner loop): it runs in every iteration."""
+    from gpucell.core.lastitem import loop_node
+
     if plan.kind != "for" or plan.loop_lines is None:
         return False
-    try:
-        tree = ast.parse(plan.source)
-    except SyntaxError:
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.For) and node.lineno == plan.loop_lines[0]:
-            return any(
-                isinstance(st, ast.Expr) and st.lineno == line for st in node.body
-            )
-    return False
+    loop = loop_node(plan.source, plan.loop_lines[0])
+    return loop is not None and any(
+        isinstance(st, ast.Expr) and st.lineno == line for st in loop.body
+    )
 
 
 def _seeds(call: str) -> bool:
@@ -508,7 +504,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     _refuse_duplicate_labels(plan, ns)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     _refuse_helpers_reading_what_the_loop_changes(plan, ns, inputs)
-    _refuse_one_file_written_by_every_iteration(plan, ns)
+    _refuse_one_file_written_by_every_iteration(prep, ns)
     _refuse_unions_of_other_types(plan, ns)
     _refuse_inputs_shared_with_sinks(plan, ns, inputs, values)
     _refuse_contexts_that_cannot_travel(plan, ns)
@@ -654,7 +650,9 @@ def _refuse_helpers_reading_what_the_loop_changes(
     )
 
 
-def _refuse_one_file_written_by_every_iteration(plan: Any, ns: dict[str, Any]) -> None:
+def _refuse_one_file_written_by_every_iteration(
+    prep: Prepared, ns: dict[str, Any]
+) -> None:
     """``open("log.txt", "a")`` in the body, the path the same in every
     iteration: serially the file ends with the lines in iteration order (or,
     for ``"w"``, the last iteration's content); engines writing it at once
@@ -662,11 +660,15 @@ def _refuse_one_file_written_by_every_iteration(plan: Any, ns: dict[str, Any]) -
     from gpucell.core.lastitem import shared_file_writes
     from gpucell.errors import NotParallelizable
 
+    plan = prep.plan
     if plan.kind != "for" or plan.loop_lines is None:
         return
     if getattr(ns.get("open"), "__module__", None) == "__main__":
         return  # (`open` defined in the notebook: not the builtin's, nor IPython's)
-    found = shared_file_writes(plan.source, plan.loop_lines[0])
+    found = prep.code(  # (a re-run does not parse the cell again)
+        "shared file writes",
+        lambda: shared_file_writes(plan.source, plan.loop_lines[0]),
+    )
     if found:
         line, path = found[0]
         raise NotParallelizable(
