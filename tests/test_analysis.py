@@ -1113,3 +1113,56 @@ def test_every_operator_has_its_text() -> None:
     from gpucell.core.analysis.classify import OP_TEXT
 
     assert set(OP_TEXT) == set(ast.operator.__subclasses__())
+
+
+# -- in place through a function's argument (issue 35) --------------------------------
+
+ARGUMENT_WRITES = {
+    "ufunc at": "np.add.at(counts, [i], 1)",
+    "copyto": "np.copyto(buf, x)",
+    "put": "np.put(buf, [i], 1.0)",
+    "putmask": "np.putmask(buf, buf > 0, 0)",
+    "fill_diagonal": "np.fill_diagonal(m, i)",
+    "np shuffle": "np.random.shuffle(buf)",
+    "generator shuffle": "rng.shuffle(buf)",
+    "random shuffle": "random.shuffle(xs)",
+    "heappush": "heapq.heappush(xs, i)",
+    "numpy out=": "np.multiply(buf, 2, out=buf)",
+    "numpy out= tuple": "np.divmod(buf, 2, out=(buf, m))",
+    "torch out=": "torch.add(t, 1, out=t)",
+    "torch init": "torch.nn.init.zeros_(t)",
+    "torch init on a model's weight": "torch.nn.init.normal_(model.fc.weight)",
+}
+
+
+@pytest.mark.parametrize("call", ARGUMENT_WRITES.values(), ids=ARGUMENT_WRITES.keys())
+def test_an_input_changed_through_a_function_argument_is_refused(call: str) -> None:
+    src = (
+        "import numpy as np, torch, random, heapq\n"
+        "rng = np.random.default_rng(0)\n"
+        f"for i in range(4):\n    {call}\n"
+    )
+    plan = analyse(
+        src,
+        raise_errors=False,
+        known_names=["counts", "buf", "x", "m", "xs", "t", "model"],
+    )
+    assert not plan.ok
+    text = " ".join(map(str, plan.diagnostics))
+    assert "line 4" in text and "changes an object in place" in text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "c = np.zeros(3)\n    np.add.at(c, [i % 3], 1)\n    out.append(c)",
+        "b = np.empty(3)\n    np.multiply(a, 2, out=b)\n    out.append(b)",
+        "p = a.copy()\n    np.random.default_rng(i).shuffle(p)\n    out.append(p)",
+        "h = []\n    heapq.heappush(h, i)\n    out.append(h)",
+        "out.append(np.multiply(a, 2, out=None))",
+    ],
+)
+def test_the_same_calls_on_the_iteration_s_own_objects_run(body: str) -> None:
+    src = f"import numpy as np, heapq\nfor i in range(4):\n    {body}\n"
+    plan = analyse(src, raise_errors=False, known_names=["a", "out"])
+    assert plan.ok, plan.diagnostics

@@ -254,3 +254,127 @@ def test_moving_an_input_to_another_device_is_not_a_change():
     before = checkin.snapshot({"t": t}, ["t"], None)
     t.add_(1)
     assert [n for n, _ in checkin.changes(before, {"t": t}, None)] == ["t"]
+
+
+# -- classes are inputs like functions, never taken for instances ------------------
+
+CLASSES = """
+import dataclasses
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+    def forward(self, x):
+        return self.fc(x)
+
+@dataclasses.dataclass
+class Config:
+    lr: float
+    epochs: int = 2
+
+class Ridge:
+    alpha = 1.0
+    def __init__(self, alpha=None):
+        self.alpha = self.alpha if alpha is None else alpha
+    def fit(self, x):
+        self.coef_ = float(x) / (1 + self.alpha)
+        return self
+"""
+
+
+def test_tokens_of_classes_are_taken_as_classes(ip) -> None:
+    ip.run_cell(CLASSES)
+    for name in ("Net", "Config", "Ridge"):
+        cls = ip.user_ns[name]
+        assert checkin.token(cls)[0] == "class", name
+        assert checkin.changes({"c": checkin.token(cls)}, {"c": cls}, None) == []
+    for cls in (torch.Tensor, torch.nn.Parameter, torch.nn.Linear, np.ndarray):
+        assert checkin.token(cls) == checkin.token(cls)  # no call of an unbound method
+
+
+def test_a_notebook_module_class_built_in_the_loop_runs_as_serially(nb):
+    nb.run_cell(CLASSES)
+    nb.run_cell("X = torch.randn(8, 3)\nY = torch.randn(8, 1)")
+    cell = (
+        "losses = {}\nfor lr in [0.01, 0.1, 0.3]:\n"
+        "    torch.manual_seed(0)\n    model = Net()\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=lr)\n"
+        "    for _ in range(5):\n        opt.zero_grad()\n"
+        "        loss = ((model(X) - Y) ** 2).mean()\n"
+        "        loss.backward()\n        opt.step()\n"
+        "    losses[lr] = loss.item()\n"
+    )
+    nb.run_cell(cell)
+    serial = dict(nb.user_ns["losses"])
+    nb.user_ns.pop("losses")
+    nb.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert nb.user_ns["losses"] == serial
+
+
+def test_a_dataclass_and_a_class_with_class_attributes_run_as_serially(nb):
+    nb.run_cell(CLASSES)
+    nb.run_cell("configs = [Config(0.1), Config(0.2, 3)]")
+    nb.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "fits = []\nfor c in configs:\n"
+        "    fits.append(Ridge(c.lr).fit(c.epochs).coef_)\n",
+    )
+    assert nb.user_ns["fits"] == [2 / 1.1, 3 / 1.2]
+    assert nb.user_ns["Ridge"].alpha == 1.0
+
+
+def test_a_class_attribute_the_loop_changes_fails_naming_it(nb):
+    nb.run_cell(
+        "class Counter:\n    n = 0\n    def __init__(self):\n"
+        "        Counter.n += 1\n        self.id = Counter.n\n"
+    )
+    err = _fails_atomically(
+        nb,
+        "ids = []\nfor i in range(4):\n    ids.append(Counter().id)\n",
+        ["Counter"],
+        r"`Counter` changed in place",
+    )
+    assert "`n`" in str(err)
+
+
+# -- writers that ignore read-only: the checksum sees them ---------------------------
+
+
+def test_a_function_writing_an_input_array_through_ufunc_at_fails(nb):
+    nb.run_cell(
+        "counts = np.zeros(5, dtype=int)\n"
+        "def count(c, i):\n    np.add.at(c, [i % 5], 1)\n    return i\n"
+    )
+    _fails_atomically(
+        nb,
+        "seen = []\nfor i in range(10):\n    seen.append(count(counts, i))\n",
+        ["counts"],
+        r"`counts` changed in place.*ignores read-only",
+    )
+    assert nb.user_ns["counts"].tolist() == [0] * 5
+
+
+def test_a_function_writing_an_input_array_through_torch_from_numpy_fails(nb):
+    nb.run_cell(
+        "a = np.zeros(4)\n"
+        "def bump(x, i):\n    torch.from_numpy(x).add_(1)\n    return i\n"
+    )
+    _fails_atomically(
+        nb,
+        "seen = []\nfor i in range(6):\n    seen.append(bump(a, i))\n",
+        ["a"],
+        r"`a` changed in place",
+    )
+
+
+def test_array_tokens_checksum_within_a_budget() -> None:
+    a = np.zeros(10)
+    before = checkin.token(a)
+    np.add.at(a, [1], 1)  # ignores the read-only flag the token set
+    assert not a.flags.writeable and a[1] == 1
+    assert checkin.changes({"a": before}, {"a": a}, None)
+    big = np.zeros((checkin.MAX_CONTENT_BYTES // 8) + 1)
+    assert checkin.token(big)[2] is None  # beyond the budget: read-only only

@@ -8,7 +8,8 @@ would be silently different.  So before each chunk the engine takes a cheap
 *token* of every input the analysis marked (receivers, arguments and callees of
 calls, and the chunk's items when they are), and compares after it:
 
-* numpy arrays are made read-only, so an in-place write fails at its own line;
+* numpy arrays are made read-only, so an in-place write fails at its own line,
+  and (up to a budget) checksummed, for the writers that ignore the flag;
 * torch tensors by their version counter (every in-place op bumps it), a module
   by its parameters' and buffers' (and their ``.grad``'s) and its training flags;
 * builtin containers item by item; a notebook function by the globals it uses
@@ -24,6 +25,7 @@ import hashlib
 import io
 import pickle
 import types
+import zlib
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
@@ -35,6 +37,9 @@ __all__ = ["Changed", "changes", "code_names", "freeze", "snapshot", "token"]
 MAX_ITEMS = 100_000
 #: bytes of out-of-band buffers hashed in a pickled object's state
 MAX_BUFFER_BYTES = 64 << 20
+#: bytes of arrays checksummed per token set (~0.3 ms per MiB); arrays beyond
+#: it are checked by their read-only flag alone
+MAX_CONTENT_BYTES = 8 << 20
 
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis))
 _UNCHECKED = ("unchecked",)
@@ -51,6 +56,22 @@ class Changed(Exception):
 class _Budget:
     def __init__(self) -> None:
         self.items = MAX_ITEMS
+        self.content_bytes = MAX_CONTENT_BYTES
+
+
+def _contents(a: Any, budget: _Budget) -> Hashable:
+    """A checksum of a (read-only) array's bytes, within the budget: a few
+    writers ignore the read-only flag (a ufunc's ``.at``, ``torch.from_numpy``
+    and ctypes views), and only the bytes show what they did."""
+    n = int(a.nbytes)
+    if n > budget.content_bytes:
+        return None  # too big: read-only is the check
+    budget.content_bytes -= n
+    try:
+        view = memoryview(a).cast("B")
+    except (TypeError, ValueError):  # not contiguous: a copy (within budget)
+        view = memoryview(a.tobytes())
+    return zlib.crc32(view)
 
 
 def _is_tensor(obj: Any) -> bool:
@@ -58,7 +79,13 @@ def _is_tensor(obj: Any) -> bool:
 
 
 def _is_module(obj: Any) -> bool:
-    return hasattr(obj, "named_parameters") and hasattr(obj, "named_buffers")
+    """A torch module instance; a class (``class Net(nn.Module)`` the loop
+    calls) has these names too, as unbound methods."""
+    return (
+        not isinstance(obj, type)
+        and hasattr(obj, "named_parameters")
+        and hasattr(obj, "named_buffers")
+    )
 
 
 def _tensor(t: Any) -> Hashable:
@@ -183,6 +210,12 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         return _UNCHECKED
     if isinstance(obj, _IMMUTABLE):
         return ("=", type(obj).__name__, hash(obj))
+    if isinstance(obj, type):
+        # a class is an input like a function (checked as one), never taken
+        # for an instance of itself: `Net.named_parameters` is a plain function
+        if getattr(obj, "__module__", None) == "__main__":
+            return _class(obj, budget, seen)
+        return ("=", id(obj))
     if is_numpy(obj):
         if obj.flags.writeable:
             try:
@@ -192,7 +225,7 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         where = (obj.__array_interface__["data"][0], obj.shape, obj.dtype.str)
         if obj.dtype.hasobject:  # its items are objects that may change
             return ("ndarray", where, _pickled(obj))
-        return ("ndarray", where)
+        return ("ndarray", where, _contents(obj, budget))
     if _is_tensor(obj):
         return _tensor(obj)
     if _is_module(obj):
@@ -211,9 +244,7 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         )
     if isinstance(obj, types.FunctionType):
         return _function(obj, budget, seen)
-    if isinstance(obj, type) and getattr(obj, "__module__", None) == "__main__":
-        return _class(obj, budget, seen)
-    if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType)):
         return ("=", id(obj))
     return _pickled(obj)
 
@@ -299,6 +330,11 @@ def _what(was: Hashable, now: Hashable) -> str:
             return "its train/eval mode changed"
     if kind == "tensor":
         return "it was changed in place"
+    if kind == "ndarray":
+        return (
+            "its contents changed in place (by a writer that ignores read-only: "
+            "a ufunc's `.at`, `torch.from_numpy`, ctypes)"
+        )
     if kind == "function":
         assert isinstance(was, tuple) and isinstance(now, tuple)
         before = dict(was[2]) if len(was) > 2 else {}

@@ -35,15 +35,24 @@ def _module(value: Any) -> str:
 
 
 def is_numpy(value: Any) -> bool:
+    """An array instance (never the class ``np.ndarray`` or a subclass of it:
+    a class an input names has the attributes too, as descriptors)."""
     return (
-        _module(value).startswith("numpy")
+        not isinstance(value, type)
+        and _module(value).startswith("numpy")
         and hasattr(value, "shape")
         and hasattr(value, "flags")
     )
 
 
 def is_torch(value: Any) -> bool:
-    return _module(value).startswith("torch") and hasattr(value, "data_ptr")
+    """A tensor instance (``torch.Tensor`` itself is made by a metaclass of
+    ``torch._C``, so its type's module says torch too)."""
+    return (
+        not isinstance(value, type)
+        and _module(value).startswith("torch")
+        and hasattr(value, "data_ptr")
+    )
 
 
 def unordered(value: Any) -> bool:

@@ -501,17 +501,57 @@ class _Flow:
                     "the cell serially.",
                 )
                 return
-            if is_inplace_method(f.attr) and call.args:
-                arg_root = root_name(call.args[0])
-                if self.outerish(arg_root, state):
-                    assert arg_root is not None
-                    self._refuse_mutation(
-                        call, arg_root, f"`{ast.unparse(f)}({arg_root.id}, ...)`"
-                    )
+            if (
+                is_inplace_method(f.attr)
+                or f.attr in ARGUMENT_MUTATORS
+                or (f.attr == "at" and isinstance(f.value, ast.Attribute))
+            ) and call.args:
+                # `torch.nn.init.zeros_(w)`, `np.copyto(dst, x)`, and a ufunc's
+                # `np.add.at(counts, idx, 1)`, which writes even into an array
+                # made read-only (the engines' check-in cannot stop it)
+                self._refuse_argument_mutation(call, call.args[0], state)
+            self._refuse_out_argument(call, state)
             return
+        self._refuse_out_argument(call, state)
+        if f.attr == "shuffle" and call.args:  # `rng.shuffle(x)` changes `x`
+            self._refuse_argument_mutation(call, call.args[0], state)
         if is_mutating_method(f.attr) and self.outerish(root, state):
             fix = _setdefault_fix(call, root.id) if f.attr == "setdefault" else ""
             self._refuse_mutation(call, root, f"`{ast.unparse(f)}(...)`", fix)
+
+    def _refuse_argument_mutation(
+        self, call: ast.Call, arg: ast.expr, state: State
+    ) -> None:
+        """``arg``, an argument the call changes in place, may be outer data."""
+        arg_root = root_name(arg)
+        if self.outerish(arg_root, state):
+            assert arg_root is not None
+            fn = ast.unparse(call.func)
+            fix = (
+                f"Collect what the call needs (`parts.append(...)`) and call "
+                f"`{fn}({ast.unparse(arg)}, ...)` once after the loop, or change a "
+                f"copy made in the iteration (`{arg_root.id}_i = "
+                f"{arg_root.id}.copy()`) and collect that."
+            )
+            if arg_root.id in self.c.tainted or self._shadowed(arg_root.id):
+                fix = ""  # the loop's own item: the generic advice fits
+            self._refuse_mutation(
+                call, arg_root, f"`{fn}({ast.unparse(arg)}, ...)`", fix
+            )
+
+    def _refuse_out_argument(self, call: ast.Call, state: State) -> None:
+        """``out=`` names where numpy and torch write the result: in place."""
+        for k in call.keywords:
+            if k.arg == "out":
+                for part in _out_parts(k.value):
+                    root = root_name(part)
+                    if self.outerish(root, state):
+                        assert root is not None
+                        self._refuse_mutation(
+                            call,
+                            root,
+                            f"`{ast.unparse(call.func)}(..., out={ast.unparse(part)})`",
+                        )
 
     def check_target_mutation(self, part: ast.expr, state: State, op: str) -> None:
         """Refuse a store into an outer object; ``op``: the augmented operator
@@ -969,6 +1009,35 @@ _AWAIT_TEXT = (
 
 #: methods only lists, dicts and sets have (no module function is called so):
 #: on a module's attribute (`sys.path.append`) they change module state
+#: functions of a module (numpy's, heapq's, random's) that change their
+#: first argument in place: `np.copyto(dst, src)`, `heapq.heappush(h, x)`
+ARGUMENT_MUTATORS = frozenset(
+    {
+        "copyto",
+        "put",
+        "place",
+        "putmask",
+        "put_along_axis",
+        "fill_diagonal",
+        "shuffle",
+        "heapify",
+        "heappush",
+        "heappop",
+        "heapreplace",
+        "heappushpop",
+    }
+)
+
+
+def _out_parts(e: ast.expr) -> list[ast.expr]:
+    """The arrays an ``out=`` value names (a ufunc takes a tuple of them)."""
+    if isinstance(e, (ast.Tuple, ast.List)):
+        return [x for elt in e.elts for x in _out_parts(elt)]
+    if isinstance(e, ast.Constant):
+        return []  # out=None
+    return [e]
+
+
 MODULE_STATE_MUTATORS = frozenset(
     {"append", "extend", "insert", "remove", "setdefault", "popitem", "discard"}
 )
