@@ -121,6 +121,9 @@ class PreparedUpdate:
     iterations: int = 0
     # locals whose last value could not travel back: left as they were, said so
     notes: list[str] = field(default_factory=list)
+    # the loop's logging records in iteration order, for the kernel's handlers
+    # once the namespace holds the results (emitting them is the kernel's I/O)
+    records: list[Any] = field(default_factory=list)
 
     def commit(self, namespace: MutableMapping[str, Any]) -> None:
         """Apply the update. Touches only validated objects and the given names."""
@@ -310,6 +313,7 @@ def prepare(
     """
     rs = sorted(results, key=lambda r: r.start)
     up = PreparedUpdate(iterations=sum(r.count for r in rs))
+    up.records = [rec for r in rs for rec in getattr(r, "logs", ())]
     owners: dict[int, str] = {}
 
     def claim(name: str, obj: Any) -> None:

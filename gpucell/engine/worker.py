@@ -30,13 +30,13 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucell.engine import checkin, hostcopy, runtime, tohost, writebehind
+from gpucell.engine import checkin, hostcopy, logs, runtime, tohost, writebehind
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
 from gpucell.protocol.chunks import DETAIL_MAX, chunk_items, item_refs
 from gpucell.protocol.fold import is_torch
-from gpucell.protocol.program import Setup, Watch
+from gpucell.protocol.program import LogLevels, Setup, Watch
 
 __all__ = ["load", "run", "clear"]
 
@@ -55,6 +55,9 @@ class _Session:
     watch: Watch = field(default_factory=lambda: {"names": [], "items": False})
     # the kernel's warnings filters, applied while this cell's chunks run
     warning_filters: list[Any] | None = None
+    # the kernel's logging levels, applied while this cell's chunks run (the
+    # records they make go back to the kernel's handlers)
+    log_levels: LogLevels | None = None
     # seconds per iteration of this cell's last chunk here: cheap iterations
     # run the unstamped program (gpucell.engine.chunk.CHEAP_ITERATION)
     iteration_mean: float | None = None
@@ -325,6 +328,7 @@ def _set_up(
     st = _session(kernel)
     st.cwd = setup.get("cwd")
     _set_warning_filters(st, setup.get("warnings") or [])
+    st.log_levels = setup.get("logging")
     _evict(st.cache, setup.get("cache_bytes"), keep=set(setup["names"]))
     loaded["cached"] = _cached_keys(st)
     if loaded["missing"]:
@@ -742,24 +746,26 @@ def run(
         if to_host is not None and behind is not None:
             to_host.sink = behind.add
         try:
-            result = run_chunk(
-                st.program,
-                st.inputs,
-                chunk_obj,
-                start,
-                seed_fn=_seeder(seed) if seed is not None else None,
-                device=device,
-                stamps=stamps,
-                to_host=to_host,
-                deadline=None if budget is None else c0 + budget,
-                where=where,
-                cheap=(
-                    st.iteration_mean is not None
-                    and st.iteration_mean < CHEAP_ITERATION
-                ),
-                verdict=verdict,
-                hand_back=hand_back,
-            )
+            with logs.Capture(st.log_levels) as logged:
+                result = run_chunk(
+                    st.program,
+                    st.inputs,
+                    chunk_obj,
+                    start,
+                    seed_fn=_seeder(seed) if seed is not None else None,
+                    device=device,
+                    stamps=stamps,
+                    to_host=to_host,
+                    deadline=None if budget is None else c0 + budget,
+                    where=where,
+                    cheap=(
+                        st.iteration_mean is not None
+                        and st.iteration_mean < CHEAP_ITERATION
+                    ),
+                    verdict=verdict,
+                    hand_back=hand_back,
+                )
+            result.logs = logged.records
             changed = checkin.changes(checked_in, st.inputs, items)
             if changed:
                 for name, _what in changed:

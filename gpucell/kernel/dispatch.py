@@ -54,6 +54,7 @@ from gpucell.errors import (
     InputNotSendable,
     IterationError,
 )
+from gpucell.kernel import logs
 from gpucell.kernel.interrupts import interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
 from gpucell.protocol import fingerprint, shm, wire
@@ -360,6 +361,7 @@ class Run:
         }
         self._encoded: dict[tuple[str, ...], list[Any]] = {}
         self._filters = _warning_filters()
+        self._log_levels = logs.levels()
         for eid in self.alive:
             self._setup_engine(eid)
         if self.telemetry is not None:
@@ -403,6 +405,7 @@ class Run:
             "keys": keys,
             "watch": self.watch,
             "warnings": self._filters,
+            "logging": self._log_levels,
             "cache_bytes": self.cache_bytes,
             "cwd": os.getcwd(),
         }

@@ -950,6 +950,10 @@ def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
         "the merge wrote the loop's results (the namespace holds them all)"
     ):
         update.commit(ns)
+    if update.records:
+        from gpucell.kernel import logs
+
+        logs.emit(update.records)
     for note in update.notes:
         print(f"gpucell: note: {note}")
 

@@ -64,6 +64,9 @@ class ChunkResult:
     last_values: dict[str, tuple[int, str, Any]] = field(default_factory=dict)
     # name -> [(key, [items])]: D[k].append/extend, in iteration order
     keyed_gathers: dict[str, list[tuple[Any, list[Any]]]] = field(default_factory=dict)
+    # the logging records the iterations made, in order, ready to travel
+    # (message formatted, traceback as text): the kernel's handlers emit them
+    logs: list[Any] = field(default_factory=list)
 
 
 def chunk_items(obj: tuple[Any, ...]) -> Iterable[Any]:

@@ -32,6 +32,7 @@ __all__ = [
     "RESULT",
     "RECORDER_METHODS",
     "Method",
+    "LogLevels",
     "Setup",
     "Spec",
     "Watch",
@@ -171,6 +172,15 @@ class Watch(TypedDict):
     items: bool  # the chunk's items (an item of the loop's data is a receiver)
 
 
+class LogLevels(TypedDict):
+    """The kernel's logging levels, which decide what records a loop makes:
+    an engine makes exactly those, and the kernel's handlers get them."""
+
+    root: int  # the root logger's level
+    disable: int  # logging.disable()'s level
+    named: dict[str, int]  # every named logger's own level (NOTSET included)
+
+
 class Setup(TypedDict):
     """What an engine's first chunk of a cell carries besides the inputs."""
 
@@ -179,6 +189,7 @@ class Setup(TypedDict):
     keys: dict[str, str | None]  # input -> digest of its fingerprint (cache key)
     watch: Watch  # what the chunks check in and out
     warnings: list[Any]  # wire frames of the kernel's warnings.filters
+    logging: LogLevels  # records the loop logs come back to the kernel's handlers
     cache_bytes: int  # the engine's budget for cached inputs (LRU beyond it)
     # the kernel's working directory: relative paths in the loop (`open("a.csv")`
     # after `%cd data`) name the same files on the engines of its host

@@ -1,0 +1,132 @@
+"""Logging from a chunk's iterations, caught to be emitted by the kernel.
+
+Serially ``log.info(...)`` in the loop reaches the notebook's handlers (a
+``basicConfig(filename=...)`` file, a list handler, a stream); on an engine
+those handlers do not exist, so the records would be lost.  While a chunk
+runs, the engine's loggers take the kernel's levels (so the loop makes the
+records the kernel would make), and a handler on the root logger keeps every
+record that reaches it instead of letting the engine's own handlers (or
+logging's last resort on stderr) print it.  The records travel with the
+chunk's result, prepared as ``logging.handlers.QueueHandler`` prepares them:
+the message formatted now (its arguments may change later in the iteration),
+the traceback as text.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import pickle
+import threading
+from typing import Any
+
+from gpucell.protocol.program import LogLevels
+
+__all__ = ["Capture"]
+
+#: loggers of the engine's own machinery, never the loop's
+_ENGINE_LOGGERS = ("ipyparallel", "ipykernel", "IPEngine", "traitlets", "tornado")
+
+#: attributes every LogRecord has (the rest came from ``extra=``)
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
+def prepared(record: logging.LogRecord) -> logging.LogRecord:
+    """A copy of ``record`` that pickles: message formatted, traceback as
+    text, ``extra=`` values that cannot travel as their repr."""
+    r = copy.copy(record)
+    try:
+        r.msg = r.getMessage()
+        r.args = None
+    except Exception:  # noqa: BLE001 - the kernel's handler reports it, as serially
+        r.args = tuple(map(repr, r.args)) if isinstance(r.args, tuple) else repr(r.args)
+    if r.exc_info:
+        if not r.exc_text:
+            r.exc_text = logging.Formatter().formatException(r.exc_info)
+        # a handler that reads exc_info gets the exception itself (tracebacks
+        # do not pickle; the formatted one is exc_text, which formatters use)
+        kind, value = r.exc_info[0], r.exc_info[1]
+        try:
+            pickle.loads(pickle.dumps(value))
+            r.exc_info = (kind, value, None) if kind is not None else None
+        except Exception:  # noqa: BLE001
+            r.exc_info = None
+    for k, v in list(vars(r).items()):
+        if k not in _STANDARD:
+            try:
+                pickle.dumps(v)
+            except Exception:  # noqa: BLE001
+                setattr(r, k, repr(v))
+    return r
+
+
+class _Keep(logging.Handler):
+    """Keeps the records the chunk's own thread logs (not the engine's)."""
+
+    def __init__(self, thread: int) -> None:
+        super().__init__(logging.NOTSET)
+        self.thread = thread
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self.thread or record.name.startswith(_ENGINE_LOGGERS):
+            return
+        self.records.append(prepared(record))
+
+
+class Capture:
+    """The kernel's levels and a keeping root handler while a chunk runs;
+    everything is put back on exit, whatever happened."""
+
+    def __init__(self, levels: LogLevels | None) -> None:
+        self.levels = levels
+        self.records: list[logging.LogRecord] = []
+        self._saved: list[tuple[logging.Logger, int]] = []
+        self._handlers: list[logging.Handler] = []
+        self._disable = logging.NOTSET
+        self._keep: _Keep | None = None
+
+    def __enter__(self) -> Capture:
+        root = logging.getLogger()
+        manager = root.manager
+        self._handlers = root.handlers[:]
+        self._disable = manager.disable
+        self._saved = [(root, root.level)]
+        lv = self.levels
+        if lv is not None:
+            root.level = lv["root"]
+            manager.disable = lv["disable"]
+            for name, level in lv["named"].items():
+                if name.startswith(_ENGINE_LOGGERS):
+                    continue
+                lg = logging.getLogger(name)
+                if lg.level != level:
+                    self._saved.append((lg, lg.level))
+                    lg.level = level
+        self._keep = _Keep(threading.get_ident())
+        root.handlers[:] = [self._keep]
+        _levels_changed(manager)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        root = logging.getLogger()
+        root.handlers[:] = self._handlers
+        for lg, level in self._saved:
+            lg.level = level
+        root.manager.disable = self._disable
+        _levels_changed(root.manager)
+        if self._keep is not None:
+            self.records = self._keep.records
+
+
+def _levels_changed(manager: Any) -> None:
+    """Loggers cache whether a level is enabled: levels set by hand (one
+    ``setLevel`` per logger clears every cache each time) need one clear."""
+    clear = getattr(manager, "_clear_cache", None)
+    if clear is not None:
+        clear()
