@@ -378,3 +378,20 @@ def test_array_tokens_checksum_within_a_budget() -> None:
     assert checkin.changes({"a": before}, {"a": a}, None)
     big = np.zeros((checkin.MAX_CONTENT_BYTES // 8) + 1)
     assert checkin.token(big)[2] is None  # beyond the budget: read-only only
+
+
+def test_numpy_scalars_and_dtypes_are_values_not_arrays(nb):
+    # a scalar's array interface points at a copy made anew: its address moved
+    # whenever the loop kept arrays alive, and the input was reported changed
+    nb.run_cell("labels = np.arange(7)\nn = labels.max()\ndt = np.dtype('f4')")
+    for name in ("n", "dt"):
+        v = nb.user_ns[name]
+        assert checkin.token(v) == checkin.token(v)
+    nb.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "keep = []\nfor i in range(12):\n"
+        "    keep.append(np.zeros(3, dtype=dt) + int(np.minimum(n, i)))\n",
+    )
+    assert [int(k[0]) for k in nb.user_ns["keep"]] == [min(6, i) for i in range(12)]
+    assert {k.dtype for k in nb.user_ns["keep"]} == {np.dtype("f4")}

@@ -42,6 +42,8 @@ class Shared(NamedTuple):
 
 
 def _mutable(value: Any) -> bool:
+    if isinstance(value, type):  # a class is an input like a function
+        return False
     return not isinstance(value, _IMMUTABLE) and not (
         isinstance(value, tuple) and all(isinstance(v, _IMMUTABLE) for v in value)
     )

@@ -42,12 +42,14 @@ def shape_of(value: Any, depth: int = 2) -> Any:
     values a cell reads keep the shape they had when it was measured.
     """
     t = type(value)
-    shape = getattr(value, "shape", None)
-    if shape is not None:  # arrays, tensors, data frames
-        try:
+    if isinstance(value, type):  # a class: its `shape` is not a size
+        return t.__name__
+    try:
+        shape = getattr(value, "shape", None)
+        if shape is not None:  # arrays, tensors, data frames
             return (t.__name__, tuple(shape), str(getattr(value, "dtype", "")))
-        except TypeError:
-            pass
+    except Exception:  # a shape that is not one, or raises: no size known
+        pass
     if t in (str, bytes, bytearray):
         return (t.__name__, len(value))
     if t in (list, tuple) or t.__name__ in ("range", "deque"):

@@ -74,6 +74,10 @@ def _contents(a: Any, budget: _Budget) -> Hashable:
     return zlib.crc32(view)
 
 
+def _is_numpy_scalar(obj: Any) -> bool:
+    return is_numpy(obj) and not any(c.__name__ == "ndarray" for c in type(obj).__mro__)
+
+
 def _is_tensor(obj: Any) -> bool:
     return is_torch(obj) and hasattr(obj, "_version")
 
@@ -216,6 +220,10 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         if getattr(obj, "__module__", None) == "__main__":
             return _class(obj, budget, seen)
         return ("=", id(obj))
+    if _is_numpy_scalar(obj):
+        # a numpy scalar is a value: its array interface points at a copy
+        # made anew each time (an address that moves means nothing)
+        return ("=", type(obj).__name__, bytes(obj.tobytes()))
     if is_numpy(obj):
         if obj.flags.writeable:
             try:

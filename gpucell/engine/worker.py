@@ -107,7 +107,7 @@ def clear(kernel: str = "") -> None:
 def _nbytes(value: Any) -> int:
     """Bytes an input holds: the buffers of arrays and tensors (in containers
     too, one level), else a shallow size."""
-    n = getattr(value, "nbytes", None)
+    n = None if isinstance(value, type) else getattr(value, "nbytes", None)
     if isinstance(n, int):
         return n
     if is_torch(value):

@@ -108,6 +108,8 @@ def _fp(obj: Any, budget: _Budget, active: set[int]) -> Hashable:
         return (t, obj.real.hex(), obj.imag.hex())
     if t is tuple or t is frozenset:
         return (t, t(_fp(x, budget, active) for x in obj))
+    if isinstance(obj, type):  # a class (np.dtype's metaclass is numpy's)
+        return _fp_by_reference(obj)
     mod = t.__module__
     if mod == "numpy":
         return _fp_numpy(obj)

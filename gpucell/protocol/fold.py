@@ -35,13 +35,14 @@ def _module(value: Any) -> str:
 
 
 def is_numpy(value: Any) -> bool:
-    """An array instance (never the class ``np.ndarray`` or a subclass of it:
-    a class an input names has the attributes too, as descriptors)."""
-    return (
-        not isinstance(value, type)
-        and _module(value).startswith("numpy")
-        and hasattr(value, "shape")
-        and hasattr(value, "flags")
+    """A numpy array or scalar instance: never a class (``np.dtype`` and the
+    dtype classes have a numpy metaclass) nor a dtype (it has ``shape`` and
+    ``flags`` too, as attributes of another meaning)."""
+    if isinstance(value, type) or not _module(value).startswith("numpy"):
+        return False
+    return any(
+        c.__name__ in ("ndarray", "generic") and c.__module__ == "numpy"
+        for c in type(value).__mro__
     )
 
 
@@ -52,6 +53,7 @@ def is_torch(value: Any) -> bool:
         not isinstance(value, type)
         and _module(value).startswith("torch")
         and hasattr(value, "data_ptr")
+        and hasattr(value, "_version")  # (a storage has data_ptr too)
     )
 
 
