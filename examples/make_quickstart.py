@@ -46,9 +46,19 @@ CELLS = [
     (
         "code",
         "import torch\n"
+        "from torch import nn\n"
+        "\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, hidden=128):\n"
+        "        super().__init__()\n"
+        "        self.fc1 = nn.Linear(64, hidden)\n"
+        "        self.fc2 = nn.Linear(hidden, 10)\n"
+        "\n"
+        "    def forward(self, x):\n"
+        "        return self.fc2(torch.relu(self.fc1(x)))\n"
+        "\n"
         "torch.manual_seed(0)\n"
-        "model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),\n"
-        "                            torch.nn.Linear(128, 10))\n"
+        "model = Net()\n"
         "batches = [torch.randn(256, 64) for _ in range(32)]",
     ),
     (
@@ -68,6 +78,48 @@ CELLS = [
         "    scores.append(y.softmax(-1).max(-1).values.mean().item())",
     ),
     ("code", "len(scores), round(sum(scores) / len(scores), 4)"),
+    (
+        "md",
+        "## A hyper-parameter sweep: one model per setting\n\nEach iteration "
+        "builds its own `Net`, trains it and keeps its loss. The notebook's logging "
+        "works as it does serially: the records the loop logs reach the notebook's "
+        "handlers in iteration order (here a file), and the kernel may use CUDA "
+        "before and after the cell, with no restart.",
+    ),
+    (
+        "code",
+        "import logging\n"
+        "logging.basicConfig(filename='sweep.log', level=logging.INFO, force=True,\n"
+        "                    format='%(levelname)s %(name)s %(message)s')\n"
+        "log = logging.getLogger('sweep')\n"
+        "X, Y = torch.randn(512, 64), torch.randint(0, 10, (512,))\n"
+        "loader = torch.utils.data.DataLoader(\n"
+        "    torch.utils.data.TensorDataset(X, Y), batch_size=64)",
+    ),
+    (
+        "code",
+        "%%gpu_parallel\n"
+        "losses = {}\n"
+        "accuracy = {}\n"
+        "for lr in [0.003, 0.01, 0.03, 0.1]:\n"
+        "    torch.manual_seed(0)\n"
+        "    net = Net().cuda()\n"
+        "    opt = torch.optim.SGD(net.parameters(), lr=lr)\n"
+        "    net.train()\n"
+        "    for epoch in range(3):\n"
+        "        for xb, yb in loader:\n"
+        "            opt.zero_grad()\n"
+        "            loss = nn.functional.cross_entropy(net(xb.cuda()), yb.cuda())\n"
+        "            loss.backward()\n"
+        "            opt.step()\n"
+        "    net.eval()\n"
+        "    with torch.no_grad():\n"
+        "        hits = (net(X.cuda()).argmax(-1) == Y.cuda()).float().mean().item()\n"
+        "    losses[lr] = loss.item()\n"
+        "    accuracy[lr] = hits\n"
+        "    log.info('lr=%g loss=%.4f accuracy=%.3f', lr, loss.item(), hits)",
+    ),
+    ("code", "print(open('sweep.log').read())\nmax(accuracy, key=accuracy.get)"),
     (
         "md",
         "## A reduction\n\n`+=`, `max`/`min` and friends are combined across "

@@ -883,8 +883,6 @@ def test_inner_loop_over_a_non_empty_literal_assigns(it: str) -> None:
         "range(0)",
         "range(3, 1)",
         "range(1, 9, 0)",
-        "range(n)",
-        "ys",
         "[]",
         "[*ys]",
         "''",
@@ -895,6 +893,18 @@ def test_inner_loop_that_may_not_run_still_refuses(it: str) -> None:
     assert refusals(src) == [("z", "loop-carried", 4)]
     text = texts(src)[("z", "loop-carried")]
     assert "`z = None` before the loop on line 2" in text
+
+
+@pytest.mark.parametrize("it", ["range(n)", "ys", "data.train", "range(len(ys) - 1)"])
+def test_inner_loop_over_inputs_is_taken_to_run_and_checked_at_run_time(
+    it: str,
+) -> None:
+    src = f"for x in xs:\n    for j in {it}:\n        z = x\n    out.append(z)\n"
+    p = plan(src)
+    assert classes(p)["z"] == LOCAL
+    assert p.nonempty == ((2, it),)
+    refused = {(d.name, d.kind, d.line): d.text for d in p.unless_nonempty}
+    assert "`z = None` before the loop on line 2" in refused[("z", "loop-carried", 4)]
 
 
 def test_shadowed_range_may_be_empty() -> None:

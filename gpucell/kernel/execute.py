@@ -183,8 +183,10 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         shell.ex(prelude)
 
     def loop_and_merge() -> None:
+        from gpucell.kernel import nonempty
         from gpucell.kernel.keep import Keeping
 
+        nonempty.check(prep.plan, ns)
         loop = _start_loop(shell, prep)
         keeping = Keeping(
             src,

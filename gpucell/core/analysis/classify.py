@@ -132,6 +132,9 @@ class Classification:
     watch_all: bool = False
     # (line, call) drawing from a global random generator
     random_calls: list[tuple[int, str]] = field(default_factory=list)
+    # (line, iterable) of nested loops taken to run at least once because
+    # their iterable, made of inputs, is checked non-empty before the run
+    nonempty: list[tuple[int, str]] = field(default_factory=list)
 
 
 def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
@@ -256,6 +259,9 @@ class _Ctx:
         self.tainted = tainted
         self.module_names = module_names
         self.is_builtin = is_builtin
+        # may a nested loop over inputs be taken to run (checked at run time)?
+        self.assume_nonempty = True
+        self.nonempty: dict[tuple[int, str], None] = {}
         self.inputs: dict[str, int] = {}
         self.prints: list[int] = []
         self.watch: dict[str, list[int]] = {}
@@ -670,13 +676,55 @@ class _Flow:
             s_in = new_in
         self.loop_depth -= 1
         # the last pass's states are lower bounds only once they converged
-        runs = converged and _runs_once(s, self.c.is_builtin)
+        runs = converged and _runs_once(s, self.c.is_builtin, self._checkable)
         if isinstance(s, ast.While):
             exhausted = None if runs else head(s_in)
         else:
             exhausted = _join(body_end, *jumps.continues) if runs else s_in
         after = self.block(s.orelse, exhausted)
         return _join(after, *jumps.breaks)
+
+    def _checkable(self, e: ast.expr) -> bool:
+        """Can the kernel tell before the run that iterating ``e`` yields an
+        item?  Inputs only (names the body never binds, their attributes,
+        ``range`` of those, ``len`` of those and int literals): the same value
+        in every iteration, so one check in the kernel covers them all.
+        Recorded, for the plan to check (``LoopPlan.nonempty``)."""
+        if not self.c.assume_nonempty or not self._input_expr(e, calls=True):
+            return False
+        self.c.nonempty[(e.lineno, ast.unparse(e))] = None
+        return True
+
+    def _input_expr(self, e: ast.expr, calls: bool) -> bool:
+        if isinstance(e, ast.Name):
+            n = e.id
+            return not (
+                n in self.c.body_bound
+                or n in self.c.tainted
+                or n in self.c.sinks
+                or self._shadowed(n)
+                or self.c.is_builtin(n)
+            )
+        if isinstance(e, ast.Attribute):
+            return self._input_expr(e.value, False)
+        if isinstance(e, ast.Constant):
+            return isinstance(e.value, int) and not calls
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Name)
+            and e.func.id in ("range", "len")
+            and self.c.is_builtin(e.func.id)
+            and not e.keywords
+            and e.args
+            and (e.func.id == "range") == calls
+        ):
+            return all(
+                not isinstance(a, ast.Starred) and self._input_expr(a, False)
+                for a in e.args
+            )
+        if isinstance(e, ast.BinOp) and not calls:  # range(n // 2), len(x) - 1
+            return self._input_expr(e.left, False) and self._input_expr(e.right, False)
+        return False
 
     def stmt_For(self, s: ast.For, state: State) -> State:
         state = self.expr(s.iter, state)
@@ -1196,10 +1244,16 @@ def _int_literal(e: ast.expr) -> int | None:
     return None
 
 
-def _nonempty(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
-    """Does iterating ``e`` surely yield an item?  Literals only: ``range`` of
-    int literals, a display with an item that is not ``*starred``, a non-empty
-    string, ``enumerate``/``zip`` of those.  Anything else may be empty."""
+def _nonempty(
+    e: ast.expr,
+    is_builtin: Callable[[str], bool],
+    checkable: Callable[[ast.expr], bool] = lambda e: False,
+) -> bool:
+    """Does iterating ``e`` surely yield an item?  Literals: ``range`` of int
+    literals, a display with an item that is not ``*starred``, a non-empty
+    string, ``enumerate``/``zip`` of those; and what ``checkable`` says the
+    kernel checks before the run (a loader, ``range(epochs)``).  Anything else
+    may be empty."""
     if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
         return any(not isinstance(x, ast.Starred) for x in e.elts)
     if isinstance(e, ast.Dict):
@@ -1213,30 +1267,32 @@ def _nonempty(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
         and e.args
         and not any(isinstance(a, ast.Starred) for a in e.args)
     ):
-        return False
+        return checkable(e)
     f, args = e.func.id, e.args
     if f == "range" and not e.keywords and len(args) <= 3:
         bounds = [_int_literal(a) for a in args]
         ints = [b for b in bounds if b is not None]
-        return (
-            len(ints) == len(args)
-            and (len(args) < 3 or ints[2] != 0)
-            and (len(range(*ints)) > 0)
-        )
+        if len(ints) == len(args):
+            return (len(args) < 3 or ints[2] != 0) and (len(range(*ints)) > 0)
+        return checkable(e)
     if f == "enumerate":
-        return _nonempty(args[0], is_builtin)
+        return _nonempty(args[0], is_builtin, checkable)
     if f == "zip":
-        return all(_nonempty(a, is_builtin) for a in args)
+        return all(_nonempty(a, is_builtin, checkable) for a in args)
     return False
 
 
-def _runs_once(s: ast.For | ast.While, is_builtin: Callable[[str], bool]) -> bool:
+def _runs_once(
+    s: ast.For | ast.While,
+    is_builtin: Callable[[str], bool],
+    checkable: Callable[[ast.expr], bool] = lambda e: False,
+) -> bool:
     """A nested ``for`` over a surely non-empty iterable runs its body at least
     once; a ``while True:`` leaves only by ``break`` (or an exception)."""
     if isinstance(s, ast.While):
         t = s.test
         return isinstance(t, ast.Constant) and bool(t.value)
-    return _nonempty(s.iter, is_builtin)
+    return _nonempty(s.iter, is_builtin, checkable)
 
 
 def _alias_expr(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
@@ -1523,6 +1579,7 @@ def classify_body(
     is_builtin: Callable[[str], bool],
     module_names: Iterable[str] = (),
     fixed_sinks: dict[str, str] | None = None,
+    assume_nonempty: bool = True,
 ) -> Classification:
     """Classify the names of a loop body.
 
@@ -1542,6 +1599,9 @@ def classify_body(
     module_names : iterable of str
         Names bound by ``import`` in the prelude (receivers whose in-place functions
         modify their argument rather than themselves).
+    assume_nonempty : bool
+        Take a nested loop over inputs (``for xb in loader``) to run at least
+        once, recording its iterable in ``nonempty`` for the kernel to check.
     """
     stmts = list(block_statements(body))
     nodes = [n for s in body for n in scope_nodes(s)]
@@ -1693,6 +1753,7 @@ def classify_body(
         is_builtin=is_builtin,
     )
     ctx.target_names = {n.id for n in target_names(loop_target)}
+    ctx.assume_nonempty = assume_nonempty
     ctx.own_elements = own_elements
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
@@ -1757,4 +1818,5 @@ def classify_body(
     result.watch_items = sorted(set(ctx.watch_items))
     result.watch_all = ctx.watch_all
     result.random_calls = sorted(set(ctx.random_calls))
+    result.nonempty = list(ctx.nonempty)
     return result

@@ -20,7 +20,7 @@ from gpucell.core.analysis.classify import (
     Classification,
     classify_body,
 )
-from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
+from gpucell.core.analysis.diagnostics import Diagnostic, DiagnosticSink, raise_if_any
 from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
@@ -390,6 +390,24 @@ def analyse(
         is_builtin=is_builtin,
         module_names=prelude_modules,
     )
+    nonempty: tuple[tuple[int, str], ...] = ()
+    unless_nonempty: tuple[Diagnostic, ...] = ()
+    if cl.nonempty and not diag.sorted():
+        # accepted by taking nested loops over inputs to run: keep the checks
+        # only if the loop needs them (what it would be refused for otherwise)
+        bare = DiagnosticSink()
+        classify_body(
+            body,
+            loop_target=target,
+            loop_iter=iterable,
+            diag=bare,
+            is_builtin=is_builtin,
+            module_names=prelude_modules,
+            assume_nonempty=False,
+        )
+        unless_nonempty = tuple(bare.sorted())
+        if unless_nonempty:
+            nonempty = tuple(sorted(cl.nonempty))
     contexts = _engine_contexts(split.layers, cl.inputs, with_targets, diag)
     for item in contexts:  # what the engines evaluate to re-enter a context
         for node in ast.walk(item):
@@ -477,6 +495,8 @@ def analyse(
         watch_items=tuple(cl.watch_items),
         watch_all=cl.watch_all,
         random_calls=tuple(cl.random_calls),
+        nonempty=nonempty,
+        unless_nonempty=unless_nonempty,
         chunk_ast=chunk_ast,
         epilogue_source=epi_src,
         epilogue_lines=line_span(split.epilogue),

@@ -135,6 +135,12 @@ class LoopPlan:
     watch_items: tuple[int, ...] = ()
     watch_all: bool = False
     random_calls: tuple[tuple[int, str], ...] = ()
+    # (line, iterable) of nested loops over inputs the plan takes to run at
+    # least once (`for xb in loader:` then `loss.item()`): the kernel checks
+    # each is non-empty after the prelude, and refuses with
+    # ``unless_nonempty`` (what the loop is refused for without it) if not
+    nonempty: tuple[tuple[int, str], ...] = ()
+    unless_nonempty: tuple[Diagnostic, ...] = ()
     diagnostics: tuple[Diagnostic, ...] = ()
     warnings: tuple[Diagnostic, ...] = ()
     prelude: tuple[ast.stmt, ...] = field(default=(), repr=False)

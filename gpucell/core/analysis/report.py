@@ -107,6 +107,9 @@ def format_plan(plan: LoopPlan) -> str:
     if plan.cuda_rewritten:
         lines = ", ".join(str(n) for n in plan.cuda_lines)
         out.append(f"cuda: device selections on line(s) {lines} use the engine device")
+    if plan.nonempty:
+        checks = ", ".join(f"`{t}` (line {n})" for n, t in plan.nonempty)
+        out.append(f"checked before the run: {checks} yield an item (nested loops run)")
     for w in plan.warnings:
         out.append(f"warning: line {w.line}: {w.text}")
     if plan.diagnostics:
