@@ -677,6 +677,34 @@ for i, x in enumerate(xs):
     total += h.sum().item()
 """
 
+# the model class as notebooks define it (README.md's, and the canonical sweep's):
+# the engines' input check once took such a class for a model instance
+NOTEBOOK_NET = """\
+import torch
+from torch import nn
+class Net(nn.Module):
+    def __init__(self, width=64):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(width, 32), nn.ReLU(), nn.Linear(32, 8))
+    def forward(self, x):
+        return self.body(x)
+"""
+
+# the canonical hyper-parameter sweep: one notebook-defined model per setting
+CELL_SWEEP = """\
+losses = {}
+for lr in lrs:
+    torch.manual_seed(0)
+    net = Net().cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    for _ in range(20):
+        opt.zero_grad()
+        loss = ((net(X.cuda()) - Y.cuda()) ** 2).mean()
+        loss.backward()
+        opt.step()
+    losses[lr] = loss.item()
+"""
+
 # README.md's example, as written there
 CELL_README = """\
 losses = []
@@ -737,8 +765,10 @@ def check_cuda_cell(r: Result) -> Result:
             problems.append(f"input W cached on the engines as {landed}, not cuda:0")
         r.details["tensor_cell"] = {"engines": ran, "W_on": landed}
 
+        _kernel(ip, NOTEBOOK_NET)
+        net_class = ip.user_ns["Net"]
         inputs = {
-            "model": torch.nn.Linear(64, 8),
+            "model": net_class(),
             "batches": [torch.randn(16, 64) for _ in range(n)],
         }
         try:
@@ -747,7 +777,19 @@ def check_cuda_cell(r: Result) -> Result:
         except Exception as e:
             problems.append(f"README cell (model.cuda()(x.cuda())) raised {_short(e)}")
             r.details["readme_error"] = traceback.format_exception_only(e)[-1]
-        r.figure = f"2 cells, {n} iterations on {len(gc.ids)} GPU engines"
+        inputs = {
+            "Net": net_class,
+            "X": torch.randn(256, 64),
+            "Y": torch.randn(256, 8),
+            "lrs": [0.01 * (k + 1) for k in range(max(4, 2 * len(gc.ids)))],
+        }
+        try:
+            ser, par = _serial_vs_parallel(ip, CELL_SWEEP, inputs)
+            problems += _compare("notebook-class sweep", ser, par)
+        except Exception as e:
+            problems.append(f"notebook-class sweep raised {_short(e)}")
+            r.details["sweep_error"] = traceback.format_exception_only(e)[-1]
+        r.figure = f"3 cells, {n} iterations on {len(gc.ids)} GPU engines"
     return r.judge(problems)
 
 
@@ -1208,7 +1250,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "cuda cell",
-        ".cuda() cells: CUDA in, CPU tensors out, = serial",
+        ".cuda() cells (a notebook nn.Module class too): CUDA in, CPU out, = serial",
         check_cuda_cell,
     ),
     Check("overlap", "async GPU->host copies overlap compute", check_overlap),
