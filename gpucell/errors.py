@@ -74,6 +74,13 @@ class ResumeRefused(GpucellError, ValueError):
     names what changed.  Nothing from the loop ran."""
 
 
+class CheckpointRefused(GpucellError, ValueError):
+    """``--checkpoint DIR`` names a folder gpucell will not use: not a folder,
+    unreadable, or not this user's alone (kept chunks are unpickled, so a folder
+    another user can write into could run that user's code).  Checked before
+    the prelude runs: nothing ran."""
+
+
 class ClusterStopped(EnginesLost):
     """The cluster was stopped (``%gpu_cluster stop``, ``gpucell.stop()`` from
     another thread) while a cell ran on it; nothing was merged."""

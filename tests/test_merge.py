@@ -292,3 +292,19 @@ def test_a_set_gets_its_items_in_serial_insertion_order():
     ]
     merge(plan, results, ns)
     assert list(ns["vocab"]) == list(serial)
+
+
+def test_chunk_ranges_must_tile_the_iterations_exactly_once() -> None:
+    from gpucell.core.merge import check_exactly_once
+
+    def r(start: int, count: int) -> ChunkResult:
+        return ChunkResult(start=start, count=count)
+
+    check_exactly_once([r(4, 6), r(0, 4)], 10)
+    check_exactly_once([], 0)
+    with pytest.raises(RuntimeError, match="iterations 3-3 would be merged twice"):
+        check_exactly_once([r(0, 4), r(3, 7)], 10)
+    with pytest.raises(RuntimeError, match="iterations 4-4 would be merged never"):
+        check_exactly_once([r(0, 4), r(5, 5)], 10)
+    with pytest.raises(RuntimeError, match="end at iteration 8, the loop has 10"):
+        check_exactly_once([r(0, 8)], 10)

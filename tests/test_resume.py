@@ -37,7 +37,9 @@ def fresh(ip, private_cluster):
     keep._KEPT.clear()
 
 
-def _interrupt_after(ip, cell: str, chunks: int, line: str = "") -> None:
+def _interrupt_after(
+    ip, cell: str, chunks: int, line: str = "", chunksize: int = 2
+) -> None:
     """Run ``cell`` and press the stop button once ``chunks`` chunks are done
     (watched from another thread, as a user watches the progress bar)."""
     before = gpucell.last_run
@@ -63,7 +65,9 @@ def _interrupt_after(ip, cell: str, chunks: int, line: str = "") -> None:
     try:
         with pytest.raises(KeyboardInterrupt):
             ip.run_cell_magic(
-                "gpu_parallel", f"--quiet --schedule dynamic --chunksize 2 {line}", cell
+                "gpu_parallel",
+                f"--quiet --schedule dynamic --chunksize {chunksize} {line}",
+                cell,
             )
     finally:
         stop.set()
@@ -223,3 +227,77 @@ def torch_oom():
     import torch
 
     return torch.cuda.OutOfMemoryError
+
+
+# -- exactly once (issue 29) ------------------------------------------------------
+
+
+def test_overlapping_checkpoint_files_of_two_runs_are_merged_once(
+    fresh, tmp_path, capsys
+):
+    ckpt = tmp_path / "ckpt"
+    _interrupt_after(fresh, CELL, 5, f"--checkpoint {ckpt}")  # chunks of 2
+    (folder,) = ckpt.iterdir()
+    saved = {p.name: p.read_bytes() for p in folder.glob("chunk-*.bin")}
+    keep._KEPT.clear()
+    # a second run with other chunks into the same folder, stopped too
+    _interrupt_after(fresh, CELL, 3, f"--checkpoint {ckpt}", chunksize=3)
+    for name, data in saved.items():  # the first run's files come back beside them
+        (folder / name).write_bytes(data)
+    keep._KEPT.clear()
+    capsys.readouterr()
+    fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
+    assert fresh.user_ns["out"] == SERIAL_OUT
+    assert fresh.user_ns["total"] == sum(range(40))
+    out = capsys.readouterr().out
+    assert "overlap ones kept already" in out
+    kept = int(out.split("resuming: ")[1].split(" of ")[0])
+    assert kept <= 40
+
+
+def test_a_checkpoint_file_under_another_range_s_name_is_not_merged(
+    fresh, tmp_path, capsys
+):
+    ckpt = tmp_path / "ckpt"
+    _interrupt_after(fresh, CELL, 6, f"--checkpoint {ckpt}")
+    (folder,) = ckpt.iterdir()
+    files = sorted(folder.glob("chunk-*.bin"))
+    victim = files[0]
+    moved = folder / "chunk-000000000038-000000000040.bin"
+    victim.rename(moved)  # iterations 0-1's results named as 38-39's
+    keep._KEPT.clear()
+    capsys.readouterr()
+    fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
+    assert "not the iterations its name says" in capsys.readouterr().out
+    assert fresh.user_ns["out"] == SERIAL_OUT
+
+
+def test_a_checkpoint_folder_others_may_write_is_refused_before_the_prelude(
+    fresh, tmp_path
+):
+    from gpucell.errors import CheckpointRefused
+
+    ckpt = tmp_path / "shared"
+    ckpt.mkdir()
+    ckpt.chmod(0o777)
+    fresh.user_ns.pop("ran", None)
+    with pytest.raises(CheckpointRefused, match="writable by others"):
+        fresh.run_cell_magic(
+            "gpu_parallel", f"--quiet --checkpoint {ckpt}", "ran = True\n" + CELL
+        )
+    assert "ran" not in fresh.user_ns  # the prelude did not run
+    (ckpt / "x").write_text("")
+    with pytest.raises(CheckpointRefused, match="is not a folder"):
+        fresh.run_cell_magic("gpu_parallel", f"--quiet --checkpoint {ckpt / 'x'}", CELL)
+
+
+def test_a_new_run_into_a_checkpoint_folder_drops_the_old_run_s_chunks(fresh, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _interrupt_after(fresh, CELL, 6, f"--checkpoint {ckpt}")
+    (folder,) = ckpt.iterdir()
+    old = {p.name for p in folder.glob("chunk-*.bin")}
+    assert old
+    keep._KEPT.clear()
+    _interrupt_after(fresh, CELL, 2, f"--checkpoint {ckpt}")  # not --resume
+    new = {p.name for p in folder.glob("chunk-*.bin")}
+    assert len(new) == len([c for c in gpucell.last_run.chunks if c.state == "done"])

@@ -287,6 +287,32 @@ def _concat(results: Sequence[ChunkResultLike], attr: str, name: str) -> list[An
     return out
 
 
+def check_exactly_once(results: Iterable[ChunkResultLike], count: int) -> None:
+    """Every iteration merged exactly once: the chunks' ranges tile
+    ``[0, count)`` with no gap and no overlap, or nothing is merged.  Checked
+    for every run, kept or not: a chunk merged twice (an overlap of kept
+    checkpoint files, a reply matched to the wrong chunk) or never (a lost
+    one) would leave a namespace that looks right and is not."""
+    at = 0
+    for r in sorted(results, key=lambda r: (r.start, r.count)):
+        if r.start != at:
+            what = "twice" if r.start < at else "never"
+            a, b = (r.start, at) if r.start < at else (at, r.start)
+            cover = "more than once" if what == "twice" else "not at all"
+            raise RuntimeError(
+                f"gpucell: iterations {a}-{b - 1} would be merged {what} (chunk "
+                f"results cover them {cover}); nothing was merged. This is a "
+                "gpucell bug or a damaged checkpoint: run the cell again without "
+                "--resume."
+            )
+        at = r.start + r.count
+    if at != count:
+        raise RuntimeError(
+            f"gpucell: chunk results end at iteration {at}, the loop has {count}; "
+            "nothing was merged. Run the cell again without --resume."
+        )
+
+
 def prepare(
     plan: Any,
     results: Iterable[ChunkResultLike],

@@ -178,6 +178,10 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
 
     record = LastRun(plan=prep.plan)
     _set_last_run(record)
+    if req.checkpoint:  # before the prelude: a folder refused, nothing ran
+        from gpucell.kernel.keep import check_folder
+
+        check_folder(req.checkpoint)
     prelude = prep.code("prelude", prep.plan.compile_prelude)
     if prelude is not None:
         shell.ex(prelude)
@@ -237,7 +241,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
                 previous=advice,
             )
         try:
-            _merge(ns, prep.plan, results)
+            _merge(ns, prep.plan, results, loop.chunker.count)
             _bind_last_item(ns, prep, loop)
         except BaseException as e:
             # every chunk finished: keep them all, so a fixed namespace (the
@@ -941,10 +945,15 @@ def _bind_last_item(ns: dict[str, Any], prep: Prepared, loop: _Loop) -> None:
         return
 
 
-def _merge(ns: dict[str, Any], plan: Any, results: list[Any]) -> None:
+def _merge(
+    ns: dict[str, Any], plan: Any, results: list[Any], count: int | None = None
+) -> None:
     """All or nothing: validate every result against the namespace, then write."""
     from gpucell.core import merge
     from gpucell.kernel.interrupts import interrupts_deferred
+
+    if count is not None:
+        merge.check_exactly_once(results, count)
 
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = merge.prepare(plan, results, current)  # an interrupt here changes nothing

@@ -23,20 +23,58 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from gpucell.core.resume import CellKey, Kept
 
-__all__ = ["Checkpoint", "cell_key", "forget", "kept_for", "remember"]
+__all__ = ["Checkpoint", "cell_key", "check_folder", "forget", "kept_for", "remember"]
 
 #: cells whose unfinished work stays in kernel memory (oldest dropped first)
 MAX_KEPT_CELLS = 4
 
 _KEPT: OrderedDict[str, Kept] = OrderedDict()
 
-_MAGIC = b"GPUCELL-CHUNK-2\n"
+_MAGIC = b"GPUCELL-CHUNK-3\n"
+_RANGE = struct.Struct("<QQ")  # start, stop: inside the checksummed body
 _TRAILER = struct.Struct("<QI")  # body length, crc32 of the body
+
+
+def check_folder(root: str | os.PathLike[str]) -> None:
+    """Refuse a ``--checkpoint`` folder this kernel's user cannot trust: kept
+    chunks are unpickled, so a folder another user owns, or may write into,
+    could make this kernel run that user's code.  Checked before the prelude
+    runs (a missing folder is made later, 0700)."""
+    from gpucell.errors import CheckpointRefused
+
+    path = Path(root).expanduser()
+    for p in (path, *path.glob("cell-*")):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise CheckpointRefused(
+                f"--checkpoint {root}: cannot read {p} ({e.strerror}). Name a "
+                "folder of yours. Nothing ran."
+            ) from None
+        import stat
+
+        if not stat.S_ISDIR(st.st_mode):
+            raise CheckpointRefused(
+                f"--checkpoint {root}: {p} is not a folder. Name a folder of "
+                "yours (it is made if missing). Nothing ran."
+            )
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            who = "another user" if st.st_uid != os.getuid() else "you"
+            raise CheckpointRefused(
+                f"--checkpoint {root}: {p} is owned by {who} and writable by "
+                f"{'others' if st.st_mode & 0o022 else 'its owner'} (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); kept chunks are unpickled, so "
+                "gpucell loads them only from folders that are yours alone. "
+                "Use a folder of yours (`chmod go-w` it). Nothing ran."
+            )
 
 
 def content_digest(value: Any) -> str | None:
@@ -131,14 +169,19 @@ class Checkpoint:
         self._abort = False
         self.errors: list[str] = []
 
-    def open(self, key: CellKey) -> None:
-        """Create the folder and say what it belongs to (kept chunks of an
-        earlier key are removed: they cannot be merged with this one)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def open(self, key: CellKey, keep: Iterable[tuple[int, int]] = ()) -> None:
+        """Create the folder and say what it belongs to.  Chunk files of other
+        ranges than ``keep`` (what this run resumes from) are removed: an
+        earlier run's, of another key or with other chunks, would otherwise
+        overlap this run's on disk."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, exist_ok=True)
         manifest = self.folder / "cell.json"
-        old = self._key()
-        if old is not None and old != key:
-            for p in self.folder.glob("chunk-*.bin"):
+        wanted = {f"chunk-{a:012d}-{b:012d}.bin" for a, b in keep}
+        if self._key() != key:
+            wanted = set()
+        for p in self.folder.glob("chunk-*.bin"):
+            if p.name not in wanted:
                 p.unlink()
         text = json.dumps(
             {"format": 1, "key": key.as_json(), "source": self.src}, indent=1
@@ -180,7 +223,9 @@ class Checkpoint:
 
         parts: list[Any] = [_MAGIC]
         crc, size = 0, 0
-        for f in wire.dumps(result):
+        # the range leads the checksummed body: a file under another name is
+        # found out, never merged at the iterations its name says
+        for f in [_RANGE.pack(start, stop), *wire.dumps(result)]:
             mv = memoryview(f).cast("B")
             head = mv.nbytes.to_bytes(8, "little")
             for piece in (head, mv):
@@ -198,19 +243,30 @@ class Checkpoint:
                 time.sleep(0.01)
         return list(self.errors)
 
-    def load(self) -> tuple[Kept | None, list[str]]:
+    def load(self, expect: CellKey | None = None) -> tuple[Kept | None, list[str]]:
         """The kept chunks on disk, and a note for each damaged file (whose
-        iterations will run again)."""
+        iterations will run again).  Nothing is unpickled unless the folder's
+        key is ``expect`` (a different key comes back with no chunks: the
+        caller says what changed); chunks that overlap one already taken are
+        dropped, so every iteration is kept at most once."""
         from gpucell.protocol import wire
 
         key = self._key()
         if key is None:
             return None, []
+        if expect is not None and key != expect:
+            return Kept(key, done={-1: (-1, None)}), []
         kept, notes = Kept(key, reason="checkpoint"), []
+        taken = -1
         for path in sorted(self.folder.glob("chunk-*.bin")):
             try:
                 _, a, b = path.stem.split("-")
                 start, stop = int(a), int(b)
+                if start < taken:
+                    raise ValueError(
+                        f"its iterations overlap ones kept already (up to {taken - 1}"
+                        "; files of another run with other chunks?)"
+                    )
                 raw = path.read_bytes()
                 if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 12:
                     raise ValueError("not a gpucell chunk file (truncated?)")
@@ -218,7 +274,13 @@ class Checkpoint:
                 size, crc = _TRAILER.unpack(raw[-_TRAILER.size :])
                 if size != len(body) or zlib.crc32(body) != crc:
                     raise ValueError("its bytes do not match its checksum (truncated?)")
-                kept.add(start, stop, wire.loads(_unframe(bytes(body))))
+                frames = _unframe(bytes(body))
+                if not frames or frames[0] != _RANGE.pack(start, stop):
+                    raise ValueError(
+                        "its contents are not the iterations its name says"
+                    )
+                kept.add(start, stop, wire.loads(frames[1:]))
+                taken = stop
             except Exception as e:
                 notes.append(f"{path.name} is damaged ({e}); its iterations run again")
         return kept, notes
@@ -299,7 +361,7 @@ class Keeping:
         if self.resume:
             earlier = kept_for(self.src)
             if earlier is None and self.checkpoint is not None:
-                earlier, notes = self.checkpoint.load()
+                earlier, notes = self.checkpoint.load(expect=self.key())
                 for note in notes:
                     self.echo(f"gpucell: warning: checkpoint: {note}")
             if earlier is None:
@@ -325,7 +387,7 @@ class Keeping:
                         "dropped). Nothing from the loop ran."
                     )
         if self.checkpoint is not None:
-            self.checkpoint.open(self.key())
+            self.checkpoint.open(self.key(), earlier.ranges() if earlier else ())
         if earlier is None:
             return []
         for start, (stop, result) in earlier.done.items():
