@@ -77,13 +77,21 @@ def test_a_method_call_that_changes_an_input_fails_naming_it(nb):
     assert "Nothing was merged" in str(err)
 
 
-def test_fitting_the_items_of_an_input_list_fails(nb):
-    nb.run_cell("models = [Est() for _ in range(6)]")
+def test_fitting_the_items_of_an_input_list_writes_them_back(nb):
+    # each iteration changes only its own item: written back in place (28 §1)
+    nb.run_cell("models = [Est() for _ in range(6)]\nfirst = models[0]")
+    nb.run_cell_magic("gpu_parallel", "--quiet", "for m in models:\n    m.fit(2)\n")
+    assert [m.coef for m in nb.user_ns["models"]] == [2.0] * 6
+    assert nb.user_ns["first"] is nb.user_ns["models"][0]
+
+
+def test_an_item_that_cannot_be_written_back_fails_naming_its_line(nb):
+    nb.run_cell("rows = [[1], [2], [3]]\ndef grow(r):\n    r.append(0)\n    return r")
     _fails_atomically(
         nb,
-        "for m in models:\n    m.fit(2)\n",
-        ["models"],
-        r"an item of the loop's data changed in place \(by a call on line 3\)",
+        "n = []\nfor r in rows:\n    n.append(len(grow(r)))\n",
+        ["rows"],
+        r"an item of the loop's data changed in place \(by a call on line 4\)",
     )
 
 

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpucell.core import writeback
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
 from gpucell.protocol.program import RESULT, Indexed, ItemError, Row
@@ -317,6 +318,9 @@ def prepare(
     plan: Any,
     results: Iterable[ChunkResultLike],
     current: Mapping[str, Any],
+    *,
+    item_of: Callable[[int], Any] | None = None,
+    inputs: Mapping[str, Any] | None = None,
 ) -> PreparedUpdate:
     """Validate and compute everything; change nothing.
 
@@ -340,6 +344,21 @@ def prepare(
     rs = sorted(results, key=lambda r: r.start)
     up = PreparedUpdate(iterations=sum(r.count for r in rs))
     up.records = [rec for r in rs for rec in getattr(r, "logs", ())]
+    own = [u for r in rs for u in getattr(r, "own_items", ())]
+    if own:
+        if item_of is None:
+            raise NotParallelizable(
+                "gpucell: the loop changed its own items, and this merge cannot "
+                "reach the kernel's items to write them back. Nothing was merged."
+            )
+        targets = writeback.resolve(own, item_of, inputs or {})
+        up.mutations.append(
+            Mutation(
+                "(own items)",
+                f"{len(targets)} items changed in place",
+                lambda: writeback.apply(targets),
+            )
+        )
     owners: dict[int, str] = {}
 
     def claim(name: str, obj: Any) -> None:

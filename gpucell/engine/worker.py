@@ -30,7 +30,15 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucell.engine import checkin, hostcopy, logs, runtime, tohost, writebehind
+from gpucell.engine import (
+    checkin,
+    checkout,
+    hostcopy,
+    logs,
+    runtime,
+    tohost,
+    writebehind,
+)
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
@@ -733,6 +741,7 @@ def run(
             checkin.freeze(chunk_obj)
             items = lambda: chunk_items(chunk_obj)  # noqa: E731
         checked_in = checkin.snapshot(st.inputs, st.watch["names"], items)
+        own_before = checkout.before(items(), start) if items is not None else None
         caught = _kernel_warning_filters(st)
         home = _enter_cwd(st.cwd)
         tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
@@ -767,6 +776,14 @@ def run(
                 )
             result.logs = logged.records
             changed = checkin.changes(checked_in, st.inputs, items)
+            if [n for n, _ in changed] == [""] and own_before is not None:
+                # only the items changed: each iteration's own, written back
+                # in place by the kernel, unless some change cannot be
+                own, cannot = checkout.changes(own_before, items(), start)
+                if not cannot:
+                    result.own_items, changed = own, []
+                else:
+                    changed = [("", "; ".join(cannot[:3]))]
             if changed:
                 for name, _what in changed:
                     st.cache.pop(name, None)  # the next cell gets a fresh copy

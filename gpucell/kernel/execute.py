@@ -241,7 +241,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
                 previous=advice,
             )
         try:
-            _merge(ns, prep.plan, results, loop.chunker.count)
+            _merge(ns, prep.plan, results, loop)
             _bind_last_item(ns, prep, loop)
         except BaseException as e:
             # every chunk finished: keep them all, so a fixed namespace (the
@@ -945,18 +945,35 @@ def _bind_last_item(ns: dict[str, Any], prep: Prepared, loop: _Loop) -> None:
         return
 
 
-def _merge(
-    ns: dict[str, Any], plan: Any, results: list[Any], count: int | None = None
-) -> None:
+def _item_of(chunker: Any) -> Any:
+    """The kernel's own item of an iteration, as the loop yields it (what an
+    iteration's changes to its item are written back into)."""
+    from gpucell.protocol.chunks import chunk_items
+
+    def item_of(iteration: int) -> Any:
+        return next(iter(chunk_items(chunker.chunk(iteration, iteration + 1))))
+
+    return item_of
+
+
+def _merge(ns: dict[str, Any], plan: Any, results: list[Any], loop: Any = None) -> None:
     """All or nothing: validate every result against the namespace, then write."""
     from gpucell.core import merge
     from gpucell.kernel.interrupts import interrupts_deferred
 
-    if count is not None:
-        merge.check_exactly_once(results, count)
+    item_of = None
+    if loop is not None:
+        merge.check_exactly_once(results, loop.chunker.count)
+        item_of = _item_of(loop.chunker)
 
     current = {n: ns[n] for n in plan.affected_names if n in ns}
-    update = merge.prepare(plan, results, current)  # an interrupt here changes nothing
+    update = merge.prepare(  # an interrupt here changes nothing
+        plan,
+        results,
+        current,
+        item_of=item_of,
+        inputs=loop.inputs if loop is not None else None,
+    )
     with interrupts_deferred(
         "the merge wrote the loop's results (the namespace holds them all)"
     ):

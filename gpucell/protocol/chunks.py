@@ -67,6 +67,11 @@ class ChunkResult:
     # the logging records the iterations made, in order, ready to travel
     # (message formatted, traceback as text): the kernel's handlers emit them
     logs: list[Any] = field(default_factory=list)
+    # (iteration, path into its item, update): what each iteration changed of
+    # its own item (engine/checkout.py), applied in place by the kernel
+    own_items: list[tuple[int, tuple[int, ...], tuple[Any, ...]]] = field(
+        default_factory=list
+    )
 
 
 def chunk_items(obj: tuple[Any, ...]) -> Iterable[Any]:
