@@ -113,8 +113,16 @@ def _equal_nets(a, b) -> bool:
 
 
 def test_estimators_in_a_list_are_fitted_in_place(ip, cluster):
-    setup = "models = [Ridge(alpha=a) for a in (0.1, 1.0, 10.0, 100.0)]\nfirst = models[0]\n"
-    cell = "scores = []\nfor m in models:\n    m.fit(X, y)\n    scores.append(m.score(X, y))\n"
+    setup = (
+        "models = [Ridge(alpha=a) for a in (0.1, 1.0, 10.0, 100.0)]\n"
+        "first = models[0]\n"
+    )
+    cell = (
+        "scores = []\n"
+        "for m in models:\n"
+        "    m.fit(X, y)\n"
+        "    scores.append(m.score(X, y))\n"
+    )
 
     def probe(ns):
         return (
@@ -129,7 +137,11 @@ def test_estimators_in_a_list_are_fitted_in_place(ip, cluster):
 
 
 def test_torch_modules_in_a_dict_are_trained_in_place(ip, cluster):
-    setup = "torch.manual_seed(1)\nnets = {f'n{i}': Net() for i in range(4)}\nkeep = nets['n2']\n"
+    setup = (
+        "torch.manual_seed(1)\n"
+        "nets = {f'n{i}': Net() for i in range(4)}\n"
+        "keep = nets['n2']\n"
+    )
     cell = (
         "losses = {}\nfor name, net in nets.items():\n    losses[name] = train(net)\n"
     )
@@ -153,8 +165,15 @@ def test_torch_modules_in_a_dict_are_trained_in_place(ip, cluster):
 
 
 def test_plain_objects_with_enumerate_get_their_attributes(ip, cluster):
-    setup = "counters = [Counter(c) for c in 'abcde']\nbatches = [list(range(i + 1)) for i in range(5)]\n"
-    cell = "total = 0\nfor i, c in enumerate(counters):\n    total += c.feed(batches[i]).seen\n"
+    setup = (
+        "counters = [Counter(c) for c in 'abcde']\n"
+        "batches = [list(range(i + 1)) for i in range(5)]\n"
+    )
+    cell = (
+        "total = 0\n"
+        "for i, c in enumerate(counters):\n"
+        "    total += c.feed(batches[i]).seen\n"
+    )
 
     def probe(ns):
         return [vars(c) for c in ns["counters"]], ns["total"]
@@ -164,8 +183,16 @@ def test_plain_objects_with_enumerate_get_their_attributes(ip, cluster):
 
 
 def test_a_scaler_fitted_per_item_and_zip(ip, cluster):
-    setup = "scalers = [StandardScaler() for _ in range(3)]\nparts = [X[:10], X[10:25], X[25:]]\n"
-    cell = "means = []\nfor s, part in zip(scalers, parts):\n    s.fit(part)\n    means.append(s.mean_.sum())\n"
+    setup = (
+        "scalers = [StandardScaler() for _ in range(3)]\n"
+        "parts = [X[:10], X[10:25], X[25:]]\n"
+    )
+    cell = (
+        "means = []\n"
+        "for s, part in zip(scalers, parts):\n"
+        "    s.fit(part)\n"
+        "    means.append(s.mean_.sum())\n"
+    )
 
     def probe(ns):
         return [s.mean_.tolist() for s in ns["scalers"]], ns["means"]
@@ -185,12 +212,14 @@ def test_a_scaler_fitted_per_item_and_zip(ip, cluster):
         ),
         (
             "models = [Ridge() for _ in range(3)]\nregistry = {'best': models[1]}\n",
-            "out = []\nfor m in models:\n    m.fit(X, y)\n    out.append(len(registry))\n",
+            "out = []\nfor m in models:\n    m.fit(X, y)\n"
+            "    out.append(len(registry))\n",
             NotParallelizable,
             "`registry` holds it",
         ),
         (
-            "shared = []\nclass Keep:\n    def __init__(self):\n        self.log = shared\n"
+            "shared = []\nclass Keep:\n    def __init__(self):\n"
+            "        self.log = shared\n"
             "    def push(self, x):\n        self.log.append(x)\n"
             "keepers = [Keep() for _ in range(3)]\n",
             "for k in keepers:\n    k.push(1)\n",
@@ -232,7 +261,8 @@ def test_what_cannot_be_written_back_fails_atomically(
 
 def test_an_attribute_rebound_from_a_shared_value_is_written_back(ip, cluster):
     setup = (
-        "shared = [0]\nclass Keep:\n    def __init__(self):\n        self.log = shared\n"
+        "shared = [0]\nclass Keep:\n    def __init__(self):\n"
+        "        self.log = shared\n"
         "    def push(self, x):\n        self.log = self.log + [x]\n"
         "keepers = [Keep() for _ in range(4)]\n"
     )
