@@ -20,6 +20,7 @@ STRICT = [
     "gpucell/core",
     "gpucell/protocol/program.py",
     "gpucell/protocol/chunks.py",
+    "gpucell/protocol/conversation.py",
     "gpucell/protocol/fold.py",
     "gpucell/protocol/telemetry.py",
     "gpucell/protocol/devices.py",
@@ -35,6 +36,25 @@ def test_pure_core_passes_strict_mypy() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", *STRICT],
         cwd=ROOT,  # picks up [tool.mypy] in pyproject.toml
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+#: the two ends of the kernel-engine conversation (protocol/conversation.py):
+#: a reply field one side reads and the other does not write is a type error
+CONVERSATION_ENDS = ["gpucell/kernel/dispatch.py", "gpucell/engine/worker.py"]
+
+
+@pytest.mark.mypy
+def test_both_ends_of_the_conversation_type_check() -> None:
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (pip install -e '.[test]')")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", *CONVERSATION_ENDS],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

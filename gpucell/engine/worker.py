@@ -42,7 +42,8 @@ from gpucell.engine import (
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.runtime import collect, interrupts_held
 from gpucell.protocol import shm, wire
-from gpucell.protocol.chunks import DETAIL_MAX, chunk_items, item_refs
+from gpucell.protocol.chunks import DETAIL_MAX, ChunkResult, chunk_items, item_refs
+from gpucell.protocol.conversation import ChunkError, Timing
 from gpucell.protocol.fold import is_torch
 from gpucell.protocol.program import LogLevels, Setup, Watch
 
@@ -60,7 +61,7 @@ class _Session:
     cell: str | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     # what the cell's chunks check in and out (gpucell.engine.checkin)
-    watch: Watch = field(default_factory=lambda: {"names": [], "items": False})
+    watch: Watch = field(default_factory=lambda: _no_watch())
     # the kernel's warnings filters, applied while this cell's chunks run
     warning_filters: list[Any] | None = None
     # the kernel's logging levels, applied while this cell's chunks run (the
@@ -72,6 +73,10 @@ class _Session:
     # the kernel's working directory, where this cell's chunks run (if it
     # exists here: on another host it may not)
     cwd: str | None = None
+
+
+def _no_watch() -> Watch:
+    return {"names": [], "items": False}
 
 
 #: kernel key (``gpucell.devices.host.kernel_key``) -> its state here, the most
@@ -381,7 +386,8 @@ def _kernel_warning_filters(st: _Session) -> Any:
     caught = warnings.catch_warnings()
     caught.__enter__()
     if st.warning_filters is not None:
-        warnings.filters[:] = st.warning_filters
+        # (typeshed declares the list a Sequence; it is the module's own list)
+        warnings.filters[:] = st.warning_filters  # type: ignore[index]
         for name in ("_filters_mutated", "_filters_mutated_lock_held"):
             mutated = getattr(warnings, name, None)
             if mutated is not None:  # drop the per-module "already warned" caches
@@ -390,9 +396,29 @@ def _kernel_warning_filters(st: _Session) -> Any:
     return caught
 
 
+def _unloaded_timing(st: _Session, start: int, entered: float) -> Timing:
+    """An ``unloaded`` answer's timing: nothing ran; what the engine caches."""
+    now = time.time()
+    return {
+        "start": now,
+        "entered": entered,
+        "end": now,
+        "compute": 0.0,
+        "starts": [],
+        "median": 0.0,
+        "done": 0,
+        "handed_back": False,
+        "unstamped": False,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "first": start,
+        "cached": _cached_keys(st),
+    }
+
+
 def _error_payload(
     exc: BaseException, where: Where, start: int, chunk_obj: Any
-) -> dict[str, Any]:
+) -> ChunkError:
     """An iteration's exception as data the kernel can re-raise with context."""
     it = getattr(exc, "gpucell_iteration", None)
     if it is None:
@@ -437,7 +463,7 @@ def _closed_file(value: Any) -> dict[str, Any] | None:
     """What the kernel needs to stand in for a closed file object (``open``'s
     text or buffered file, or its raw one): nothing can be done with it but
     look at it, so an equal closed object is what the serial loop left."""
-    kinds = {
+    kinds: dict[type, str] = {
         io.TextIOWrapper: "text",
         io.BufferedReader: "reader",
         io.BufferedWriter: "writer",
@@ -706,7 +732,7 @@ def run(
     if setup is None and st.cell == cell and st.program is None:
         # this engine tidied the cell away while idle (after_cell): the kernel
         # sends this chunk again with the program and inputs
-        return wire.dumps(("unloaded", None, {"cached": _cached_keys(st)}))
+        return wire.dumps(("unloaded", None, _unloaded_timing(st, start, entered)))
     if setup is not None:
         if st.program is not None:  # the last cell ended a moment ago
             _release(st)
@@ -745,15 +771,20 @@ def run(
         caught = _kernel_warning_filters(st)
         home = _enter_cwd(st.cwd)
         tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
-        reachable = results_to is not None and shm.reachable(results_to)
+        shared = (
+            results_to if results_to is not None and shm.reachable(results_to) else None
+        )
         verdict = None
-        if budget is not None and reachable:
-            verdict = _ShmVerdict(results_to, cell, engine_id, start, stamps)  # here
-        hand_back = _ShmHandBack(results_to, cell) if stoppable and reachable else None
+        if budget is not None and shared is not None:
+            verdict = _ShmVerdict(shared, cell, engine_id, start, stamps)  # here
+        hand_back = (
+            _ShmHandBack(shared, cell) if stoppable and shared is not None else None
+        )
         to_host = tohost.copier(device)
         behind = writebehind.start(results_to, tag) if to_host is not None else None
         if to_host is not None and behind is not None:
             to_host.sink = behind.add
+        payload: ChunkResult | ChunkError
         try:
             with logs.Capture(st.log_levels) as logged:
                 result = run_chunk(
@@ -776,7 +807,11 @@ def run(
                 )
             result.logs = logged.records
             changed = checkin.changes(checked_in, st.inputs, items)
-            if [n for n, _ in changed] == [""] and own_before is not None:
+            if (
+                [n for n, _ in changed] == [""]
+                and own_before is not None
+                and items is not None
+            ):
                 # only the items changed: each iteration's own, written back
                 # in place by the kernel, unless some change cannot be
                 own, cannot = checkout.changes(own_before, items(), start)
@@ -817,7 +852,7 @@ def run(
             sys.stdout, sys.stderr = out, err
     if status == "ok" and where.done():
         st.iteration_mean = compute / where.done()
-    timing = {
+    timing: Timing = {
         "start": t0,
         "entered": entered,
         "end": end,
@@ -848,10 +883,10 @@ def run(
             behind.discard()
     # results that hold the loop's own items (`out.append(p)`) name them, and
     # the kernel puts its own there: serially they are the same objects
-    items = item_refs(chunk_obj, start) if status == "ok" else None
+    refs = item_refs(chunk_obj, start) if status == "ok" else None
     try:
         frames = wire.dumps(
-            (status, payload, timing), items=items, cell_globals=where.namespace
+            (status, payload, timing), items=refs, cell_globals=where.namespace
         )
     except Exception:
         if prewritten is not None:
@@ -863,7 +898,7 @@ def run(
         # kernel leaves that name as it was, and says so
         _mark_unsendable(payload)
         frames = wire.dumps(
-            (status, payload, timing), items=items, cell_globals=where.namespace
+            (status, payload, timing), items=refs, cell_globals=where.namespace
         )
         prewritten = None
     spilled = shm.spill(frames, results_to, tag, prewritten)

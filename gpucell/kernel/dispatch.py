@@ -24,7 +24,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from gpucell.cluster.lifecycle import GpuCluster
 from gpucell.core.provenance import ChunkRecord, LastRun, iteration_seconds
@@ -58,6 +58,7 @@ from gpucell.kernel import logs
 from gpucell.kernel.interrupts import interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
 from gpucell.protocol import fingerprint, shm, wire
+from gpucell.protocol.conversation import ChunkError, ChunkTask, Reply, Timing
 from gpucell.protocol.program import Setup, Watch
 
 __all__ = ["TRIAL_SECONDS", "Flight", "Options", "Run", "run_chunks"]
@@ -713,12 +714,14 @@ class Run:
                 f"{e.traceback or ''}"
             ) from None
         frames = shm.unspill(frames, record)
-        status, payload, timing = wire.loads(
+        reply: Reply = wire.loads(
             frames, items=self._own_item, cell_globals=self.namespace
         )
-        if timing.get("cached") is not None:
+        status, payload, timing = reply
+        cached = timing.get("cached")
+        if cached is not None:
             # what the engine caches now, as it says (never assumed)
-            gc.input_cache[chunk.engine] = dict(timing["cached"])
+            gc.input_cache[chunk.engine] = dict(cached)
         if status == "unloaded":
             self._reload(chunk)
             return
@@ -749,7 +752,9 @@ class Run:
 
         return item_at(self.chunk_of(iteration, iteration + 1), path)
 
-    def _finished(self, flight: Flight, chunk: Any, payload: Any, timing: Any) -> None:
+    def _finished(
+        self, flight: Flight, chunk: Any, payload: Any, timing: Timing
+    ) -> None:
         gc, record, sched = self.gc, self.record, self.sched
         self.results[chunk.start] = payload
         done = timing.get("done", chunk.size)  # fewer when a trial stopped early
@@ -858,7 +863,7 @@ class Run:
         if chunk.engine not in self.setups:
             self._setup_engine(chunk.engine)
 
-    def _retry_out_of_memory(self, chunk: Any, payload: dict[str, Any]) -> bool:
+    def _retry_out_of_memory(self, chunk: Any, payload: ChunkError) -> bool:
         """Device memory ran out in an iteration: once more on the same engine
         (its cache was emptied), then once on the engine with the most free
         device memory, before the cell fails with the error."""
@@ -1136,20 +1141,8 @@ def _stop_button() -> Iterator[list[int]]:
 WAVE_BYTES = 256 << 10
 
 
-class _RunArgs(NamedTuple):
-    """``worker.run``'s arguments for one chunk, in its order."""
-
-    cell: str
-    chunk_frames: list[Any]
-    start: int
-    engine_id: int
-    seed: int | None
-    setup: Any
-    input_frames: list[Any] | None
-    results_to: Any
-    budget: float | None
-    kernel: str
-    stoppable: bool
+#: ``worker.run``'s arguments for one chunk (the conversation's own type)
+_RunArgs = ChunkTask
 
 
 def _one_message(
@@ -1281,26 +1274,25 @@ def snapshot(
 
 
 def _record(
-    chunk: Chunk, gc: GpuCluster, timing: dict[str, Any] | None, state: ChunkState
+    chunk: Chunk, gc: GpuCluster, timing: Timing | None, state: ChunkState
 ) -> ChunkRecord:
     info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
-    timing = timing or {}
     return ChunkRecord(
         start=chunk.start,
         stop=chunk.stop,
         engine=chunk.engine if chunk.engine is not None else -1,
-        host=timing.get("host", info.host if info else ""),
+        host=timing["host"] if timing else (info.host if info else ""),
         device=info.device if info else "",
-        t_start=timing.get("start", 0.0),
-        t_end=timing.get("end", 0.0),
-        compute=timing.get("compute", 0.0),
+        t_start=timing["start"] if timing else 0.0,
+        t_end=timing["end"] if timing else 0.0,
+        compute=timing["compute"] if timing else 0.0,
         attempt=chunk.attempt,
         state=state,
-        iteration_starts=tuple(timing.get("starts", ())),
+        iteration_starts=tuple(timing["starts"]) if timing else (),
     )
 
 
-def _iteration_seconds(timing: dict[str, Any], done: int) -> list[float] | None:
+def _iteration_seconds(timing: Timing, done: int) -> list[float] | None:
     """Each iteration's seconds, from the engine's stamp at each start and the
     chunk's end (``None`` when the chunk was not stamped throughout)."""
     starts = timing.get("starts") or []
@@ -1309,7 +1301,7 @@ def _iteration_seconds(timing: dict[str, Any], done: int) -> list[float] | None:
     return iteration_seconds(starts, timing["end"])
 
 
-def _robust_seconds(timing: dict[str, Any], size: int) -> float:
+def _robust_seconds(timing: Timing, size: int) -> float:
     """A chunk's compute time for the schedule's speed estimates.
 
     The median iteration (which the engine computes for chunks of 3 or more)
@@ -1323,7 +1315,7 @@ def _robust_seconds(timing: dict[str, Any], size: int) -> float:
 
 
 def _raise_iteration_error(
-    payload: dict[str, Any], chunk: Chunk, gc: GpuCluster, record: LastRun
+    payload: ChunkError, chunk: Chunk, gc: GpuCluster, record: LastRun
 ) -> None:
     info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
     where = (
@@ -1335,10 +1327,11 @@ def _raise_iteration_error(
         f"gpucell: raised in {where}. Nothing from the loop was merged; the prelude "
         "ran.\nRemote traceback (cell lines):\n" + payload["traceback"].rstrip()
     )
-    if payload.get("oom"):
-        context += "\n" + payload["oom"]
-    if payload.get("changed"):
-        message = _changed_message(payload["changed"], chunk, where, record)
+    oom, changed = payload.get("oom"), payload.get("changed")
+    if oom:
+        context += "\n" + oom
+    if changed:
+        message = _changed_message(changed, chunk, where, record)
         record.errors.append(message)
         raise InputChanged(message)
     if payload.get("readonly"):
@@ -1351,9 +1344,10 @@ def _raise_iteration_error(
         )
     record.errors.append(context)
     exc: BaseException | None = None
-    if payload.get("exception"):
+    pickled = payload.get("exception")
+    if pickled:
         try:
-            exc = wire.loads(payload["exception"])
+            exc = wire.loads(pickled)
         except Exception:
             exc = None
     if isinstance(exc, BaseException):
