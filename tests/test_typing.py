@@ -45,7 +45,12 @@ def test_pure_core_passes_strict_mypy() -> None:
 
 #: the two ends of the kernel-engine conversation (protocol/conversation.py):
 #: a reply field one side reads and the other does not write is a type error
-CONVERSATION_ENDS = ["gpucell/kernel/dispatch.py", "gpucell/engine/worker.py"]
+CONVERSATION_ENDS = [
+    "gpucell/kernel/dispatch.py",
+    "gpucell/kernel/shipping.py",
+    "gpucell/kernel/chunk_errors.py",
+    "gpucell/engine/worker.py",
+]
 
 
 @pytest.mark.mypy

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,16 +49,15 @@ from gpucell.errors import (
     ClusterError,
     ClusterStopped,
     EnginesLost,
-    InputChanged,
-    InputNotSendable,
     IterationError,
 )
-from gpucell.kernel import logs
+from gpucell.kernel.chunk_errors import raise_iteration_error
 from gpucell.kernel.interrupts import interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
-from gpucell.protocol import fingerprint, shm, wire
+from gpucell.kernel.shipping import InputShipping
+from gpucell.protocol import shm, wire
 from gpucell.protocol.conversation import ChunkError, ChunkTask, Reply, Timing
-from gpucell.protocol.program import Setup, Watch
+from gpucell.protocol.program import Watch
 
 __all__ = ["TRIAL_SECONDS", "Flight", "Options", "Run", "run_chunks"]
 
@@ -173,7 +171,7 @@ def _to_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
-class Run:
+class Run(InputShipping):
     """One cell's chunks on the engines, as an object whose state a test can build
     and inspect: which chunks are in flight, what came back, what was lost.
 
@@ -352,95 +350,6 @@ class Run:
             time.sleep(0.05)
 
     # -- transitions -----------------------------------------------------------
-
-    def ship_inputs(self) -> None:
-        """Decide what each engine's first chunk carries: the program, and the
-        inputs its cache lacks (fingerprints; big ones through /dev/shm)."""
-        self._keys = {
-            name: fingerprint.digest(fingerprint.fingerprint(v))
-            for name, v in self.inputs.items()
-        }
-        self._encoded: dict[tuple[str, ...], list[Any]] = {}
-        self._filters = _warning_filters()
-        self._log_levels = logs.levels()
-        for eid in self.alive:
-            self._setup_engine(eid)
-        if self.telemetry is not None:
-            self.telemetry.start_remote(self.gc.client)
-
-    def _setup_engine(self, eid: int) -> None:
-        """What engine ``eid``'s first chunk carries (also for an engine that
-        joins mid-cell after a restart)."""
-        gc, inputs, keys, encoded = self.gc, self.inputs, self._keys, self._encoded
-        have = gc.input_cache.get(eid, {})
-        send = tuple(
-            sorted(
-                name
-                for name in inputs
-                if keys[name] is None or have.get(name) != keys[name]
-            )
-        )
-        if send not in encoded:
-            try:
-                encoded[send] = _encode_inputs({k: inputs[k] for k in send})
-            except InputNotSendable as e:
-                self.status = self.record.status = "error"
-                self.record.errors.append(str(e))
-                raise
-        frames = encoded[send]
-        nbytes = wire.frames_nbytes(frames)
-        ch = self.channel
-        if ch is not None and nbytes >= ch.min_bytes and gc.sees_shm(eid):
-            if send not in self.mapped:  # written once, mapped by each engine
-                self.mapped[send] = shm.spill(frames, ch, f"in-{self.cell[:12]}-{eid}")
-            if shm.spilled(self.mapped[send]):
-                frames = self.mapped[send]
-                self.record.shared_bytes += nbytes
-        elif ch is not None and nbytes >= ch.min_bytes and send:
-            # decided as its first chunk leaves: the first of its host to get a
-            # chunk publishes (an engine given no chunk never would)
-            self.host_share[eid] = (send, nbytes)
-        setup: Setup = {
-            "program": self.programs[eid],
-            "names": sorted(inputs),
-            "keys": keys,
-            "watch": self.watch,
-            "warnings": self._filters,
-            "logging": self._log_levels,
-            "cache_bytes": self.cache_bytes,
-            "cwd": os.getcwd(),
-        }
-        self.setups[eid] = (setup, frames)
-        gc.input_cache.pop(eid, None)  # unknown until its first chunk answers
-
-    def _once_per_host(
-        self, eid: int, send: tuple[str, ...], nbytes: int, frames: list[Any]
-    ) -> list[Any]:
-        """Engine ``eid`` cannot map the kernel's /dev/shm (another host): the
-        first such engine of its host gets the input and publishes it in its
-        host's /dev/shm, the others of that host map it from there
-        (gpucell.engine.hostcopy): one copy per host through the controller."""
-        info = self.gc.engines.get(eid)
-        if info is None or not info.host:
-            return frames
-        peers = [
-            e
-            for e in self.alive
-            if e != eid
-            and not self.gc.sees_shm(e)
-            and getattr(self.gc.engines.get(e), "host", None) == info.host
-        ]
-        key = (info.host, send)
-        leader = self.leaders.get(key)
-        if leader is None or leader[0] not in self.alive:
-            if not peers:
-                return frames  # alone on its host: nothing to share
-            tag = f"host-{self.cell[:12]}-{len(self.leaders)}"
-            self.leaders[key] = (eid, info.pid, tag)
-            return shm.lead(frames, self.channel, tag)
-        lead_id, lead_pid, tag = leader
-        self.record.shared_bytes += nbytes
-        return shm.follow(self.channel, tag, lead_pid, lead_id)
 
     def _hear_trials(self) -> None:
         """Read the paces that running trials on this host published at their
@@ -739,7 +648,7 @@ class Run:
                 return
             sched.end(chunk.id, FAILED)
             record.chunks.append(_record(chunk, gc, timing, FAILED))
-            _raise_iteration_error(payload, chunk, gc, record)
+            raise_iteration_error(payload, chunk, gc, record)
         # a finished chunk is recorded whole: its result, its schedule state,
         # its provenance and its kept copy (an interrupt waits until then)
         with interrupts_deferred("a finished chunk was recorded"):
@@ -1192,42 +1101,6 @@ def run_chunks(gc: GpuCluster, targets: Sequence[int], **kwargs: Any) -> list[An
     return run.execute()
 
 
-def _warning_filters() -> list[Any]:
-    """The kernel's ``warnings`` filters as wire frames: a warning the notebook
-    silenced stays silent on the engines ([] when they cannot travel)."""
-    try:
-        return [bytes(f) for f in wire.dumps(list(warnings.filters))]
-    except Exception:
-        return []
-
-
-def _encode_inputs(values: dict[str, Any]) -> list[Any]:
-    """Wire frames of the inputs, or an error naming each one that cannot travel."""
-    if not values:
-        return []
-    try:
-        return wire.dumps(values)
-    except Exception:
-        pass
-    bad = []
-    for name, value in values.items():
-        try:
-            wire.dumps(value)
-        except Exception as e:
-            bad.append(f"`{name}` ({type(value).__name__}): {e}")
-    if not bad:  # only the combination failed; re-raise the original problem
-        return wire.dumps(values)
-    raise InputNotSendable(
-        "%%gpu_parallel cannot send what the loop reads to the engines: "
-        + "; ".join(bad)
-        + ". Create such objects inside the loop (each engine gets its own), pass "
-        "what they hold instead (a generator or iterator the loop advances with "
-        "`next()`: its items, `items = list(gen)`, if each iteration takes its "
-        "own), or run the cell without %%gpu_parallel. Nothing from the loop ran "
-        "(the lines before it did, as they would serially)."
-    )
-
-
 def snapshot(
     gc: GpuCluster,
     engines: Sequence[int],
@@ -1312,75 +1185,3 @@ def _robust_seconds(timing: Timing, size: int) -> float:
     if median is not None and size >= 3:
         return float(median) * size
     return float(timing["compute"])
-
-
-def _raise_iteration_error(
-    payload: ChunkError, chunk: Chunk, gc: GpuCluster, record: LastRun
-) -> None:
-    info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
-    where = (
-        f"iteration {payload['iteration']} (loop values {payload['item']}) on engine "
-        f"{chunk.engine}"
-        + (f" ({info.host}, {info.device} {info.name})" if info else "")
-    )
-    context = (
-        f"gpucell: raised in {where}. Nothing from the loop was merged; the prelude "
-        "ran.\nRemote traceback (cell lines):\n" + payload["traceback"].rstrip()
-    )
-    oom, changed = payload.get("oom"), payload.get("changed")
-    if oom:
-        context += "\n" + oom
-    if changed:
-        message = _changed_message(changed, chunk, where, record)
-        record.errors.append(message)
-        raise InputChanged(message)
-    if payload.get("readonly"):
-        context += (
-            "\ngpucell: inputs are read-only to iterations: each engine writes "
-            "only its own copy, so the change would be lost in your namespace (and "
-            "later iterations would not see it). Copy the array inside the loop "
-            "(`x = x.copy()`), or collect results (`out[i] = ...` on a name the "
-            "loop writes) and apply them after the loop."
-        )
-    record.errors.append(context)
-    exc: BaseException | None = None
-    pickled = payload.get("exception")
-    if pickled:
-        try:
-            exc = wire.loads(pickled)
-        except Exception:
-            exc = None
-    if isinstance(exc, BaseException):
-        exc.__traceback__ = None
-        if hasattr(exc, "add_note"):
-            exc.add_note(context)
-        else:  # pragma: no cover - Python 3.10
-            warnings.warn(context, stacklevel=2)
-        raise exc
-    raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
-
-
-def _changed_message(
-    changed: list[tuple[str, str]], chunk: Chunk, where: str, record: LastRun
-) -> str:
-    """What changed, where it could have happened, and how to rewrite."""
-    plan = record.plan
-    parts = []
-    for name, what in changed:
-        label = "an item of the loop's data" if name == "" else f"`{name}`"
-        lines = plan.watch_lines(name or None) if plan is not None else ()
-        at = ""
-        if lines:
-            at = " (by a call on line" + ("s " if len(lines) > 1 else " ")
-            at += ", ".join(map(str, lines)) + ")"
-        parts.append(f"{label} changed in place{at}: {what}")
-    span = f"iterations {chunk.start}-{chunk.stop - 1}"
-    return (
-        f"gpucell: {'; '.join(parts)}, in {span} on {where.split(' on ', 1)[-1]}. "
-        "Inputs are read-only to iterations: serially the change would stay in your "
-        "object and later iterations would see it, but each engine changes only its "
-        "own copy, so the result would silently differ. Nothing was merged. Create "
-        "the object inside the loop (`m = make_model()`, `est = clone(est)`), "
-        "collect what you need instead (`results.append(...)`), or run the cell "
-        "without %%gpu_parallel."
-    )
