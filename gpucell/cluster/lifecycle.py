@@ -19,12 +19,20 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gpucell import config as _config
+from gpucell.cluster.engines import (
+    EngineInfo,
+)
+from gpucell.cluster.engines import answers as _answers
+from gpucell.cluster.engines import describe_engines as _describe_engines
+from gpucell.cluster.engines import engine_env as _engine_env
+from gpucell.cluster.engines import info_from as _info_from
+from gpucell.cluster.engines import preimport as _preimport
 from gpucell.cluster.restart import Restarts
 from gpucell.core.costmodel import CostMemory
 from gpucell.core.states import BUSY, DEAD, IDLE, EngineState
 from gpucell.core.topology import EngineSpec, parse_gpu_selection, plan_engines
 from gpucell.devices.discovery import cpu_device, discover
-from gpucell.devices.host import identity, kernel_key, pid_running, shares_pids
+from gpucell.devices.host import kernel_key, pid_running
 from gpucell.errors import ClusterError, NoCluster
 
 if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
@@ -41,33 +49,6 @@ __all__ = [
     "status",
     "stop",
 ]
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """One engine as the status table shows it."""
-
-    id: int
-    host: str
-    pid: int
-    kind: str  # "gpu" or "cpu"
-    index: int  # GPU index on its host, -1 for CPU
-    name: str
-    memory_total: int
-    label: str = ""
-    threads: int | None = None
-    cpu_affinity: tuple[int, ...] = ()
-    cuda_visible_devices: str | None = None
-    state: EngineState = IDLE
-    shm: bool = False  # maps files in the kernel's /dev/shm (gpucell.protocol.shm)
-    # its pids are the kernel's (same machine and pid namespace): the kernel may
-    # read its /proc entry and signal it; else it goes through the controller
-    local: bool = False
-    restarts: int = 0  # times this device's engine was restarted after dying
-
-    @property
-    def device(self) -> str:
-        return f"GPU {self.index}" if self.kind == "gpu" else "CPU"
 
 
 @dataclass
@@ -294,58 +275,6 @@ def _profile_dir(profile: str, create: bool = False) -> str:
         ) from None
 
 
-#: libraries that take seconds to import: engines import those the kernel has
-HEAVY_MODULES = (
-    "torch",
-    "pandas",
-    "sklearn",
-    "scipy",
-    "jax",
-    "tensorflow",
-    "transformers",
-)
-
-
-def _preimport(client: Any, ids: Sequence[int]) -> None:
-    """Engines import the kernel's heavy libraries as a task of their own once
-    they are up (not in a thread while they boot: ipykernel's start-up iterates
-    sys.modules, and torch imported from two threads at once can be left half
-    initialised); the kernel does not wait for it."""
-    heavy = heavy_modules_in_kernel()
-    if heavy and ids:
-        from gpucell.engine.runtime import preimport
-
-        with contextlib.suppress(Exception):  # a head start, never a failure
-            client.direct_view(list(ids)).apply_async(preimport, heavy)
-
-
-def heavy_modules_in_kernel() -> list[str]:
-    """The heavy libraries this kernel has imported (a cell will likely use them)."""
-    import sys
-
-    return [m for m in HEAVY_MODULES if m in sys.modules]
-
-
-def _engine_env(spec: EngineSpec) -> dict[str, str]:
-    env = dict(spec.env)
-    env.update(
-        {
-            "GPUCELL_PARENT_PID": str(os.getpid()),
-            "GPUCELL_ENGINE_LABEL": spec.label,
-            "GPUCELL_DEVICE_KIND": spec.device.kind,
-            "GPUCELL_DEVICE_INDEX": str(spec.device.index),
-            "GPUCELL_DEVICE_NAME": spec.device.name,
-            "GPUCELL_DEVICE_MEMORY": str(spec.device.memory_total),
-            # imported while the engine waits for the controller anyway; the first
-            # message it deserialises would import it otherwise
-            "GPUCELL_PREIMPORT": "numpy",
-        }
-    )
-    if spec.cpu_affinity:
-        env["GPUCELL_CPU_AFFINITY"] = ",".join(map(str, spec.cpu_affinity))
-    return env
-
-
 #: Always on: the controller's schedulers run as threads of one process, so
 #: ``PR_SET_PDEATHSIG`` (which forked children do not inherit) covers all of it.
 #: ``NoDB``: the controller keeps no record of tasks; its default (an in-memory
@@ -393,86 +322,6 @@ def _fast_start_settings(fast: bool) -> tuple[dict[str, Any], list[str], list[st
         "--IPEngine.timeout=30",
     ]
     return cluster_kw, controller, engine
-
-
-def describe_async(gc: GpuCluster, eid: int) -> Any:
-    """Tune and describe one new engine (a restart) without waiting."""
-    from gpucell.engine.runtime import describe
-    from gpucell.engine.tuning import tune
-
-    view = gc.client.direct_view([eid])
-    view.apply_async(tune)
-    return view.apply_async(describe, gc._channel)
-
-
-def _describe_engines(
-    client: ipp.Client, ids: Sequence[int], timeout: float, channel: Any = None
-) -> dict[int, dict[str, Any]]:
-    """Tune and describe the engines of a cluster we started."""
-    from gpucell.engine.runtime import describe
-    from gpucell.engine.tuning import tune
-
-    view = client.direct_view(list(ids))
-    # engines we started are ours to tune (see engine_tuning); same round trip
-    view.apply_async(tune)
-    infos = _answers(view.apply_async(describe, channel), timeout, "describe")
-    return dict(zip(ids, infos, strict=True))
-
-
-def _answers(ar: Any, timeout: float, what: str) -> Any:
-    """``ar``'s result, or a :class:`ClusterError` that says what went wrong: no
-    answer in time, gpucell missing on the engines, or the engines' own error."""
-    import ipyparallel as ipp
-
-    try:
-        return ar.get(timeout=timeout)
-    except ipp.error.TimeoutError as e:
-        raise ClusterError(
-            f"Engines did not answer within {timeout:.0f} s when asked to {what} "
-            "themselves; they may be busy with another client's work or hung. "
-            "Check their logs, or raise GpuCell.start_timeout."
-        ) from e
-    except ipp.error.RemoteError as e:
-        if e.ename in ("ModuleNotFoundError", "ImportError") and "gpucell" in str(
-            e.evalue
-        ):
-            from gpucell import __version__
-
-            raise ClusterError(
-                f"The engines cannot import gpucell ({e.evalue}). Install gpucell "
-                f"{__version__} on the engines' hosts, in the Python the engines run "
-                f"(`pip install gpucell=={__version__}`), then connect again."
-            ) from None
-        raise ClusterError(
-            f"Engines failed when asked to {what} themselves: {e.ename}: {e.evalue}"
-        ) from None
-    except Exception as e:
-        raise ClusterError(
-            f"Engines could not be asked to {what} themselves: {e!r}"
-        ) from e
-
-
-#: the kernel's own machine and pid namespace, to compare engines' with
-_KERNEL = identity()
-
-
-def _info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
-    threads = d.get("threads", {}).get("GPUCELL_NUM_THREADS")
-    return EngineInfo(
-        id=eid,
-        host=d["host"],
-        pid=d["pid"],
-        kind=d["kind"],
-        index=d["index"],
-        name=d["name"] or ("CPU" if d["kind"] == "cpu" else "GPU"),
-        memory_total=d["memory_total"],
-        label=d["label"],
-        threads=int(threads) if threads else d.get("torch_threads"),
-        cpu_affinity=tuple(d.get("cpu_affinity", ())),
-        cuda_visible_devices=d.get("cuda_visible_devices"),
-        shm=bool(d.get("shm")),
-        local=shares_pids(d.get("identity") or {"host": d["host"]}, _KERNEL),
-    )
 
 
 def _summary(engines: dict[int, EngineInfo]) -> str:
@@ -896,19 +745,20 @@ def _describe_placement(d: dict[str, Any]) -> str:
 def _save_placement(profile_dir: str, placed: dict[str, Any]) -> None:
     import json
 
+    from gpucell.protocol import private
+
+    # 0600, under a random temporary name (never through a planted link)
     path = os.path.join(profile_dir, _PLACEMENT_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(placed, f, indent=1)
-    os.replace(tmp, path)
+    private.write(path, json.dumps(placed, indent=1).encode())
 
 
 def _saved_placement(profile_dir: str) -> dict[str, Any] | None:
     import json
 
+    from gpucell.protocol import private
+
     try:
-        with open(os.path.join(profile_dir, _PLACEMENT_FILE)) as f:
-            d = json.load(f)
+        d = json.loads(private.read(os.path.join(profile_dir, _PLACEMENT_FILE)))
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None

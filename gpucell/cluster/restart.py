@@ -12,6 +12,7 @@ with a growing pause between them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,8 @@ class Restarts:
         return back
 
     def _step(self, gc: Any, r: Restart) -> Any:
-        from gpucell.cluster import lifecycle
+        from gpucell import config
+        from gpucell.cluster import engines
 
         now = time.monotonic()
         if gc.stopping:
@@ -99,17 +101,17 @@ class Restarts:
             gc.cluster.start_engines_sync(
                 1,
                 engine_set_id=f"{spec.label}-r{r.restarts + 1}-{r.attempt}",
-                environment=lifecycle._engine_env(spec),
+                environment=engines.engine_env(spec),
                 engine_args=list(gc.engine_args),
             )
-            timeout = lifecycle._config.settings().start_timeout
+            timeout = config.settings().start_timeout
             r.launched, r.deadline = True, now + timeout
             return None
         if r.new_id is None:
             fresh = sorted(set(gc.client.ids) - r.known)
             if fresh:
                 r.new_id = fresh[0]
-                r.describing = lifecycle.describe_async(gc, r.new_id)
+                r.describing = engines.describe_async(gc, r.new_id)
             elif now > r.deadline:
                 self._failed(gc, r, "it did not register in time")
             return None
@@ -118,14 +120,14 @@ class Restarts:
                 self._failed(gc, r, "it did not answer in time")
             return None
         (d,) = r.describing.get(timeout=0)
-        info = lifecycle._info_from(r.new_id, d)
-        info = lifecycle.replace(info, restarts=r.restarts + 1)
+        info = engines.info_from(r.new_id, d)
+        info = dataclasses.replace(info, restarts=r.restarts + 1)
         gc.engines.pop(r.dead, None)
         gc.input_cache.pop(r.dead, None)
         gc.engines[r.new_id] = info
         if gc.selected is not None and r.dead in gc.selected:
             gc.selected = tuple(r.new_id if e == r.dead else e for e in gc.selected)
-        lifecycle._preimport(gc.client, [r.new_id])
+        engines.preimport(gc.client, [r.new_id])
         return info
 
     def _failed(self, gc: Any, r: Restart, why: str) -> None:
