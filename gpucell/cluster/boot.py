@@ -9,6 +9,9 @@ hook sets that command).  Before the real module is imported this:
   processes it forks later get the same, tied to it;
   a watchdog thread backs it up where ``prctl`` is not available;
 * applies the CPU affinity in ``GPUCELL_CPU_AFFINITY`` (e.g. ``0,1``);
+* applies the umask in ``GPUCELL_UMASK`` (octal; the controller's ``077``: its
+  files in the profile are its user's alone; engines keep the user's umask, so
+  files a loop writes get the modes they get serially);
 * with ``GPUCELL_PIN_BY_RANK=1`` (engines a batch system starts together, one
   ``srun`` for all), picks this engine's GPU by its rank on its node
   (``SLURM_LOCALID``) among the node's ``CUDA_VISIBLE_DEVICES``, and sizes its
@@ -117,6 +120,12 @@ def main(argv: list[str]) -> None:
             after_in_child=lambda: _set_parent_death_signal(os.getppid())
         )
     _pin_by_local_rank(os.environ)
+    mask = os.environ.pop("GPUCELL_UMASK", "")
+    if mask:
+        try:
+            os.umask(int(mask, 8))
+        except ValueError:
+            pass
     aff = os.environ.get("GPUCELL_CPU_AFFINITY", "")
     if aff:
         _apply_affinity(aff)

@@ -6,24 +6,33 @@ Registered under ipyparallel's ``ipyparallel.engine_launchers`` and
 They change only the command line: the process starts through
 :mod:`gpucell.cluster.boot`, which sets the parent-death signal and the CPU affinity
 before
-the real ipyparallel module loads.  Everything else is ipyparallel's own launcher.
+the real ipyparallel module loads.  Everything else is ipyparallel's own launcher,
+except that the processes' log files in the profile are made 0600 before they are
+opened (ipyparallel opens them with the umask's mode, 0644: what a loop prints
+would be readable by every local user), and the controller runs with umask 077
+(its connection files, with their key, and its state are 0600 from the start).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from ipyparallel.cluster.launcher import (
     LocalControllerLauncher,
+    LocalEngineLauncher,
     LocalEngineSetLauncher,
     SlurmEngineSetLauncher,
     SSHEngineSetLauncher,
 )
 from traitlets import List, default
 
+from gpucell.protocol import private
+
 __all__ = [
     "PinnedControllerLauncher",
+    "PinnedEngineLauncher",
     "PinnedEngineSetLauncher",
     "RemoteEngineSetLauncher",
     "SlurmGpuEngineSetLauncher",
@@ -32,8 +41,26 @@ __all__ = [
 _BOOT = [sys.executable, "-m", "gpucell.cluster.boot"]
 
 
+def _private_log(path: str) -> None:
+    """The log file ``path``, made 0600 (and its folder 0700) before
+    ipyparallel opens it to append: never through a link planted there."""
+    if path:
+        private.tighten_folder(os.path.dirname(path))
+        private.touch(path)
+
+
+class PinnedEngineLauncher(LocalEngineLauncher):
+    """One local engine, its log 0600."""
+
+    def start(self) -> Any:
+        _private_log(self.output_file)
+        return super().start()
+
+
 class PinnedEngineSetLauncher(LocalEngineSetLauncher):
     """Local engines that die with the process that started them."""
+
+    launcher_class = PinnedEngineLauncher
 
     engine_cmd = List(
         [*_BOOT, "ipyparallel.engine"],
@@ -56,12 +83,19 @@ class PinnedControllerLauncher(LocalControllerLauncher):
         help="Command to launch the controller (through gpucell.cluster.boot).",
     )
 
+    def start(self) -> Any:
+        _private_log(self.output_file)
+        return super().start()
+
     @default("environment")
     def _default_environment(self) -> dict[str, str]:
         # SIGTERM lets the controller remove its connection files as it goes.
         return {
             "GPUCELL_PARENT_PID": str(os.getpid()),
             "GPUCELL_DEATH_SIGNAL": "SIGTERM",
+            # what the controller writes (connection files with their key, the
+            # engines' state in the log folder) is 0600 from the first byte
+            "GPUCELL_UMASK": "077",
             # every buffer of 1 MiB or more gets its own mapping, returned to
             # the system when freed: glibc's default threshold rises after big
             # frees, and the controller (which relays each input sent without

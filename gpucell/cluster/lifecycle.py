@@ -443,12 +443,13 @@ def start_cluster(
     elif controller_ip:
         profile_kw["controller_ip"] = controller_ip
 
-    import ipyparallel as ipp
-
     cluster_kw, controller_args, engine_args = _fast_start_settings(s.fast_start)
     controller_args += [f"--IPController.log_level={s.cluster_log_level}"]
     engine_args += [f"--IPEngine.log_level={s.cluster_log_level}"]
-    cluster = ipp.Cluster(
+    from gpucell.cluster import private_profile
+
+    # its cluster file 0600, its logs 0600 (the launchers), folders 0700
+    cluster = private_profile.cluster_class()(
         n=len(specs),
         engine_launcher_class="gpucell",
         controller_launcher_class="gpucell",
@@ -463,6 +464,7 @@ def start_cluster(
         sweep_profile(cluster.profile_dir)
     except Exception:
         pass
+    private_profile.tighten(cluster.profile_dir)
     channel = _open_channel()
     try:
         client = _start_and_connect(

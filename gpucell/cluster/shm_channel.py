@@ -13,6 +13,7 @@ import time
 import uuid
 
 from gpucell.devices.host import pid_running
+from gpucell.protocol import private
 from gpucell.protocol.shm import DEFAULT_DIR, PREFIX, Channel
 
 __all__ = ["STALE_AFTER", "close_channel", "open_channel", "sweep", "sweep_stale"]
@@ -26,7 +27,7 @@ def open_channel(directory: str = DEFAULT_DIR) -> Channel | None:
     sweep_stale(directory)
     ch = Channel(f"{os.getpid()}-{uuid.uuid4().hex[:12]}", directory)
     try:
-        fd = os.open(ch.probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = private.create(ch.probe)  # 0600, O_EXCL|O_NOFOLLOW
         try:
             os.write(fd, ch.token.encode() + b"\n" + _owner())
         finally:
@@ -89,8 +90,7 @@ def _ours(directory: str, name: str) -> bool:
         return False
     probe = os.path.join(directory, f"{PREFIX}{token[0]}-{token[1]}-probe")
     try:
-        with open(probe, "rb") as f:
-            owner = f.read(512).split(b"\n", 1)[1]
+        owner = private.read(probe, 512).split(b"\n", 1)[1]
     except (OSError, IndexError):
         return False
     mine = _owner()

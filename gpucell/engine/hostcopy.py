@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from gpucell.devices.host import pid_running
-from gpucell.protocol import shm
+from gpucell.protocol import private, shm
 
 __all__ = ["receive", "unpublish"]
 
@@ -47,10 +47,8 @@ def _failed(path: str) -> str:
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    """0600, under a random temporary name, never through a planted link."""
+    private.write(path, data)
 
 
 def receive(frames: list[Any], cell: str, kernel: str = "") -> list[Any]:
@@ -103,13 +101,11 @@ def _follow(frames: list[Any], paths: list[str]) -> list[Any]:
     pause = 0.002
     while True:
         try:
-            with open(_ready(path), "rb") as f:
-                return list(pickle.load(f))
+            return list(pickle.loads(private.read(_ready(path))))
         except FileNotFoundError:
             pass
         try:
-            with open(_failed(path), "rb") as f:
-                reason = f.read().decode(errors="replace")
+            reason = private.read(_failed(path)).decode(errors="replace")
             raise RuntimeError(
                 f"gpucell: engine {leader} was to share an input with the engines "
                 f"of this host, but {reason}. Free /dev/shm there, or set "

@@ -25,7 +25,7 @@ import queue
 import threading
 from typing import Any
 
-from gpucell.protocol import shm
+from gpucell.protocol import private, shm
 
 __all__ = ["WriteBehind", "start"]
 
@@ -79,9 +79,8 @@ class WriteBehind:
             host, event, nbytes = item
             try:
                 event.synchronize()  # releases the GIL while the copy lands
-                if self._fd is None:
-                    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
-                    self._fd = os.open(self.path, flags, 0o600)
+                if self._fd is None:  # 0600, never through a planted link
+                    self._fd = private.create(self.path, os.O_RDWR)
                 at = self.end
                 shm.write_all(self._fd, shm.raw_view(host.data_ptr(), nbytes), at)
                 self.written[(host.data_ptr(), nbytes)] = at

@@ -33,7 +33,6 @@ channel (its probe file, and sweeping leftovers) is :mod:`gpucell.cluster.shm_ch
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import os
@@ -42,6 +41,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpucell.protocol import private
 
 __all__ = [
     "FOLLOW",
@@ -162,25 +163,22 @@ PACE = struct.Struct("<qd?")
 
 def put(path: str, data: bytes) -> bool:
     """Write a small file whole or not at all (a reader never sees it half
-    written): to a temporary name, then renamed into place.  False on error
-    (a full /dev/shm): the reader then behaves as if nothing was said."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    written): to a new 0600 file under a random temporary name, never through
+    a link planted there (:func:`gpucell.protocol.private.write`), then renamed
+    into place.  False on error (a full /dev/shm): the reader then behaves as
+    if nothing was said."""
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        private.write(path, data)
         return True
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         return False
 
 
 def peek(path: str) -> bytes | None:
-    """The contents of a file :func:`put` wrote, or ``None`` while there is none."""
+    """The contents of a file :func:`put` wrote, or ``None`` while there is none
+    (a link at ``path`` is not followed: ``None``)."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return private.read(path)
     except OSError:
         return None
 
@@ -207,7 +205,11 @@ def unspill(
     path, size, places = pickle.loads(frames[1])
     rest = list(frames[2:])
     try:
-        fd = os.open(path, os.O_RDONLY if shared else os.O_RDWR)
+        mode = os.O_RDONLY if shared else os.O_RDWR
+        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if os.fstat(fd).st_uid != os.getuid():  # planted by another user
+            os.close(fd)
+            raise PermissionError(f"{path} is not a file of this user's")
     except OSError as e:
         what = "the kernel's input" if shared else "an engine's result"
         raise OSError(f"gpucell: {what} in shared memory ({path}) is gone: {e}") from e
@@ -247,9 +249,9 @@ def reachable(ch: Channel) -> bool:
     ok = _seen.get(ch.token)
     if ok is None:
         try:
-            with open(ch.probe, "rb") as f:
-                # the first line is the token (the second says whose it is)
-                ok = f.read(256).split(b"\n", 1)[0] == ch.token.encode()
+            # the first line is the token (the second says whose it is)
+            head = private.read(ch.probe, 256)
+            ok = head.split(b"\n", 1)[0] == ch.token.encode()
         except OSError:
             ok = False
         _seen[ch.token] = ok
@@ -303,9 +305,9 @@ def spill(
         seen = own or reachable(ch)
         if total < ch.min_bytes or not seen or not _room(ch.directory, total):
             return frames
-        path, offset, flags = ch.path(tag), 0, os.O_RDWR | os.O_CREAT | os.O_EXCL
+        path, offset, new = ch.path(tag), 0, True
     else:
-        path, offset, flags = prewritten.path, prewritten.end, os.O_RDWR
+        path, offset, new = prewritten.path, prewritten.end, False
     places, todo = [], []
     for i, v in big:
         at = None if prewritten is None else prewritten.written.get(_key(v))
@@ -320,7 +322,13 @@ def spill(
         _unlink(path)
         return frames
     try:
-        fd = os.open(path, flags, 0o600)
+        # a new file: 0600, O_EXCL|O_NOFOLLOW (a planted link is never
+        # followed); the prewritten one: ours, and not through a link either
+        fd = (
+            private.create(path, os.O_RDWR)
+            if new
+            else os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        )
     except OSError:
         if prewritten is not None:
             _unlink(path)
