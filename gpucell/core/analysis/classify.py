@@ -279,7 +279,7 @@ class _Ctx:
         # names a nested loop's body binds -> that loop's line (innermost)
         self.loop_stored: dict[str, int] = {}
         # names kept as a running best or first match: "best" / "first"
-        self.selections: dict[str, str] = {}
+        self.selections: dict[str, _Selection] = {}
 
 
 @dataclass
@@ -366,18 +366,23 @@ class _Flow:
             )
         why += " Iterations run independently in parallel. "
         pick = c.selections.get(n)
-        if pick == "first":
+        if pick is not None and pick.kind == "first":
             return why + (
                 f"`{n}` keeps the first match, which depends on the iterations "
                 f"before it: collect the matches (`hits.append(x)`) and take the "
                 f"first after the loop (`{n} = hits[0] if hits else None`)."
             )
-        if pick == "best":
+        if pick is not None:
+            score = pick.score or "score"
+            what = {"max": "running maximum", "min": "running minimum"}
+            pick_fn = pick.op or "max"  # (either way round: say both)
+            either = "" if pick.op else " (or `min`, for a running minimum)"
             return why + (
-                f"`{n}` keeps a running best, which depends on the iterations "
-                f"before it: collect candidates (`pairs.append((score, params))`) "
-                f"and pick after the loop (`max(pairs, key=lambda t: t[0])`), or "
-                f"write `{n} = max({n}, score)` when only the value is needed."
+                f"`{n}` keeps a {what.get(pick.op or '', 'running best')}, which "
+                f"depends on the iterations before it: collect candidates "
+                f"(`pairs.append(({score}, params))`) and pick after the loop "
+                f"(`{pick_fn}(pairs, key=lambda t: t[0])`{either}), or write "
+                f"`{n} = {pick_fn}({n}, {score})` when only the value is needed."
             )
         fix = f"Assign `{n}` before reading it on every path of the iteration"
         if loop_line is not None:
@@ -1188,47 +1193,106 @@ def _loop_bindings(stmts: Iterable[ast.stmt]) -> dict[str, int]:
     return out
 
 
-def _selection_kind(test: ast.expr, name: str) -> str | None:
-    """``"first"`` for a test like ``name is None`` / ``not name``, ``"best"``
-    for an ordering (``score > name``), else ``None``."""
+@dataclass(frozen=True)
+class _Selection:
+    """A name kept as a first match (``kind == "first"``) or a running best
+    (``"best"``): ``op`` is ``"max"`` or ``"min"`` when the test says which
+    (``if loss < best: best = loss`` keeps a minimum), and ``score`` the text
+    of what it is compared with (``loss``) when that is a name."""
+
+    kind: str
+    op: str | None = None
+    score: str | None = None
+
+
+#: ``x OP name``: a new ``x`` is taken when it is smaller (min) or larger (max)
+_TAKES_WHEN_RIGHT = {ast.Lt: "min", ast.LtE: "min", ast.Gt: "max", ast.GtE: "max"}
+_FLIP = {"min": "max", "max": "min"}
+
+
+def _best_direction(node: ast.Compare, name: str) -> tuple[str | None, str | None]:
+    """``("min", "loss")`` for ``loss < best`` or ``best > loss`` (the value
+    is replaced when the test holds), ``(None, None)`` when it cannot tell."""
+    sides = [node.left, *node.comparators]
+    for k, side in enumerate(sides):
+        if not (isinstance(side, ast.Name) and side.id == name):
+            continue
+        if k > 0:  # `other OP name`
+            op, other = node.ops[k - 1], sides[k - 1]
+            took = _TAKES_WHEN_RIGHT.get(type(op))
+        else:  # `name OP other`: reversed
+            op, other = node.ops[0], sides[1]
+            took = _TAKES_WHEN_RIGHT.get(type(op))
+            took = _FLIP[took] if took else None
+        score = other.id if isinstance(other, ast.Name) else None
+        return took, score
+    return None, None
+
+
+def _selection_kind(
+    test: ast.expr, name: str, when_false: bool = False
+) -> _Selection | None:
+    """A first match for a test like ``name is None`` / ``not name``, a
+    running best for an ordering (``score > name``), else ``None``;
+    ``when_false``: ``name`` is assigned when the test fails (an ``else``)."""
+    negated: set[int] = set()
     for node in ast.walk(test):
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             if isinstance(node.operand, ast.Name) and node.operand.id == name:
-                return "first"
+                return _Selection("first")
+            negated |= {id(n) for n in ast.walk(node.operand)}
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if not any(isinstance(x, ast.Name) and x.id == name for x in sides):
                 continue
             if any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
-                return "first"
+                return _Selection("first")
             if any(
                 isinstance(op, (ast.Lt, ast.Gt, ast.LtE, ast.GtE)) for op in node.ops
             ):
-                return "best"
+                op, score = _best_direction(node, name)
+                if op is not None and when_false:
+                    op = _FLIP[op]
+                if id(node) in negated or (
+                    isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)
+                ):
+                    op = None  # (under `not` or `or`: which way is not plain)
+                return _Selection("best", op, score)
     return None
 
 
-def _selections(stmts: Iterable[ast.stmt]) -> dict[str, str]:
+def _assigned(body: Iterable[ast.stmt]) -> set[str]:
+    return {
+        n.id
+        for st in block_statements(body)
+        if isinstance(st, (ast.Assign, ast.AnnAssign))
+        for t in (st.targets if isinstance(st, ast.Assign) else [st.target])
+        for n in target_names(t)
+    }
+
+
+def _selections(stmts: Iterable[ast.stmt]) -> dict[str, _Selection]:
     """Names the body re-assigns under a test that reads them (``if score >
     best: best = score``, ``if found is None: found = x``): a running best or a
     first match, for which a reduction is the wrong advice."""
-    out: dict[str, str] = {}
+    out: dict[str, _Selection] = {}
     for s in stmts:
-        guarded: list[tuple[ast.expr, list[ast.stmt]]] = []
+        # (test, names assigned when it holds, names assigned when it fails)
+        guarded: list[tuple[ast.expr, set[str], set[str]]] = []
         if isinstance(s, ast.If):
-            guarded.append((s.test, [*s.body, *s.orelse]))
+            guarded.append((s.test, _assigned(s.body), _assigned(s.orelse)))
         elif isinstance(s, ast.Assign) and isinstance(s.value, ast.IfExp):
-            guarded.append((s.value.test, [s]))
-        for test, body in guarded:
-            bound = {
-                n.id
-                for st in block_statements(body)
-                if isinstance(st, (ast.Assign, ast.AnnAssign))
-                for t in (st.targets if isinstance(st, ast.Assign) else [st.target])
-                for n in target_names(t)
+            names = _assigned([s])
+            # `best = best if best > x else x`: the new value comes when it fails
+            keeps = {
+                n
+                for n in names
+                if isinstance(s.value.body, ast.Name) and s.value.body.id == n
             }
-            for n in sorted(bound):
-                kind = _selection_kind(test, n)
+            guarded.append((s.value.test, names - keeps, keeps))
+        for test, if_true, if_false in guarded:
+            for n in sorted(if_true | if_false):
+                kind = _selection_kind(test, n, when_false=n not in if_true)
                 if kind is not None:
                     out.setdefault(n, kind)
     return out
