@@ -182,6 +182,34 @@ def _names(cl: Classification, hidden: set[str], result: str | None) -> list[Nam
     return infos
 
 
+def _loop_kind(node: ast.stmt) -> str:
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return "`for` loop"
+    kind = comprehension_kind(node) or "list"
+    return "comprehension" if kind in ("list", "set", "dict") else f"`{kind}(...)`"
+
+
+def _choice(loop: ast.stmt, others: tuple[ast.stmt, ...]) -> str:
+    """Which loop runs in parallel, by which rule, and where the others run."""
+    if isinstance(loop, (ast.For, ast.AsyncFor)):
+        text = f"the first top-level `for` loop (line {loop.lineno})"
+        if any(not isinstance(o, (ast.For, ast.AsyncFor)) for o in others):
+            text += "; a comprehension runs in parallel only in a cell without one"
+    else:
+        text = (
+            f"the {_loop_kind(loop)} on line {loop.lineno} (the cell has no "
+            "top-level `for` loop)"
+        )
+    if not others:
+        return text
+    where = ", ".join(
+        f"the {_loop_kind(o)} on line {o.lineno} "
+        f"({'before' if o.lineno < loop.lineno else 'after'} it)"
+        for o in others
+    )
+    return f"{text}; in the kernel, as written: {where}"
+
+
 def _no_loop(
     common: dict[str, Any], diag: DiagnosticSink, raise_errors: bool
 ) -> LoopPlan:
@@ -505,4 +533,5 @@ def analyse(
         diagnostics=diagnostics,
         warnings=warnings.sorted(),
         epilogue=split.epilogue,
+        choice=_choice(loop, split.others),
     )

@@ -97,6 +97,9 @@ class LoopPlan:
         Refusals (empty when the plan can run).
     warnings : tuple of Diagnostic
         Problems that do not prevent running (e.g. an input not defined yet).
+    choice : str
+        Which of the cell's loops runs in parallel and why, and where its other
+        top-level loops run (for ``--dry-run`` and the summary line).
     """
 
     source: str
@@ -143,6 +146,7 @@ class LoopPlan:
     unless_nonempty: tuple[Diagnostic, ...] = ()
     diagnostics: tuple[Diagnostic, ...] = ()
     warnings: tuple[Diagnostic, ...] = ()
+    choice: str = ""
     prelude: tuple[ast.stmt, ...] = field(default=(), repr=False)
     # the `with` blocks around the loop, outermost first (kernel side: entered
     # after the prelude, their statements around the loop run inside them)

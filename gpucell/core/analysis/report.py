@@ -70,6 +70,8 @@ def format_plan(plan: LoopPlan) -> str:
         form = "list comprehension" if plan.kind == "listcomp" else "for loop"
         out.append(f"gpucell plan: parallel {form} on {_span(plan.loop_lines)}")
         out.append(f"  {plan.loop_header}")
+        if plan.choice:
+            out.append(f"chosen: {plan.choice}")
     out.append(f"prelude  (kernel, before): {_span(plan.prelude_lines)}")
     out.append(f"epilogue (kernel, after):  {_span(plan.epilogue_lines)}")
     out.extend(_layers(plan))

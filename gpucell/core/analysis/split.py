@@ -1,9 +1,12 @@
 """Split a cell into prelude, parallel loop and epilogue.
 
-The parallel loop is the first top-level ``for`` statement or the first top-level
-``name = [expr for ...]`` assignment. Everything before it is the prelude (run in
-the kernel first), everything after it -- including a ``for`` loop's ``else``
-block, which always runs because ``break`` is refused -- is the epilogue.
+The parallel loop is the first top-level ``for`` statement (at the top of the
+cell or of top-level ``with`` blocks); only a cell without one runs its first
+top-level comprehension assignment (``name = [expr for ...]``) in parallel, so a
+small comprehension before the real loop never takes its place. Everything before
+the loop is the prelude (run in the kernel first), everything after it --
+including a ``for`` loop's ``else`` block, which always runs because ``break`` is
+refused -- is the epilogue; other loops there run in the kernel, as written.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class CellSplit:
     index: int = -1  # position of the loop among the module's statements
     # the top-level `with` blocks the loop sits in, outermost first
     layers: tuple[Layer, ...] = ()
+    # the cell's other top-level loops and comprehension assignments (run in
+    # the kernel, in the prelude or the epilogue), in cell order
+    others: tuple[ast.stmt, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,34 +125,52 @@ def split_cell(
     module: ast.Module, shadowed: Callable[[str], bool] = lambda _n: False
 ) -> CellSplit:
     """Find the parallel loop among the top-level statements (``shadowed``: a
-    builtin name the notebook rebinds, so ``sum(...)`` is not the builtin)."""
+    builtin name the notebook rebinds, so ``sum(...)`` is not the builtin):
+    the first top-level ``for``, or, in a cell without one, the first
+    top-level comprehension assignment."""
     body = module.body
+    every = [loop for node in body for loop in _loops_in(node, shadowed)]
+    fors = [n for n in every if isinstance(n, (ast.For, ast.AsyncFor))]
+    chosen = fors[0] if fors else (every[0] if every else None)
+    if chosen is None:
+        return CellSplit(module, tuple(body), None, ())
     for i, node in enumerate(body):
-        found = _find_loop(node, shadowed)
+        found = _find_loop(node, chosen)
         if found is None:
             continue
         loop, layers, orelse = found
         epilogue = list(body[i + 1 :])
         if not layers:
             epilogue = orelse + epilogue
+        others = tuple(n for n in every if n is not loop)
         return CellSplit(
-            module, tuple(body[:i]), loop, tuple(epilogue), i, tuple(layers)
+            module, tuple(body[:i]), loop, tuple(epilogue), i, tuple(layers), others
         )
-    return CellSplit(module, tuple(body), None, ())
+    raise AssertionError("the chosen loop is a top-level statement")
+
+
+def _loops_in(node: ast.stmt, shadowed: Callable[[str], bool]) -> list[ast.stmt]:
+    """The loops ``node`` is or holds where the parallel loop may be: itself,
+    or at the top of (nested) ``with`` bodies."""
+    if isinstance(node, (ast.For, ast.AsyncFor)) or comprehension_kind(node, shadowed):
+        return [node]
+    if isinstance(node, ast.With):
+        return [loop for inner in node.body for loop in _loops_in(inner, shadowed)]
+    return []
 
 
 def _find_loop(
-    node: ast.stmt, shadowed: Callable[[str], bool]
+    node: ast.stmt, chosen: ast.stmt
 ) -> tuple[ast.stmt, list[Layer], list[ast.stmt]] | None:
-    """The loop ``node`` is or holds at the top of (nested) ``with`` bodies:
-    ``(loop, layers outermost first, the for's else block)``."""
-    if isinstance(node, (ast.For, ast.AsyncFor)):
-        return node, [], list(node.orelse)
-    if comprehension_kind(node, shadowed):
-        return node, [], []
+    """Where ``chosen`` is, when ``node`` is it or holds it at the top of
+    (nested) ``with`` bodies: ``(loop, layers outermost first, the for's else
+    block)``."""
+    if node is chosen:
+        orelse = list(node.orelse) if isinstance(node, (ast.For, ast.AsyncFor)) else []
+        return node, [], orelse
     if isinstance(node, ast.With):
         for j, inner in enumerate(node.body):
-            found = _find_loop(inner, shadowed)
+            found = _find_loop(inner, chosen)
             if found is None:
                 continue
             loop, layers, orelse = found
