@@ -205,7 +205,12 @@ class GpuCluster:
         except Exception:
             pass
         if self.owned and self.cluster is not None:
-            self.cluster.stop_cluster_sync()
+            try:
+                self.cluster.stop_cluster_sync()
+            finally:  # a controller that died first left its connection files
+                from gpucell.cluster.leftovers import forget_cluster
+
+                forget_cluster(self.cluster.profile_dir, self.cluster.cluster_id)
         _release_channel(self._channel)
         self._channel = None
 
