@@ -1241,6 +1241,72 @@ def test_one_file_written_by_every_iteration_is_refused(ip, cluster, tmp_path):
     ]
 
 
+def test_one_file_written_from_a_nested_loop_or_a_helper_is_refused(
+    ip, cluster, tmp_path
+):
+    """The same file written from a loop inside the body, or by a notebook
+    function the body calls: engines' writes would interleave (issue 28)."""
+    log = tmp_path / "log.txt"
+    ip.user_ns["LOG"] = str(log)
+    nested = (
+        "for i in range(6):\n    for j in range(2):\n        if j >= 0:\n"
+        "            with open(LOG, 'a') as f:\n                f.write(str(i))\n"
+    )
+    with pytest.raises(gpucell.NotParallelizable, match="line 5 opens `LOG`"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", nested)
+    ip.run_cell(
+        "def note(msg):\n    with open(LOG, 'a') as f:\n        f.write(msg)\n"
+        "    return len(msg)\n"
+    )
+    with pytest.raises(
+        gpucell.NotParallelizable, match=r"`note`, which the loop calls, opens `LOG`"
+    ):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "sizes = []\nfor i in range(6):\n    sizes.append(note(str(i)))\n",
+        )
+    assert not log.exists()
+    # a helper writing a file named by its argument runs
+    ip.user_ns["DIR"] = str(tmp_path)
+    ip.run_cell(
+        "def save(i):\n    with open(f'{DIR}/out{i}.txt', 'w') as f:\n"
+        "        f.write(str(i))\n    return i\n"
+    )
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "done = []\nfor i in range(4):\n    done.append(save(i))\n",
+    )
+    assert ip.user_ns["done"] == [0, 1, 2, 3]
+
+
+def test_a_generator_that_changes_what_the_body_reads_is_refused(ip, cluster):
+    """Drawing the items (all first, here) changes a name the body reads:
+    serially each iteration sees only the items drawn before it."""
+    ip.run_cell(
+        "log = []\ndef gen():\n    for i in range(6):\n        log.append(i)\n"
+        "        yield i\n"
+    )
+    with pytest.raises(
+        gpucell.NotParallelizable, match=r"from the generator `gen` changed `log`"
+    ):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "seen = []\nfor x in gen():\n    seen.append(len(log))\n",
+        )
+    ip.run_cell(
+        "data = [1, 2, 3]\ndef twice():\n    for x in data:\n        yield 2 * x\n"
+    )
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "out = []\nfor x in twice():\n    out.append(x + len(data))\n",
+    )
+    assert ip.user_ns["out"] == [5, 7, 9]
+
+
 def test_functions_the_loop_makes_read_the_notebooks_globals(ip, cluster):
     """``fns.append(lambda: i * 10)``: serially every lambda reads the
     notebook's ``i`` when called (40 after the loop, the classic late

@@ -11,6 +11,7 @@ itself, with Python's own unpacking (``for i, (a, b) in ...``).
 from __future__ import annotations
 
 import ast
+import textwrap
 from types import CodeType
 
 __all__ = [
@@ -105,29 +106,63 @@ def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
     bound = _target_names(loop.target) | _touched(loop.body)
     out: list[tuple[int, str]] = []
     for stmt in _every_iteration(loop.body):
-        for node in _own_nodes(stmt):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "open"
-                and node.args
-            ):
-                continue
-            mode: ast.expr | None = node.args[1] if len(node.args) > 1 else None
-            for kw in node.keywords:
-                if kw.arg == "mode":
-                    mode = kw.value
-            if not (
-                isinstance(mode, ast.Constant)
-                and isinstance(mode.value, str)
-                and _WRITE_MODES & set(mode.value)
-            ):
-                continue
-            path = node.args[0]
-            names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
-            if not names & bound:
-                out.append((node.lineno, ast.unparse(path)))
+        out += _writes(_own_nodes(stmt), bound)
+    # a loop nested in the body may write many times per iteration, under an
+    # `if` of its own too: engines' writes would interleave
+    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            inner = [n for s in node.body for n in ast.walk(s)]
+            out += _writes(inner, bound)
+    return sorted(set(out))
+
+
+def _writes(nodes: list[ast.AST], bound: set[str]) -> list[tuple[int, str]]:
+    """``open(path, mode)`` calls among ``nodes`` that write a path naming
+    nothing in ``bound``."""
+    out: list[tuple[int, str]] = []
+    for node in nodes:
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "open"
+            and node.args
+        ):
+            continue
+        mode: ast.expr | None = node.args[1] if len(node.args) > 1 else None
+        for kw in node.keywords:
+            if kw.arg == "mode":
+                mode = kw.value
+        if not (
+            isinstance(mode, ast.Constant)
+            and isinstance(mode.value, str)
+            and _WRITE_MODES & set(mode.value)
+        ):
+            continue
+        path = node.args[0]
+        names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
+        if not names & bound:
+            out.append((node.lineno, ast.unparse(path)))
     return out
+
+
+def helper_file_writes(source: str) -> list[tuple[int, str]]:
+    """``(line, path text)`` of each file a function's source opens for
+    writing at a path built from none of its parameters or locals (``def
+    log(m): open("run.log", "a").write(m)``): every call writes the same
+    file, so calls from iterations on several engines interleave."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return []
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
+    for extra in (fn.args.vararg, fn.args.kwarg):
+        if extra is not None:
+            params.add(extra.arg)
+    bound = params | _touched(fn.body)
+    return _writes([n for s in fn.body for n in ast.walk(s)], bound)
 
 
 def _every_iteration(body: list[ast.stmt]) -> list[ast.stmt]:

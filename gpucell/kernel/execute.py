@@ -508,6 +508,14 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     values = [eval(code, ns) for code in leaves]
     _refuse_interleaved_generators(plan, values)
     _refuse_duplicate_labels(plan, ns)
+    # a lazy iterable's items are all drawn before any iteration runs (serially
+    # each after the iterations before it): what drawing them changes in the
+    # notebook is checked below
+    lazy = [v for v in values if hasattr(type(v), "__next__")]
+    drawn_from = _input_fingerprints(plan, ns) if lazy else None
+    chunker = make_chunker(space, values)
+    if drawn_from is not None:
+        _refuse_inputs_changed_by_drawing(plan, ns, drawn_from, lazy)
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     _refuse_helpers_reading_what_the_loop_changes(plan, ns, inputs)
     _refuse_one_file_written_by_every_iteration(prep, ns)
@@ -519,7 +527,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
         tuple(shape_of(v) for v in values),
         tuple((k, shape_of(v)) for k, v in sorted(inputs.items())),
     )
-    return _Loop(make_chunker(space, values), inputs, shapes)
+    return _Loop(chunker, inputs, shapes)
 
 
 def _programs(
@@ -619,6 +627,44 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
             )
 
 
+def _input_fingerprints(plan: Any, ns: dict[str, Any]) -> dict[str, Any]:
+    from gpucell.protocol.fingerprint import fingerprint
+
+    return {n: fingerprint(ns[n]) for n in plan.inputs if n in ns}
+
+
+def _refuse_inputs_changed_by_drawing(
+    plan: Any, ns: dict[str, Any], before: dict[str, Any], lazy: list[Any]
+) -> None:
+    """Drawing a generator's items changed a name the body reads (``def
+    gen(): log.append(...); yield ...`` while the body reads ``len(log)``):
+    serially each iteration sees what the items drawn before it changed; here
+    every item was drawn first.  (An input without a fingerprint, an object
+    gpucell cannot summarise, is not checked.)"""
+    from gpucell.errors import NotParallelizable
+
+    after = _input_fingerprints(plan, ns)
+    changed = sorted(
+        n
+        for n, fp in before.items()
+        if fp is not None and (n not in after or after[n] != fp)
+    )
+    if not changed:
+        return
+    what = getattr(getattr(lazy[0], "gi_code", None), "co_name", None)
+    source = f"the generator `{what}`" if what else f"a {type(lazy[0]).__name__}"
+    names = ", ".join(f"`{n}`" for n in changed)
+    raise NotParallelizable(
+        f"%%gpu_parallel: drawing the loop's items from {source} changed {names}, "
+        f"which the loop body reads (line {plan.loop_lines[0]}): serially each "
+        "iteration sees what drawing the items before it changed; here every item "
+        "is drawn first, so the iterations would see another value. Draw the items "
+        "in a cell of their own (`items = list(...)`) and loop over `items`, or run "
+        "the cell without %%gpu_parallel. The items were drawn (as serially, the "
+        "generator ran); nothing of the loop body ran."
+    )
+
+
 def _refuse_helpers_reading_what_the_loop_changes(
     plan: Any, ns: dict[str, Any], inputs: dict[str, Any]
 ) -> None:
@@ -656,6 +702,31 @@ def _refuse_helpers_reading_what_the_loop_changes(
     )
 
 
+def _helper_file_write(plan: Any, ns: dict[str, Any]) -> tuple[str, int, str] | None:
+    """A notebook function the loop calls that writes one fixed file."""
+    import inspect
+    import types
+
+    from gpucell.core.lastitem import helper_file_writes
+
+    for name in plan.inputs:
+        fn = ns.get(name)
+        if not (
+            isinstance(fn, types.FunctionType)
+            and getattr(fn, "__module__", None) == "__main__"
+        ):
+            continue
+        try:
+            source = inspect.getsource(fn)
+        except (OSError, TypeError):
+            continue
+        found = helper_file_writes(source)
+        if found:
+            line, path = found[0]
+            return name, line, path
+    return None
+
+
 def _refuse_one_file_written_by_every_iteration(
     prep: Prepared, ns: dict[str, Any]
 ) -> None:
@@ -667,10 +738,22 @@ def _refuse_one_file_written_by_every_iteration(
     from gpucell.errors import NotParallelizable
 
     plan = prep.plan
-    if plan.kind != "for" or plan.loop_lines is None:
-        return
     if getattr(ns.get("open"), "__module__", None) == "__main__":
         return  # (`open` defined in the notebook: not the builtin's, nor IPython's)
+    helper = _helper_file_write(plan, ns)
+    if helper is not None:
+        name, line, path = helper
+        raise NotParallelizable(
+            f"%%gpu_parallel: `{name}`, which the loop calls, opens `{path}` for "
+            f"writing (line {line} of `{name}`), the same file at every call: "
+            "serially it ends with what the iterations wrote in order; calls on "
+            "engines at once would write it in another order. Return what to "
+            "write and collect it in the loop (`lines.append(...)`), then write "
+            "the file once after it, or give each call its own file. Nothing from "
+            "the loop ran."
+        )
+    if plan.kind != "for" or plan.loop_lines is None:
+        return
     found = prep.code(  # (a re-run does not parse the cell again)
         "shared file writes",
         lambda: shared_file_writes(plan.source, plan.loop_lines[0]),
@@ -679,7 +762,8 @@ def _refuse_one_file_written_by_every_iteration(
         line, path = found[0]
         raise NotParallelizable(
             f"%%gpu_parallel: line {line} opens `{path}` for writing in every "
-            "iteration, the same file each time: serially it ends with what the "
+            "iteration (or in a loop inside it), the same file each time: serially "
+            "it ends with what the "
             "iterations wrote in order (or the last one's, for mode 'w'); engines "
             "writing it at once would leave another order or another iteration's "
             "content. Collect what to write in a list in the loop "
