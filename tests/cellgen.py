@@ -68,6 +68,7 @@ def fresh_namespace() -> dict[str, Any]:
         "obj": _Obj(),
         "vals": list(range(20)),
         "grid": [[j, j + 1] for j in range(20)],
+        "kv": {"p": 1, "q": 2, "r": 3, "s": 4},
         "kg": {0: [], 1: [], 2: []},
         "ks": {"n": 0, "items": []},
         "tracker": Tracker(),
@@ -295,6 +296,11 @@ class _Gen:
         self.counter = 0
         self.refused = False
         self.kinds: list[str] = []
+        # the loop's variable when it is a key (`for c in ('p', 'q')`), and
+        # whether its keys may repeat; one own-key write per body
+        self.key: str | None = None
+        self.key_repeats = False
+        self.key_written = False
 
     def fresh(self, prefix: str = "t") -> str:
         self.counter += 1
@@ -431,6 +437,15 @@ class _Gen:
                                    f"ks['n'] += {e}",
                                    f"ks['items'].append({e})"]))
             ]  # fmt: skip
+        if kind == "own" and self.key is not None:
+            # the iteration's own key (`kv[c] = f(kv[c])`): distinct keys only,
+            # one write, outside nested loops
+            if self.key_written or not top:
+                return [f"out.append({e})"]
+            self.key_written = True
+            if self.key_repeats:
+                self.refused = True  # serially a repeat reads the first write
+            return [f"kv[{self.key}] = kv[{self.key}] * 2 + ({e})"]
         if kind == "own":  # read and write the iteration's own element or row
             if "i" not in avail:
                 return [f"out.append({e})"]
@@ -517,9 +532,14 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
                     ("for i, x in enumerate(xs):", ["i", "x"]),
                     ("for x, y in zip(xs, ys):", ["x"]),
                     ("for i in range(2, n, 3):", ["i"]),
+                    ("for c in ('p', 'q', 'r', 's'):", ["len(c)"]),
+                    ("for c in ['r', 'p', 'r']:", ["len(c)"]),
+                    ("for c in kv.keys():", ["len(c)"]),
                 ]
             )
         )
+        if header.startswith("for c in"):
+            g.key, g.key_repeats = "c", header.count("'r'") > 1
         body = g.block(avail, 0, True, draw(st.integers(1, 6)))
         if (
             header.startswith("for x, y")

@@ -278,6 +278,9 @@ class _Ctx:
         self.sink_reads: dict[str, int] = {}
         # names a nested loop's body binds -> that loop's line (innermost)
         self.loop_stored: dict[str, int] = {}
+        # the loop's variable and iterable when its items are keys that may
+        # repeat (`for c in cols`): the own-item advice names distinct forms
+        self.key_loop: tuple[str, str] | None = None
         # names kept as a running best or first match: "best" / "first"
         self.selections: dict[str, _Selection] = {}
 
@@ -322,7 +325,7 @@ class _Flow:
                 f"parallel an iteration sees only its own contributions, not those "
                 f"of earlier iterations. "
                 + (
-                    _own_key_fix(n)
+                    _own_key_fix(n, c.key_loop)
                     if cand.cls == WRITE
                     else f"Use `{n}` only after the loop (or give the running "
                     f"value another name inside the loop)."
@@ -1145,8 +1148,23 @@ def _row_depth_fix(name: str) -> str:
     )
 
 
-def _own_key_fix(name: str) -> str:
-    """Advice for ``for k in d: d[k] = f(d[k])``: forms that are accepted."""
+def _own_key_fix(name: str, key_loop: tuple[str, str] | None = None) -> str:
+    """Advice for ``for k in d: d[k] = f(d[k])``: forms that are accepted;
+    ``key_loop``: the loop's variable and iterable when its items are keys
+    that may repeat (``for c in cols``)."""
+    if key_loop is not None and name not in _identifiers(key_loop[1]):
+        k, it = key_loop
+        return (
+            f"`{name}[{k}]` is each iteration's own item only when no two items "
+            f"of `{it}` are equal (serially a repeated key's second write would "
+            f"read what the first wrote), which the cell does not show: loop "
+            f"over keys that cannot repeat: `{name}.items()` (`for {k}, v in "
+            f"{name}.items(): {name}[{k}] = f(v)`), `{name}.columns` (or a slice "
+            f"of it, or `{name}.select_dtypes(...).columns`) for a DataFrame, "
+            f"`dict.fromkeys({it})`, or a literal list of distinct keys "
+            f"(`for {k} in ['a', 'b']:`); or write into another name (`new[{k}] "
+            f"= f({name}[{k}])`) and apply it after the loop."
+        )
     return (
         f"If each iteration reads and writes only its own item, loop over "
         f"`{name}.items()` (`for k, v in {name}.items(): {name}[k] = f(v)`) for "
@@ -1154,6 +1172,11 @@ def _own_key_fix(name: str) -> str:
         f"another name (`new[k] = f({name}[k])`) and apply it after the loop "
         f"(`for k, v in new.items(): {name}[k] = v`)."
     )
+
+
+def _identifiers(text: str) -> set[str]:
+    tree = ast.parse(text, mode="eval")
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _setdefault_fix(call: ast.Call, name: str) -> str:
@@ -1464,6 +1487,92 @@ def _labels_owner(loop_iter: ast.expr | None) -> str | None:
     return base.id if isinstance(base, ast.Name) else "<expression>"
 
 
+#: calls whose items are distinct by construction (hash-equal items collapse)
+_DISTINCT_MAKERS = frozenset({"set", "frozenset"})
+#: builtins that keep the items of a distinct iterable distinct
+_DISTINCT_KEEPERS = frozenset({"sorted", "list", "tuple", "reversed"})
+
+
+def _columns_of(e: ast.expr) -> str | None:
+    """``X`` for ``X.columns``, ``X.columns[a:b]``, ``X.columns.tolist()``,
+    ``X.columns.drop(...)``, ``X.select_dtypes(...).columns``, ``X.keys()``:
+    labels of ``X``'s columns (or a dict's keys), distinct when ``X``'s are
+    (which the kernel checks for a written ``X``), else ``None``."""
+    while True:
+        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Slice):
+            e = e.value  # a slice keeps them distinct (not a list of positions)
+        elif (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Attribute)
+            and e.func.attr in ("tolist", "to_list", "drop")
+        ):
+            e = e.func.value  # (a subset, in order)
+        else:
+            break
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
+        if e.func.attr == "keys" and not e.args and not e.keywords:
+            base = e.func.value
+            return base.id if isinstance(base, ast.Name) else None
+    if not (isinstance(e, ast.Attribute) and e.attr == "columns"):
+        return None
+    base = e.value
+    if (
+        isinstance(base, ast.Call)
+        and isinstance(base.func, ast.Attribute)
+        and base.func.attr == "select_dtypes"
+    ):
+        base = base.func.value
+    return base.id if isinstance(base, ast.Name) else None
+
+
+def _distinct_items(
+    e: ast.expr, is_builtin: Callable[[str], bool]
+) -> tuple[bool, str | None]:
+    """Whether every item of the iterable ``e`` is a key no other item equals,
+    and of which name's labels that depends on: ``(True, None)`` for a
+    literal of distinct constants, ``set(...)``, ``dict.fromkeys(...)`` (and
+    ``sorted``/``list``/``tuple`` of those); ``(True, "X")`` for ``X``'s
+    columns; ``(False, None)`` when items may repeat (``for c in cols``)."""
+    if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
+        if not all(isinstance(v, ast.Constant) for v in e.elts):
+            return False, None
+        values = [v.value for v in e.elts]  # type: ignore[attr-defined]
+        return len(set(values)) == len(values), None
+    if isinstance(e, ast.Call) and not e.keywords:
+        f = e.func
+        if isinstance(f, ast.Name) and is_builtin(f.id) and len(e.args) == 1:
+            if f.id in _DISTINCT_MAKERS:
+                return True, None
+            if f.id in _DISTINCT_KEEPERS:
+                return _distinct_items(e.args[0], is_builtin)
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "fromkeys"
+            and isinstance(f.value, ast.Name)
+            and f.value.id == "dict"
+            and is_builtin("dict")
+            and len(e.args) == 1
+        ):
+            return True, None
+    owner = _columns_of(e)
+    return owner is not None, owner
+
+
+def _own_key(
+    loop_target: ast.expr, loop_iter: ast.expr | None, is_builtin: Callable[[str], bool]
+) -> tuple[str, str | None] | None:
+    """``(k, owner)`` when the loop's variable ``k`` is a distinct key in
+    every iteration, not a position: a column of ``owner``'s (``for c in
+    df.columns``) or one of a literal list of distinct names (``for c in
+    ["a", "b"]``, ``owner`` ``None``).  ``for c in cols`` is not: a list's
+    items may repeat, and serially the second ``df[c] = f(df[c])`` would read
+    what the first wrote."""
+    if loop_iter is None or not isinstance(loop_target, ast.Name):
+        return None
+    distinct, owner = _distinct_items(loop_iter, is_builtin)
+    return (loop_target.id, owner) if distinct else None
+
+
 def _is_own_key(key: ast.expr, i: str) -> bool:
     """``i``, or a tuple led by ``i`` (``a[i, 0]``, ``df.at[i, "c"]``): the
     iteration's own row."""
@@ -1487,12 +1596,18 @@ def _own_elements(
     reads it only before writing it, so it sees the value from before the loop,
     serially as on an engine."""
     i = _own_index(loop_target, loop_iter, is_builtin)
+    # labels (`X.index`, `X.iterrows()`, `X.items()`, `X.columns`) are distinct
+    # only when X's labels are unique, which the kernel checks for the written
+    # sink: so they are the own index of X alone, never of another name
+    # written with them
+    labels_of = _labels_owner(loop_iter)
+    if i is None:
+        # a distinct key (`for c in df.columns: df[c] = df[c].fillna(0)`)
+        key = _own_key(loop_target, loop_iter, is_builtin)
+        if key is not None:
+            i, labels_of = key
     if i is None or i in bound:  # `bound`: what the body itself assigns
         return {}
-    # labels (`X.index`, `X.iterrows()`, `X.items()`) are distinct only when X's
-    # index is unique, which the kernel checks for the written sink: so they are
-    # the own index of X alone, never of another name written with them
-    labels_of = _labels_owner(loop_iter)
     in_loops = {
         id(s)
         for outer in block_statements(body)
@@ -1821,6 +1936,13 @@ def classify_body(
     ctx.own_elements = own_elements
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
+    if (
+        isinstance(loop_target, ast.Name)
+        and loop_iter is not None
+        and _own_index(loop_target, loop_iter, is_builtin) is None
+        and _own_key(loop_target, loop_iter, is_builtin) is None
+    ):
+        ctx.key_loop = (loop_target.id, ast.unparse(loop_iter))
     flow = _Flow(ctx)
     entry: State = frozenset(n.id for n in target_names(loop_target))
     for part in target_parts(loop_target):

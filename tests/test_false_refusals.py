@@ -1,0 +1,141 @@
+"""Safe loops that were refused or stopped (issue 28 §3, falsely stopped), each
+compared with its serial run on a real cluster, and the neighbouring unsafe
+shapes refused with a message that says why.
+
+- an own column or key: ``for c in df.columns: df[c] = df[c].fillna(...)``,
+  a literal list of distinct names, ``dict.fromkeys(cols)``; not ``for c in
+  cols`` (its items may repeat);
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_parallel import assert_serial_equivalent
+
+from gpucell.core.analysis import analyse
+from gpucell.errors import NotParallelizable
+
+
+def refused(src: str) -> dict[tuple[str, str], str]:
+    """The refusals of a cell (analysis only): ``{(name, kind): text}``."""
+    p = analyse(textwrap.dedent(src), raise_errors=False)
+    assert p.diagnostics, "expected a refusal"
+    return {(d.name, d.kind): d.text for d in p.diagnostics}
+
+
+def accepted(src: str):
+    p = analyse(textwrap.dedent(src), raise_errors=False)
+    assert not p.diagnostics, [d.text for d in p.diagnostics]
+    return p
+
+
+def frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "a": [1.0, np.nan, 3.0, 4.0, np.nan, 6.0],
+            "b": [np.nan, 2.0, 2.0, np.nan, 5.0, 1.0],
+            "c": [1, 2, 3, 4, 5, 6],
+            "name": list("uvwxyz"),
+        }
+    )
+
+
+# -- own columns and keys ---------------------------------------------------------
+
+OWN_KEYS = {
+    "frame's columns, fillna with the column's mean": (
+        "for c in df.select_dtypes('number').columns:\n"
+        "    df[c] = df[c].fillna(df[c].mean())\n",
+        lambda: {"df": frame()},
+    ),
+    "literal list of names, standardised": (
+        "for c in ['a', 'b', 'c']:\n"
+        "    mu = df[c].mean()\n"
+        "    df[c] = (df[c] - mu) / df[c].std()\n",
+        lambda: {"df": frame()},
+    ),
+    "a slice of the columns": (
+        "for col in df.columns[:2]:\n    df[col] = df[col].fillna(0).cumsum()\n",
+        lambda: {"df": frame()},
+    ),
+    "a slice of the columns as a list, less one": (
+        "for c in df.columns.drop('name').tolist()[1:]:\n"
+        "    df[c] = df[c].fillna(-1)\n",
+        lambda: {"df": frame()},
+    ),
+    "a tuple literal of keys": (
+        "for k in ('x', 'y'):\n    d[k] = d[k] * 2 + str(len(d[k]))\n",
+        lambda: {"d": {"x": "ab", "y": "cde", "z": "f"}},
+    ),
+    "dict.fromkeys of a list that repeats a name": (
+        "for c in dict.fromkeys(cols):\n    df[c] = df[c].clip(lower=2)\n",
+        lambda: {"df": frame(), "cols": ["a", "c", "a"]},
+    ),
+    "a dict's keys": (
+        "for k in cfg.keys():\n    cfg[k] = str(cfg[k]).upper()\n",
+        lambda: {"cfg": {"lr": 0.1, "opt": "adam", "n": 3}},
+    ),
+    "sorted set of labels": (
+        "for k in sorted(set(labels)):\n    counts[k] = counts[k] + labels.count(k)\n",
+        lambda: {"labels": list("abcabca"), "counts": {"a": 10, "b": 20, "c": 0}},
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(OWN_KEYS))
+def test_own_columns_and_keys_match_the_serial_run(ip, cluster, case) -> None:
+    cell, ns = OWN_KEYS[case]
+    accepted(cell)
+    assert_serial_equivalent(ip, cell, ns())  # (frames: values, dtypes, axes)
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "for c in cols:\n    df[c] = df[c].fillna(df[c].mean())\n",
+        "for c in ['a', 'b', 'a']:\n    df[c] = df[c] * 2\n",
+        "for c in sorted(cols):\n    df[c] = df[c] + 1\n",
+        "for c in df.columns[[0, 0]]:\n    df[c] = df[c] + 1\n",
+        "for c in df.columns.repeat(2):\n    df[c] = df[c] + 1\n",
+        # another frame's columns: its labels say nothing of `df`'s
+        "for c in other.columns:\n    df[c] = df[c] + 1\n",
+        # a selection may repeat a column (`df[['a', 'a']]`)
+        "for c in df[sel].columns:\n    df[c] = df[c] + 1\n",
+    ],
+)
+def test_keys_that_may_repeat_are_refused(src: str) -> None:
+    assert ("df", "sink-read") in refused(src)
+
+
+def test_the_refusal_for_a_list_of_names_says_why_and_what_works() -> None:
+    text = refused("for c in cols:\n    df[c] = df[c].fillna(df[c].mean())\n")[
+        ("df", "sink-read")
+    ]
+    assert "only when no two items of `cols` are equal" in text
+    assert "`df.columns`" in text and "`dict.fromkeys(cols)`" in text
+    assert "`for c, v in df.items(): df[c] = f(v)`" in text
+    # each form it names is accepted
+    for header in (
+        "for c in df.columns:",
+        "for c in dict.fromkeys(cols):",
+        "for c in ['a', 'b']:",
+    ):
+        accepted(header + "\n    df[c] = df[c].fillna(df[c].mean())\n")
+    accepted("for c, v in df.items():\n    df[c] = v.fillna(v.mean())\n")
+
+
+@pytest.mark.cluster
+def test_a_frame_with_a_repeated_column_is_refused_before_the_loop(ip, cluster):
+    df = pd.DataFrame([[1.0, 2.0, 3.0]], columns=["a", "a", "b"])
+    ip.user_ns["df"] = df
+    with pytest.raises(NotParallelizable, match="duplicate labels"):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for c in df.columns:\n    df[c] = df[c] * 2\n"
+        )
+    assert ip.user_ns["df"] is df
+    assert df.values.tolist() == [[1.0, 2.0, 3.0]]
