@@ -8,6 +8,7 @@ connected to is assigned one later with :func:`assign_device`.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import importlib
 import os
@@ -175,6 +176,59 @@ def interrupts_held() -> Iterator[None]:
     try:
         yield
     finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def importing() -> bool:
+    """Is a module being imported in this process right now (its code half
+    run)?  importlib marks a module's spec ``_initializing`` while it runs."""
+    for module in list(sys.modules.values()):
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and getattr(spec, "_initializing", False):
+            return True
+    return False
+
+
+#: seconds between looks at whether an import an interrupt waits for is done
+IMPORT_RECHECK = 0.05
+
+
+@contextlib.contextmanager
+def imports_finish_first() -> Iterator[None]:
+    """An interrupt (a cancelled or timed-out cell) that arrives while the
+    chunk imports a module waits until the import is done.  Cut in half, an
+    import leaves the engine with a package whose submodules are loaded but not
+    attached (``module 'sympy' has no attribute 'printing'``) or a C library
+    registered twice (``Only a single TORCH_LIBRARY``) in every later cell.
+    Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    active = [True]
+
+    def again() -> None:
+        if active[0]:
+            _thread.interrupt_main()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if importing():
+            timer = threading.Timer(IMPORT_RECHECK, again)
+            timer.daemon = True
+            timer.start()
+            return
+        if previous is signal.SIG_IGN:
+            return
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        active[0] = False
         signal.signal(signal.SIGINT, previous)
 
 

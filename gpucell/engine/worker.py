@@ -786,7 +786,7 @@ def run(
             to_host.sink = behind.add
         payload: ChunkResult | ChunkError
         try:
-            with logs.Capture(st.log_levels) as logged:
+            with logs.Capture(st.log_levels) as logged, runtime.imports_finish_first():
                 result = run_chunk(
                     st.program,
                     st.inputs,
