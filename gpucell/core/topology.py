@@ -21,7 +21,10 @@ from gpucell.errors import DeviceSelectionError
 from gpucell.protocol.devices import THREAD_ENV_VARS, Device
 
 __all__ = [
+    "ENGINES_PER_CORE",
+    "MAX_ENGINES",
     "EngineSpec",
+    "engine_limit",
     "parse_gpu_selection",
     "plan_engines",
     "thread_env",
@@ -38,6 +41,27 @@ class EngineSpec:
     env: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     cpu_affinity: tuple[int, ...] = ()
     threads: int = 1
+
+
+#: a host's engines at most: this many per core (an engine is a process of its
+#: own, ~100 MB before it imports anything), and never more than MAX_ENGINES,
+#: unless the host has more GPUs than that (one engine each is always allowed)
+ENGINES_PER_CORE = 4
+MAX_ENGINES = 1024
+
+
+def engine_limit(cores: int, gpus: int = 0) -> int:
+    """The most engines a local cluster may have on a host with ``cores`` cores
+    and ``gpus`` GPUs."""
+    return max(min(ENGINES_PER_CORE * max(1, cores), MAX_ENGINES), gpus)
+
+
+def _too_many(option: str, value: int, limit: int, cores: int) -> DeviceSelectionError:
+    return DeviceSelectionError(
+        f"{option} {value}: at most {limit} engines on this host "
+        f"({ENGINES_PER_CORE} per core of its {cores}, {MAX_ENGINES} at most; each "
+        f"engine is a process of its own). Pass {option} {limit} or less."
+    )
 
 
 def parse_gpu_selection(spec: str | Sequence[int] | None) -> str | tuple[int, ...]:
@@ -122,6 +146,15 @@ def plan_engines(
         raise DeviceSelectionError(f"--per-gpu {per_gpu}: must be at least 1.")
     if cpu_engines < 0:
         raise DeviceSelectionError(f"--cpu-engines {cpu_engines}: must be >= 0.")
+    # before anything is planned: -n 10**8 once built 10**8 specs (12 GB)
+    limit = engine_limit(len(cores), len(gpus))
+    for option, value in (
+        ("-n", n),
+        ("--per-gpu", per_gpu),
+        ("--cpu-engines", cpu_engines),
+    ):
+        if value is not None and value > limit:
+            raise _too_many(option, value, limit, len(cores))
     by_index = {g.index: g for g in gpus}
     if select == "none":
         chosen: list[Device] = []
@@ -149,6 +182,13 @@ def plan_engines(
     all_idx = [g.index for g in gpus]
     n_cpu = cpu_engines if chosen else (n if n is not None else max(1, len(cores)))
     total = len(chosen) * per_gpu + n_cpu
+    if total > limit:
+        raise DeviceSelectionError(
+            f"{len(chosen)} GPU(s) × --per-gpu {per_gpu} + {n_cpu} CPU engine(s) = "
+            f"{total} engines: at most {limit} on this host ({ENGINES_PER_CORE} "
+            f"per core of its {len(cores)}, {MAX_ENGINES} at most). Lower --per-gpu "
+            "or --cpu-engines."
+        )
     threads = max(1, len(cores) // total) if cores else 1
     specs: list[EngineSpec] = []
     for g in chosen:

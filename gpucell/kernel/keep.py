@@ -42,39 +42,97 @@ _TRAILER = struct.Struct("<QI")  # body length, crc32 of the body
 
 
 def check_folder(root: str | os.PathLike[str]) -> None:
-    """Refuse a ``--checkpoint`` folder this kernel's user cannot trust: kept
-    chunks are unpickled, so a folder another user owns, or may write into,
-    could make this kernel run that user's code.  Checked before the prelude
-    runs (a missing folder is made later, 0700)."""
-    from gpucell.errors import CheckpointRefused
+    """Refuse a ``--checkpoint`` folder this kernel's user cannot trust or
+    use, before the prelude runs (:class:`gpucell.errors.CheckpointRefused`,
+    saying what, where and how to fix it).
 
-    path = Path(root).expanduser()
-    for p in (path, *path.glob("cell-*")):
+    Kept chunks are unpickled, so a folder another user owns, or may write
+    into, could make this kernel run that user's code.  A path that cannot be
+    a folder here (``~user`` of no user, a name longer than the file system
+    takes, something under ``/proc`` or a read-only folder) would only fail
+    once the loop runs, after the prelude: the folder is made (0700) and a file
+    written in it now, and both are removed again (the run makes it anew).
+    """
+    import stat
+
+    from gpucell.errors import CheckpointRefused
+    from gpucell.kernel.usage import path_problem, shorten
+
+    text = os.fspath(root)
+    shown = shorten(text) if len(text) > 60 else text
+    problem = path_problem(text)
+    if problem:
+        raise CheckpointRefused(f"--checkpoint {shown}: {problem} Nothing ran.")
+    path = Path(text).expanduser()
+    try:
+        found = [path, *path.glob("cell-*")] if path.is_dir() else [path]
+    except OSError as e:
+        raise CheckpointRefused(
+            f"--checkpoint {shown}: cannot read {path} ({e.strerror}). Name a "
+            "folder of yours. Nothing ran."
+        ) from None
+    for p in found:
         try:
             st = os.lstat(p)
         except FileNotFoundError:
             continue
         except OSError as e:
             raise CheckpointRefused(
-                f"--checkpoint {root}: cannot read {p} ({e.strerror}). Name a "
+                f"--checkpoint {shown}: cannot read {p} ({e.strerror}). Name a "
                 "folder of yours. Nothing ran."
             ) from None
-        import stat
-
         if not stat.S_ISDIR(st.st_mode):
             raise CheckpointRefused(
-                f"--checkpoint {root}: {p} is not a folder. Name a folder of "
+                f"--checkpoint {shown}: {p} is not a folder. Name a folder of "
                 "yours (it is made if missing). Nothing ran."
             )
         if st.st_uid != os.getuid() or st.st_mode & 0o022:
             who = "another user" if st.st_uid != os.getuid() else "you"
             raise CheckpointRefused(
-                f"--checkpoint {root}: {p} is owned by {who} and writable by "
+                f"--checkpoint {shown}: {p} is owned by {who} and writable by "
                 f"{'others' if st.st_mode & 0o022 else 'its owner'} (mode "
                 f"{stat.S_IMODE(st.st_mode):o}); kept chunks are unpickled, so "
                 "gpucell loads them only from folders that are yours alone. "
                 "Use a folder of yours (`chmod go-w` it). Nothing ran."
             )
+    _check_writable(path, shown)
+
+
+def _check_writable(path: Path, shown: str) -> None:
+    """Make ``path`` (0700, with its missing parents) and a file in it, then
+    remove what was made: a ``CheckpointRefused`` naming the step that failed."""
+    from gpucell.errors import CheckpointRefused
+    from gpucell.protocol import private
+
+    missing: list[Path] = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    made: list[Path] = []
+    step = f"create {missing[-1]}" if missing else f"write a file in {path}"
+    try:
+        for folder in reversed(missing):
+            step = f"create {folder}"
+            os.mkdir(folder, 0o700)
+            made.append(folder)
+        step = f"write a file in {path}"
+        probe = path / f".gpucell-probe-{os.urandom(8).hex()}"
+        os.close(private.create(probe))
+        os.unlink(probe)
+    except OSError as e:
+        where = f" ({p} exists)" if missing else ""
+        raise CheckpointRefused(
+            f"--checkpoint {shown}: cannot {step}{where}: {e.strerror or e}. "
+            "Name a folder you can write to (it is made if missing, 0700), "
+            "for example ~/checkpoints. Nothing ran."
+        ) from None
+    finally:
+        for folder in reversed(made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
 
 
 def content_digest(value: Any) -> str | None:
@@ -174,8 +232,10 @@ class Checkpoint:
         ranges than ``keep`` (what this run resumes from) are removed: an
         earlier run's, of another key or with other chunks, would otherwise
         overlap this run's on disk."""
+        from gpucell.protocol import private
+
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.folder.mkdir(mode=0o700, exist_ok=True)
+        private.make_folder(self.folder)  # 0700, never a planted link
         manifest = self.folder / "cell.json"
         wanted = {f"chunk-{a:012d}-{b:012d}.bin" for a, b in keep}
         if self._key() != key:

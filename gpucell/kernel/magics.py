@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -115,6 +114,38 @@ Usage:
 """
 
 
+def _check(cmd: str, args: Any) -> None:
+    """Every option of ``%gpu_cluster <cmd>`` within its limits, before anything
+    starts (:mod:`gpucell.kernel.usage`; ``-n``, ``--per-gpu`` and
+    ``--cpu-engines`` are bounded by the host's cores where the engines are
+    planned, :func:`gpucell.core.topology.engine_limit`)."""
+    from gpucell.kernel import usage
+
+    m = f"%gpu_cluster {cmd}"
+    for option, value in vars(args).items():
+        if isinstance(value, str) and len(value) > usage.PATH_MAX:
+            flag = "--" + option.replace("_", "-")
+            raise UsageError(
+                f"{m} {flag}: {len(value):,} characters; at most "
+                f"{usage.PATH_MAX:,} are taken. Pass a shorter value. Nothing ran."
+            )
+    usage.check_seconds(
+        m, "--timeout", getattr(args, "timeout", None), usage.MAX_START_TIMEOUT
+    )
+    usage.check_name(m, "--profile", getattr(args, "profile", None))
+    usage.check_name(m, "--cluster-id", getattr(args, "cluster_id", None))
+    usage.check_path(m, "--file", getattr(args, "file", None))
+    usage.check_path(m, "--ssh-key", getattr(args, "ssh_key", None))
+    if cmd == "start":
+        usage.check_ids(m, "--gpus", args.gpus, ("all", "none"))
+        usage.check_int(m, "--nodes", args.nodes, 1, usage.MAX_NODES)
+        usage.check_int(
+            m, "--gpus-per-node", args.gpus_per_node, 1, usage.MAX_GPUS_PER_NODE
+        )
+    elif cmd == "select":
+        usage.check_ids(m, "engines", args.engines, ("all",))
+
+
 @magics_class
 class GpuClusterMagics(Magics):
     """``%gpu_cluster``: start, connect to, inspect and stop a GPU cluster."""
@@ -161,11 +192,9 @@ class GpuClusterMagics(Magics):
         Defaults come from ``%config GpuCell`` (e.g. ``%config GpuCell.per_gpu = 2``).
         """
         from gpucell.cluster import lifecycle as api
+        from gpucell.kernel.usage import split_line
 
-        try:
-            argv = shlex.split(line)
-        except ValueError as e:
-            raise UsageError(f"%gpu_cluster: {e}") from None
+        argv = split_line("%gpu_cluster", line)
         if not argv:
             raise UsageError("%gpu_cluster needs a command.\n" + _USAGE)
         cmd, rest = argv[0], argv[1:]
@@ -173,6 +202,7 @@ class GpuClusterMagics(Magics):
         if cmd not in parsers:
             raise UsageError(f"%gpu_cluster: unknown command {cmd!r}.\n" + _USAGE)
         args = parsers[cmd].parse_args(rest)
+        _check(cmd, args)
         try:
             if cmd == "start":
                 slurm = None

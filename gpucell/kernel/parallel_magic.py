@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -26,6 +25,41 @@ class _Once(argparse.Action):
             )
         setattr(namespace, f"_seen_{self.dest}", True)
         setattr(namespace, self.dest, values)
+
+
+def _checked_args(magics: Any, line: str, cell: str) -> Any:
+    """The magic line's options, every one checked before anything runs
+    (:mod:`gpucell.kernel.usage`): a ``UsageError`` (or ``CheckpointRefused``)
+    naming the option and the fix, the namespace untouched."""
+    from gpucell.kernel import usage
+    from gpucell.kernel.keep import check_folder
+
+    m = "%%gpu_parallel"
+    usage.split_line(m, line)  # an unbalanced quote, said as such
+    args = parse_argstring(magics.gpu_parallel, line)
+    usage.check_int(
+        m, "--chunksize", args.chunksize, 1, usage.MAX_CHUNKSIZE, "iterations a chunk"
+    )
+    usage.check_int(
+        m,
+        "--retries",
+        args.retries,
+        0,
+        usage.MAX_RETRIES,
+        "0: a chunk lost with its engine is not re-run",
+    )
+    usage.check_int(
+        m, "--seed", args.seed, 0, usage.MAX_SEED, "what numpy.random.seed takes"
+    )
+    usage.check_seconds(m, "--timeout", args.timeout, usage.MAX_CELL_TIMEOUT)
+    usage.check_ids(m, "--devices", args.devices, ("cpu",))
+    usage.check_ids(m, "--targets", args.targets)
+    if args.devices and args.targets:
+        raise UsageError("%%gpu_parallel: give --devices or --targets, not both.")
+    if args.checkpoint is not None:
+        check_folder(args.checkpoint)  # CheckpointRefused: what, where, the fix
+    usage.refuse_ipython_syntax_in_loop(magics.shell, cell)
+    return args
 
 
 @magics_class
@@ -125,25 +159,7 @@ class GpuParallelMagics(Magics):
         """
         from gpucell.kernel.execute import CellRequest, run_cell
 
-        args = parse_argstring(self.gpu_parallel, line)
-        if args.chunksize is not None and args.chunksize < 1:
-            raise UsageError(
-                f"%%gpu_parallel --chunksize {args.chunksize}: must be at least 1."
-            )
-        if args.retries is not None and args.retries < 0:
-            raise UsageError(
-                f"%%gpu_parallel --retries {args.retries}: must be 0 or more "
-                "(0: a chunk lost with its engine is not re-run)."
-            )
-        if args.timeout is not None and not (
-            math.isfinite(args.timeout) and args.timeout > 0
-        ):
-            raise UsageError(
-                f"%%gpu_parallel --timeout {args.timeout}: must be a number of "
-                "seconds > 0 (leave it out for no timeout)."
-            )
-        if args.devices and args.targets:
-            raise UsageError("%%gpu_parallel: give --devices or --targets, not both.")
+        args = _checked_args(self, line, cell)
         req = CellRequest(
             devices=args.devices,
             targets=args.targets,
