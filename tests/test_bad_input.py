@@ -215,12 +215,29 @@ def test_a_5000_character_checkpoint_name(ip, no_cluster_started, tmp_path):
     assert "a name in it is 300 bytes long" in msg
 
 
-def test_a_checkpoint_of_a_user_that_does_not_exist(ip, no_cluster_started):
+@pytest.mark.parametrize("quote", ["", "'", '"'])
+def test_a_checkpoint_of_a_user_that_does_not_exist(ip, no_cluster_started, quote):
     cwd = set(os.listdir("."))
-    msg = refused_cell(ip, "--checkpoint ~nosuchuser/x", error=CheckpointRefused)
+    line = f"--checkpoint {quote}~nosuchuser/x{quote}"
+    msg = refused_cell(ip, line, error=CheckpointRefused)
     assert "--checkpoint ~nosuchuser/x" in msg
     assert "no user 'nosuchuser'" in msg and "~/ for your own home" in msg
-    assert set(os.listdir(".")) == cwd  # no folder named '~nosuchuser' made here
+    assert set(os.listdir(".")) == cwd  # no folder named "'~nosuchuser" made here
+
+
+def test_a_quoted_checkpoint_path_loses_its_quotes(ip, cluster, tmp_path):
+    where = tmp_path / "with space"
+    cwd = set(os.listdir("."))
+    ip.user_ns["xs"] = list(range(6))
+    ip.run_cell_magic(
+        "gpu_parallel",
+        f"--quiet --checkpoint '{where}'",
+        "out = []\nfor x in xs:\n    out.append(x * x)\n",
+    )
+    assert ip.user_ns.pop("out") == [x * x for x in range(6)]
+    # kept quotes made the path relative: a folder "'" in the working folder
+    assert set(os.listdir(".")) == cwd
+    ip.user_ns.pop("xs")
 
 
 def test_a_checkpoint_in_proc(ip, no_cluster_started):

@@ -7,7 +7,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpucell.errors import ClusterError, DeviceSelectionError
 
@@ -35,8 +35,9 @@ def _checked_args(magics: Any, line: str, cell: str) -> Any:
     from gpucell.kernel.keep import check_folder
 
     m = "%%gpu_parallel"
-    usage.split_line(m, line)  # an unbalanced quote, said as such
-    args = parse_argstring(magics.gpu_parallel, line)
+    # shell quoting, as %gpu_cluster's: IPython's own split keeps the quotes
+    # (--checkpoint '~u/x' made a folder named "'~u" in the working folder)
+    args = magics.gpu_parallel.parser.parse_args(usage.split_line(m, line))
     usage.check_int(
         m, "--chunksize", args.chunksize, 1, usage.MAX_CHUNKSIZE, "iterations a chunk"
     )
