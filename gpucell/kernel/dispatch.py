@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from gpucell.cluster.lifecycle import GpuCluster
 from gpucell.core.provenance import ChunkRecord, LastRun, iteration_seconds
@@ -942,83 +942,123 @@ class Run(InputShipping):
             return self._execute(pressed)
 
     def _execute(self, pressed: list[int]) -> list[Any]:
-        options, sched = self.options, self.sched
-        deadline = self.t0 + options.timeout if options.timeout else None
-        last_check = 0.0
+        """The blocking drive: :meth:`begin`, :meth:`step` until finished,
+        :meth:`end`.  (A caller on the kernel's event loop makes the same
+        calls from callbacks instead.)"""
         try:
-            try:
-                self.submit()
-                while not sched.finished:
-                    if pressed:
-                        pressed.clear()
-                        raise _Interrupted("interrupt")
-                    if deadline is not None and time.perf_counter() > deadline:
-                        raise _Interrupted("timeout")
-                    self._check_stopping()
-                    # trials waiting on a verdict are heard every 5 ms
-                    wait = 0.005 if self._awaiting_verdict() else 0.05
-                    done = self._take_ready(wait)
-                    self.output.poll(self.inflight)
-                    if self.telemetry is not None:
-                        self.telemetry.poll(self.inflight)
-                    for ar in done:
-                        self.on_done(ar)
-                    self._hear_trials()
-                    now = time.perf_counter()
-                    if now - last_check > 0.2 or not self.inflight:
-                        last_check = now
-                        check = getattr(self.gc, "check_controller", None)
-                        if check is not None:
-                            check()
-                        self._join_restarted()
-                        for eid in sched.alive:
-                            if not _engine_alive(self.gc, eid):
-                                self.on_lost(eid)
-                            elif (why := self._hung(eid, now)) is not None:
-                                self._end_hung(eid, why)
-                    self.submit()
-                    self._call_for_rests()
-                    self.report()
-                    restarts = self._restarts()
-                    if not self.inflight and not sched.finished:
-                        if restarts is not None and restarts.pending:
-                            time.sleep(0.05)
-                            continue  # an engine is coming back for the rest
-                        raise EnginesLost(
-                            "No work in flight and the loop is not finished."
-                        )
-            except KeyboardInterrupt:
-                raise _Interrupted("interrupt") from None
-        except _Interrupted as stop:
-            self.cancel()
-            self._finish("timeout" if stop.reason == "timeout" else "interrupted")
-            if stop.reason == "timeout":
-                raise CellTimeout(
-                    f"%%gpu_parallel --timeout {options.timeout:g} s reached after "
-                    f"{sched.done_iterations} of {self.n} iterations; outstanding "
-                    "work was cancelled and nothing was merged."
+            self.begin()
+            while not self.sched.finished:
+                if pressed:
+                    pressed.clear()
+                    raise _Interrupted("interrupt")
+                self.step()
+        except BaseException as e:
+            self.abort(e)
+        return self.end()
+
+    def begin(self) -> None:
+        """Send the first chunks (the inputs ride along)."""
+        options = self.options
+        self._deadline = self.t0 + options.timeout if options.timeout else None
+        self._last_check = 0.0
+        self.submit()
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.sched.finished)
+
+    def step(self, wait: float | None = None) -> None:
+        """One turn of the run: take what finished (waiting at most ``wait``
+        seconds, by default 5 ms while trials await a verdict, else 50 ms),
+        notice lost, hung and restarted engines, send what is next.  Raises
+        what ends the run early (a timeout, lost engines, an iteration's
+        error); the caller passes it to :meth:`abort`."""
+        sched = self.sched
+        deadline = getattr(self, "_deadline", None)
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _Interrupted("timeout")
+        self._check_stopping()
+        if wait is None:  # trials waiting on a verdict are heard every 5 ms
+            wait = 0.005 if self._awaiting_verdict() else 0.05
+        done = self._take_ready(wait)
+        self.output.poll(self.inflight)
+        if self.telemetry is not None:
+            self.telemetry.poll(self.inflight)
+        for ar in done:
+            self.on_done(ar)
+        self._hear_trials()
+        now = time.perf_counter()
+        if now - self._last_check > 0.2 or not self.inflight:
+            self._last_check = now
+            check = getattr(self.gc, "check_controller", None)
+            if check is not None:
+                check()
+            self._join_restarted()
+            for eid in sched.alive:
+                if not _engine_alive(self.gc, eid):
+                    self.on_lost(eid)
+                elif (why := self._hung(eid, now)) is not None:
+                    self._end_hung(eid, why)
+        self.submit()
+        self._call_for_rests()
+        self.report()
+        restarts = self._restarts()
+        if not self.inflight and not sched.finished:
+            if restarts is not None and restarts.pending:
+                time.sleep(0.05)
+                return  # an engine is coming back for the rest
+            raise EnginesLost("No work in flight and the loop is not finished.")
+
+    def abort(self, error: BaseException) -> NoReturn:
+        """The run ends early: outstanding work is cancelled, engines left
+        idle, nothing returned; raises what the user sees (a timeout, an
+        interrupt, or ``error`` itself)."""
+        options, sched = self.options, self.sched
+        stop = error
+        if isinstance(error, KeyboardInterrupt):
+            stop = _Interrupted("interrupt")
+        try:
+            if isinstance(stop, _Interrupted):
+                self.cancel()
+                self._finish("timeout" if stop.reason == "timeout" else "interrupted")
+                if stop.reason == "timeout":
+                    raise CellTimeout(
+                        f"%%gpu_parallel --timeout {options.timeout:g} s reached "
+                        f"after {sched.done_iterations} of {self.n} iterations; "
+                        "outstanding work was cancelled and nothing was merged."
+                    ) from None
+                raise KeyboardInterrupt(
+                    f"gpucell: interrupted after {sched.done_iterations} of "
+                    f"{self.n} iterations; engines stopped their work, nothing "
+                    "was merged"
                 ) from None
-            raise KeyboardInterrupt(
-                f"gpucell: interrupted after {sched.done_iterations} of {self.n} "
-                "iterations; engines stopped their work, nothing was merged"
-            ) from None
-        except BaseException:
             self.cancel()
             self._finish("error")
-            raise
+            raise error
         finally:
-            self.output.flush(self.inflight)
-            self._forget_tasks()
-            for frames in self.mapped.values():  # every engine maps it by now
-                shm.release(frames)
-            self._forget_trials()
-            if self.channel is not None and (
-                self.status != "running" or self.record.warnings
-            ):
-                self.gc.sweep_results()  # results abandoned by a failure or a loss
+            self._release()
+
+    def end(self) -> list[Any]:
+        """Every iteration is done: the chunk results in iteration order."""
+        self._release()
         self._finish("ok")
         self._tidy_engines()
         return [self.results[k] for k in sorted(self.results)]
+
+    def _release(self) -> None:
+        """What the run holds beyond its end, let go (once)."""
+        if getattr(self, "_released", False):
+            return
+        self._released = True
+        self.output.flush(self.inflight)
+        self._forget_tasks()
+        for frames in self.mapped.values():  # every engine maps it by now
+            shm.release(frames)
+        self._forget_trials()
+        if self.channel is not None and (
+            self.status != "running" or self.record.warnings
+        ):
+            self.gc.sweep_results()  # results abandoned by a failure or a loss
 
 
 @contextlib.contextmanager
