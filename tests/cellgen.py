@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from hypothesis import strategies as st
 
 from gpucell.core.analysis import analyse, make_chunker
@@ -69,6 +70,7 @@ def fresh_namespace() -> dict[str, Any]:
         "vals": list(range(20)),
         "grid": [[j, j + 1] for j in range(20)],
         "kv": {"p": 1, "q": 2, "r": 3, "s": 4},
+        "img": np.arange(60.0).reshape(20, 3),
         "kg": {0: [], 1: [], 2: []},
         "ks": {"n": 0, "items": []},
         "tracker": Tracker(),
@@ -456,7 +458,11 @@ class _Gen:
                 d(st.sampled_from([f"vals[i] = vals[i] * 2 + ({e})",
                                    f"vals[i] += {e}",
                                    f"grid[i][0] = grid[i][1] + ({e})",
-                                   f"grid[i][1] += grid[i][0] * ({e})"]))
+                                   f"grid[i][1] += grid[i][0] * ({e})",
+                                   # a pure method of the own row or its slice
+                                   f"grid[i][1] = grid[i][1] + grid[i].count({e})",
+                                   f"img[i, 0] = img[i, 0] - img[i].mean() + ({e})",
+                                   f"img[i, 2] -= img[i, 1:].max() * ({e})"]))
             ]  # fmt: skip
         if kind == "call":  # a call that only reads an input: the check passes
             return [

@@ -5,6 +5,10 @@ shapes refused with a message that says why.
 - an own column or key: ``for c in df.columns: df[c] = df[c].fillna(...)``,
   a literal list of distinct names, ``dict.fromkeys(cols)``; not ``for c in
   cols`` (its items may repeat);
+- a method of the iteration's own slice: ``img[b, c] = img[b, c] -
+  img[b, c].mean()`` in nested loops (numpy and torch reductions that return a
+  new object); not ``.sort()``, ``.fill()``, views, ``out=``;
+- several read-modify-write statements on one own row or element.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from test_parallel import assert_serial_equivalent
 
 from gpucell.core.analysis import analyse
@@ -139,3 +144,79 @@ def test_a_frame_with_a_repeated_column_is_refused_before_the_loop(ip, cluster):
         )
     assert ip.user_ns["df"] is df
     assert df.values.tolist() == [[1.0, 2.0, 3.0]]
+
+
+# -- a method of the iteration's own slice -------------------------------------------
+
+OWN_SLICES = {
+    "per-channel centring of an image batch": (
+        "for b in range(img.shape[0]):\n    for c in range(img.shape[1]):\n"
+        "        img[b, c] = img[b, c] - img[b, c].mean()\n",
+        lambda: {"img": np.arange(120.0).reshape(4, 3, 5, 2) ** 1.5},
+    ),
+    "standardised with mean and std, an int image (stored values cast)": (
+        "for b in range(len(img)):\n    for c in range(3):\n"
+        "        img[b, c] = (img[b, c] - img[b, c].mean()) * 10 // "
+        "(img[b, c].std() + 1)\n",
+        lambda: {"img": (np.arange(5 * 3 * 8) % 7).reshape(5, 3, 8)},
+    ),
+    "-= the slice's mean, numpy's function form": (
+        "import numpy as np\n"
+        "for b in range(B):\n    for c in range(C):\n"
+        "        img[b, c] -= np.mean(img[b, c]) + img[b, c].max() * 0.1\n",
+        lambda: {"img": np.linspace(0, 1, 6 * 2 * 4).reshape(6, 2, 4), "B": 6, "C": 2},
+    ),
+    "torch tensor, enumerate": (
+        "for b, w in enumerate(weights):\n    for c in range(x.shape[1]):\n"
+        "        x[b, c] = (x[b, c] - x[b, c].mean()) * w + x[b].sum() * 0.01\n",
+        lambda: {
+            "x": torch.arange(5 * 2 * 3, dtype=torch.float32).reshape(5, 2, 3),
+            "weights": [0.5, 1.0, 1.5, 2.0, 2.5],
+        },
+    ),
+    "a row normalised as it changes (reads its own writes)": (
+        "for i in range(m.shape[0]):\n    for j in range(m.shape[1]):\n"
+        "        m[i, j] = m[i, j] / m[i].sum()\n",
+        lambda: {"m": np.arange(1.0, 25.0).reshape(6, 4)},
+    ),
+    "list rows, a list method that reads": (
+        "for i in range(len(g)):\n    for j in range(len(g[i])):\n"
+        "        g[i][j] = g[i][j] * 2 + g[i].count(0)\n",
+        lambda: {"g": [[0, 1, 0], [2, 0, 3], [4, 5, 6], [0, 0, 0]]},
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(OWN_SLICES))
+def test_methods_of_the_own_slice_match_the_serial_run(ip, cluster, case) -> None:
+    cell, ns = OWN_SLICES[case]
+    plan = accepted(cell)
+    assert [r.mode for r in plan.own_rows] == ["row"]
+    assert_serial_equivalent(ip, cell, ns())
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        # changes the slice in place, unseen by the write record
+        "for b in range(B):\n    for c in range(C):\n"
+        "        img[b, c] = img[b, c] - 1\n        img[b, c].sort()\n",
+        "for b in range(B):\n    for c in range(C):\n"
+        "        img[b, c] = img[b, c] - 1\n        img[b, c].fill(0)\n",
+        "for b in range(B):\n    for c in range(C):\n"
+        "        img[b, c] = img[b, c].clip(0, 1, out=img[b, c])\n",
+        "for b in range(B):\n    for c in range(C):\n"
+        "        img[b, c] = np.sqrt(img[b, c], out=img[b, c])\n",
+        # a view of the row that the body then changes
+        "for b in range(B):\n    for c in range(C):\n"
+        "        v = img[b, c].ravel()\n        v[0] = 1\n"
+        "        img[b, c] = img[b, c] * 2\n",
+        # the method could change an object from outside the iteration
+        "for i in range(n):\n    S[i][0] = obj\n    S[i][1] = S[i][0].mean()\n",
+        # a whole element read back through a method (value mode)
+        "for i in range(n):\n    y[i] = y[i] * 2\n    y[i] = y[i].round()\n",
+    ],
+)
+def test_methods_that_may_change_the_slice_are_refused(src: str) -> None:
+    assert refused(src)

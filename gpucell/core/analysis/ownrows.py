@@ -14,9 +14,10 @@ order.  Two modes:
 - ``value``: every write is the element itself (``S[i] = v``, ``S[i] += v``); the
   kernel writes ``S[i] = final``.
 
-The detector is strict: any other use of ``S`` (a method call on a row, a row
-passed to a function that could change it, ``S`` without its own index, a
-deeper write) leaves ``S`` to the ordinary rules, which refuse it.
+The detector is strict: any other use of ``S`` (a method call on a row other
+than the pure ones, ``S[i, c].mean()``, a row passed to a function that could
+change it, ``S`` without its own index, a deeper write) leaves ``S`` to the
+ordinary rules, which refuse it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,20 @@ __all__ = ["OwnRow", "find_own_rows", "metadata_only", "own_chain"]
 
 #: attributes of a row that only read it (numpy and torch metadata)
 READ_ATTRS = frozenset({"shape", "dtype", "ndim", "size"})
+
+#: methods of numpy arrays and torch tensors (and lists) that read their
+#: receiver and return a new object, never the receiver, a view of it or
+#: anything sharing its memory (so ``.reshape``, ``.view``, ``.T``, ``.ravel``,
+#: ``.detach``, ``.numpy``, ``.float``, ``.to``, ``.astype`` are not here: they
+#: may hand back the row itself or its memory); an ``out=`` argument is refused
+PURE_METHODS = frozenset(
+    {
+        "mean", "sum", "std", "var", "min", "max", "prod", "argmin", "argmax",
+        "all", "any", "item", "tolist", "copy", "clone", "cumsum", "cumprod",
+        "round", "clip", "clamp", "abs", "median", "norm", "nanmean", "nansum",
+        "count_nonzero", "dot", "count", "index",
+    }
+)  # fmt: skip
 
 Mode = Literal["row", "value"]
 
@@ -153,6 +168,45 @@ def _method_call(
     )
 
 
+#: numpy and torch functions that read their arguments and return a new
+#: object (not ``asarray``/``as_tensor``, which may return the argument)
+PURE_FUNCTIONS = frozenset(
+    {
+        "mean", "std", "var", "sum", "min", "max", "amin", "amax", "median",
+        "prod", "abs", "sqrt", "exp", "log", "nanmean", "nansum", "nanstd",
+        "argmax", "argmin", "count_nonzero", "all", "any", "dot",
+    }
+)  # fmt: skip
+
+
+def _pure_function_call(top: ast.expr, up: ast.AST | None) -> bool:
+    """``np.mean(S[i, c])``: the row (or a part) passed to one of numpy's or
+    torch's :data:`PURE_FUNCTIONS`, without ``out=``: a read."""
+    if not (isinstance(up, ast.Call) and up.func is not top and top in up.args):
+        return False
+    f = up.func
+    return (
+        isinstance(f, ast.Attribute)
+        and isinstance(f.value, ast.Name)
+        and f.value.id in ("np", "numpy", "torch")
+        and f.attr in PURE_FUNCTIONS
+        and not any(k.arg == "out" for k in up.keywords)
+    )
+
+
+def _pure_method_call(
+    top: ast.expr, up: ast.AST | None, parents: dict[int, ast.AST]
+) -> bool:
+    """``S[i, c].mean()``: a method of :data:`PURE_METHODS` called on the row
+    (or a part of it) without ``out=``: a read."""
+    if not _method_call(top, up, parents):
+        return False
+    assert isinstance(up, ast.Attribute)
+    call = parents.get(id(up))
+    assert isinstance(call, ast.Call)
+    return up.attr in PURE_METHODS and not any(k.arg == "out" for k in call.keywords)
+
+
 def _fresh_value(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
     """A new object no one else holds: a display, a comprehension, a literal,
     ``list()``/``dict()``/``set()`` of anything."""
@@ -223,7 +277,7 @@ def _candidate(
     writes: list[tuple[int, bool, ast.stmt]] = []
     reads: list[tuple[int, int]] = []
     uses: list[ast.Name] = []
-    meta = methods = False
+    meta = methods = pure = False
     for s in body:
         for node in ast.walk(s):
             if not (isinstance(node, ast.Name) and node.id == name):
@@ -260,6 +314,9 @@ def _candidate(
                     writes.append((levels, True, up))
                 else:
                     return None
+            elif _pure_method_call(top, up, parents) or _pure_function_call(top, up):
+                pure = True  # reads it; the value it holds must be the row's own
+                reads.append((node.lineno, node.col_offset))
             elif levels == 1 and _method_call(top, up, parents):
                 methods = True  # allowed on a row made new in this iteration
                 reads.append((node.lineno, node.col_offset))
@@ -277,6 +334,17 @@ def _candidate(
     else:
         return None
     if mode == "value" and not _value_ok(writes, meta, methods):
+        return None
+    if pure and mode == "value":
+        # a whole element read back through a method: only numpy and torch
+        # elements have these methods, and those the kernel refuses (the
+        # array casts what it stores); a frame's column would be aligned
+        return None
+    if pure and any(
+        isinstance(s, ast.Assign) and _may_alias(s.value) for _d, _a, s in writes
+    ):
+        # `S[i][k] = obj` then `S[i][k].mean()`: a method named like a pure one
+        # on an object from outside the iteration could change it unseen
         return None
     if (methods or not distinct) and not _fresh_first(name, body, uses, is_builtin):
         return None
