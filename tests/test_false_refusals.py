@@ -220,3 +220,96 @@ def test_methods_of_the_own_slice_match_the_serial_run(ip, cluster, case) -> Non
 )
 def test_methods_that_may_change_the_slice_are_refused(src: str) -> None:
     assert refused(src)
+
+
+# -- several read-modify-write statements on one own row or element --------------
+
+SEVERAL_WRITES = {
+    "a list element, twice": (
+        "for i in range(len(y)):\n    y[i] = y[i] * 2\n    y[i] = y[i] + 1\n",
+        lambda: {"y": [3, 1, 4, 1, 5, 9, 2, 6]},
+    ),
+    "under a test that reads the first write": (
+        "for i in range(len(y)):\n    y[i] = y[i] * 3\n    if y[i] > 10:\n"
+        "        y[i] = y[i] - 10\n",
+        lambda: {"y": [3.5, 1, 4, 1, 5, 9, 2, 6]},
+    ),
+    "augmented, three times": (
+        "for i, w in enumerate(ws):\n    y[i] *= w\n    y[i] += 1\n    y[i] //= 3\n",
+        lambda: {"y": [7, 8, 9, 10, 11], "ws": [1, 2, 3, 4, 5]},
+    ),
+    "a dict by position, two sinks interleaved": (
+        "for i in range(n):\n    d[i] = d[i] * 2\n    z[i] = z[i] + d[i]\n"
+        "    d[i] = d[i] - z[i]\n",
+        lambda: {"n": 6, "d": {i: i + 1 for i in range(6)}, "z": [10] * 6},
+    ),
+    "one element of a numpy row, int (stored values cast)": (
+        "for i in range(m.shape[0]):\n    m[i, 0] = m[i, 0] / 3\n"
+        "    m[i, 0] = m[i, 0] * 2 + m[i, 1]\n",
+        lambda: {"m": np.arange(20).reshape(10, 2)},
+    ),
+    "the rewrite for a 1-D array: a local, written once": (
+        "for i in range(len(y)):\n    v = y[i] / 3\n    v = v * 2 + 1\n    y[i] = v\n",
+        lambda: {"y": np.arange(9)},
+    ),
+    "the rewrite for a frame's columns: a local, written once": (
+        "for c in df.columns[:3]:\n    v = df[c].fillna(0)\n    v = v * 2\n"
+        "    df[c] = v\n",
+        lambda: {"df": frame()},
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(SEVERAL_WRITES))
+def test_several_writes_of_the_own_item_match_the_serial_run(ip, cluster, case):
+    cell, ns = SEVERAL_WRITES[case]
+    accepted(cell)
+    assert_serial_equivalent(ip, cell, ns())
+
+
+@pytest.mark.cluster
+def test_several_writes_of_a_1d_array_element_are_refused_before_the_loop(
+    ip, cluster
+) -> None:
+    # serially `y[i] = y[i] / 3` stores an int and the next line reads it back;
+    # an engine's private element would keep the float
+    y = np.arange(9)
+    ip.user_ns["y"] = y
+    cell = "for i in range(len(y)):\n    y[i] = y[i] / 3\n    y[i] = y[i] * 2 + 1\n"
+    with pytest.raises(NotParallelizable, match="assigns whole and reads back"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["y"] is y and y.tolist() == list(range(9))
+
+
+@pytest.mark.parametrize(
+    ("src", "own", "where"),
+    [
+        (
+            "for c in df.columns:\n    df[c] = df[c].fillna(0)\n"
+            "    df[c] = df[c] * 2\n",
+            "df[c]",
+            "on lines 2 and 3",
+        ),
+        (
+            "for i in range(n):\n    y[i] = f(y[i])\n    y[i] = g(y[i])\n",
+            "y[i]",
+            "on lines 2 and 3",
+        ),
+        (
+            "for b in range(B):\n    for c in range(C):\n        y[b] = f(y[b])\n",
+            "y[b]",
+            "in a nested loop (line 3)",
+        ),
+    ],
+)
+def test_several_writes_that_stay_refused_say_to_write_once(src, own, where) -> None:
+    texts = refused(src)
+    assert set(texts) == {(own.split("[")[0], "sink-read")}  # nothing else
+    (text,) = texts.values()
+    assert f"writes it {where}" in text
+    assert f"then `{own} = v`" in text
+    # and the rewrite it names is accepted
+    body = f"    v = {own}\n    v = f(v)\n    v = g(v)\n    {own} = v\n"
+    header = src.splitlines()[0]
+    accepted(f"{header}\n{body}")

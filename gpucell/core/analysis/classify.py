@@ -271,6 +271,9 @@ class _Ctx:
         # write sinks whose every write and read is its own element `S[i]` (i the
         # loop's distinct index): S -> i
         self.own_elements: dict[str, str] = {}
+        # write sinks used only at `S[i]` but written more than once: S -> (i,
+        # the lines that write it)
+        self.several_writes: dict[str, tuple[str, list[int]]] = {}
         self.random_calls: list[tuple[int, str]] = []
         self.deleted: set[str] = set()
         self.seen_stored: set[str] = set()
@@ -320,7 +323,9 @@ class _Flow:
                 node.col_offset,
                 n,
                 "sink-read",
-                f"`{n}` is combined across iterations ({cand.cls} on line "
+                _write_once_text(n, *c.several_writes[n])
+                if n in c.several_writes
+                else f"`{n}` is combined across iterations ({cand.cls} on line "
                 f"{cand.stmt.lineno}) and is also used here; while the loop runs in "
                 f"parallel an iteration sees only its own contributions, not those "
                 f"of earlier iterations. "
@@ -1174,6 +1179,25 @@ def _own_key_fix(name: str, key_loop: tuple[str, str] | None = None) -> str:
     )
 
 
+def _write_once_text(name: str, key: str, lines: list[int]) -> str:
+    """Why ``S[i] = f(S[i])`` then ``S[i] = g(S[i])`` is refused, and the
+    rewrite that is accepted: one write."""
+    if len(lines) > 1:
+        where = f"on lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+    else:
+        where = f"in a nested loop (line {lines[0]})"
+    own = f"{name}[{key}]"
+    return (
+        f"each iteration uses only its own `{own}`, but writes it {where} and "
+        f"reads what it wrote. An engine reads `{own}` as it was before "
+        f"the loop, so that runs in parallel only for plain operators on the "
+        f"elements of a list or dict by position (an array would cast what it "
+        f"stores, a frame align it). Keep the value in a local and write it "
+        f"once (`v = {own}`, `v = f(v)`, `v = g(v)`, then `{own} = v`): one "
+        f"write of the iteration's own item, read only before it, is accepted."
+    )
+
+
 def _identifiers(text: str) -> set[str]:
     tree = ast.parse(text, mode="eval")
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -1588,13 +1612,18 @@ def _own_elements(
     loop_iter: ast.expr | None,
     bound: set[str],
     is_builtin: Callable[[str], bool],
+    several: dict[str, tuple[str, list[int]]] | None = None,
 ) -> dict[str, str]:
     """Write sinks ``S`` the iteration reads and writes only at its own element:
     one statement ``S[i] = ...`` (not inside a nested loop) with ``i`` the loop's
     distinct, never reassigned index, and every read of ``S`` an ``S[i]`` in that
     statement's value or before it.  Iteration ``i`` alone touches ``S[i]``, and
     reads it only before writing it, so it sees the value from before the loop,
-    serially as on an engine."""
+    serially as on an engine.
+
+    ``several`` receives ``S -> (i, lines)`` for the sinks read and written
+    only at ``S[i]`` but written by more than one statement (or in a nested
+    loop), for the refusal's advice: write it once from a local."""
     i = _own_index(loop_target, loop_iter, is_builtin)
     # labels (`X.index`, `X.iterrows()`, `X.items()`, `X.columns`) are distinct
     # only when X's labels are unique, which the kernel checks for the written
@@ -1619,10 +1648,12 @@ def _own_elements(
         if labels_of is not None and labels_of != name:
             continue
         stmts = {id(c.stmt): c.stmt for c in cands}
-        if len(stmts) != 1:
+        if len(stmts) != 1 or any(id(w) in in_loops for w in stmts.values()):
+            if several is not None and _only_at(name, i, body):
+                several[name] = (i, sorted({w.lineno for w in stmts.values()}))
             continue
         (w,) = stmts.values()
-        if id(w) in in_loops or not isinstance(w, ast.Assign):
+        if not isinstance(w, ast.Assign):
             continue
         keys = [
             part.slice
@@ -1654,6 +1685,21 @@ def _own_elements(
         if reads_ok:
             out[name] = i
     return out
+
+
+def _only_at(name: str, i: str, body: list[ast.stmt]) -> bool:
+    """Is every use of ``name`` in ``body`` a subscript at the own key ``i``?"""
+    for s in body:
+        for node in ast.walk(s):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.Name) and child.id == name:
+                    if not (
+                        isinstance(node, ast.Subscript)
+                        and node.value is child
+                        and _is_own_key(node.slice, i)
+                    ):
+                        return False
+    return True
 
 
 def _own_rows(
@@ -1871,6 +1917,7 @@ def classify_body(
         if isinstance(node, ast.Name) and node.id in own_rows
     }
     body_bound = other_bound - set(sinks)
+    several_writes: dict[str, tuple[str, list[int]]] = {}
     own_elements = _own_elements(
         {n: cs for n, cs in by_name.items() if sinks[n].cls == WRITE},
         body,
@@ -1878,6 +1925,7 @@ def classify_body(
         loop_iter,
         bindings_of(nodes),
         is_builtin,
+        several_writes,
     )
 
     # alias taint: locals that may hold objects from outside the iteration
@@ -1934,6 +1982,7 @@ def classify_body(
     ctx.target_names = {n.id for n in target_names(loop_target)}
     ctx.assume_nonempty = assume_nonempty
     ctx.own_elements = own_elements
+    ctx.several_writes = several_writes
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
     if (
@@ -1960,7 +2009,11 @@ def classify_body(
 
     if loop_iter is not None:
         for node in _lazy_names(loop_iter, is_builtin):
-            if node.id in sinks and node.id not in own_elements:
+            if (
+                node.id in sinks
+                and node.id not in own_elements
+                and node.id not in several_writes  # (the advice is there)
+            ):
                 diag.add(
                     node.lineno,
                     node.col_offset,
