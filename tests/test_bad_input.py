@@ -36,6 +36,8 @@ def unchanged(ip, before: dict[str, object]) -> bool:
 def refused_cell(ip, line: str, cell: str = CELL, error: type = UsageError) -> str:
     """Run ``%%gpu_parallel line`` expecting ``error``; its message.  The
     namespace must be untouched and the prelude not run."""
+    for name in ("prelude_ran", "out"):  # (left by other modules' cells)
+        ip.user_ns.pop(name, None)
     before = snapshot(ip)
     with pytest.raises(error) as e:
         ip.run_cell_magic("gpu_parallel", line, cell)
