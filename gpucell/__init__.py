@@ -31,9 +31,11 @@ __all__ = [
     "NotParallelizable",
     "connect",
     "current",
+    "ddp",
     "device",
     "last_run",
     "load_ipython_extension",
+    "shard",
     "start_cluster",
     "status",
     "stop",
@@ -48,6 +50,8 @@ _LAZY = {
     "status": "gpucell.cluster.lifecycle",
     "current": "gpucell.cluster.lifecycle",
     "device": "gpucell.engine.runtime",
+    "ddp": "gpucell.engine.ddp",
+    "shard": "gpucell.engine.ddp",
     "GpuCell": "gpucell.config",
 }
 
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from gpucell.cluster.lifecycle import connect, current, start_cluster, status, stop
     from gpucell.config import GpuCell
     from gpucell.core.provenance import LastRun
+    from gpucell.engine.ddp import ddp, shard
     from gpucell.engine.runtime import device
 
 #: The record of the last ``%%gpu_parallel`` cell (``None`` before the first):

@@ -89,3 +89,15 @@ class ClusterStopped(EnginesLost):
 class ControllerLost(ClusterError):
     """The cluster's controller process is gone (killed, crashed): no engine can
     be reached through it.  ``%gpu_cluster stop`` then ``start`` recovers."""
+
+
+class RankFailed(GpucellError, RuntimeError):
+    """A ``%%gpu_distributed`` cell failed on a rank (it raised, died, or waited
+    in a collective past ``--timeout``): every rank was stopped, the message
+    names the rank, its host and the cell line, and the next cell re-forms the
+    process group.  Nothing in the notebook's namespace changed."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback through gpucell's own code:
+        # the message holds the rank's traceback, which is the one that matters
+        return f"{type(self).__name__}: {self}".splitlines()

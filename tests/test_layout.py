@@ -181,7 +181,11 @@ def test_an_engine_loads_only_protocol_devices_and_engine_code() -> None:
     assert not heavy, sorted(heavy)
 
 
-MAGIC_MODULES = ("gpucell.kernel.magics", "gpucell.kernel.parallel_magic")
+MAGIC_MODULES = (
+    "gpucell.kernel.magics",
+    "gpucell.kernel.parallel_magic",
+    "gpucell.kernel.distributed_magic",
+)
 LOAD_FUNCTIONS = ("load_ipython_extension", "unload_ipython_extension")
 
 

@@ -297,6 +297,9 @@ def load(ipython: Any) -> None:
     from gpucell.kernel.parallel_magic import GpuParallelMagics
 
     ipython.register_magics(GpuParallelMagics)
+    from gpucell.kernel.distributed_magic import GpuDistributedMagics
+
+    ipython.register_magics(GpuDistributedMagics)
     from gpucell.kernel import panel
 
     panel.install(ipython)
@@ -313,5 +316,5 @@ def unload(ipython: Any) -> None:
         cluster.stop()
     mm = ipython.magics_manager
     for kind in ("line", "cell"):
-        for name in ("gpu_cluster", "gpu_parallel"):
+        for name in ("gpu_cluster", "gpu_parallel", "gpu_distributed"):
             mm.magics[kind].pop(name, None)
