@@ -75,6 +75,106 @@ def test_a_first_match_keeps_its_advice() -> None:
     assert "first match" in texts(src)[("found", "loop-carried")]
 
 
+# -- the change that matters, named first ---------------------------------------
+
+BEST = "    if best < c:\n        best = c\n"
+
+REFIT_AND_BEST = """\
+for c in Cs:
+    s = score
+    clf.set_params(C=c)
+    clf.fit(X, y)
+    s = clf.score(X, y)
+    if s > best:
+        best = s
+"""
+
+
+def test_a_refit_of_an_estimator_from_before_the_loop_is_named_first() -> None:
+    diags = plan(REFIT_AND_BEST).diagnostics
+    assert diags[0].kind == "input-refit" and diags[0].name == "clf"
+    assert diags[0].line == 4  # the fit, not set_params, though that comes first
+    assert {d.kind for d in diags[1:]} == {"loop-carried"}
+    text = diags[0].text
+    assert "`clf.fit(...)` changes `clf`, which exists before the loop" in text
+    assert "`m = sklearn.base.clone(clf)`" in text
+    assert "`for m in models: m.fit(X, y)`" in text
+    # the raised message lists it first too
+    with pytest.raises(NotParallelizable) as info:
+        analyse(REFIT_AND_BEST)
+    first = str(info.value).splitlines()[1]
+    assert first.startswith("  - line 4: `clf.fit(...)` changes `clf`")
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        # through set_params, which returns the estimator
+        "for c in Cs:\n    pipe.set_params(svc__C=c).fit(X, y)\n" + BEST,
+        "for c in Cs:\n    est.partial_fit(X, y)\n" + BEST,
+        "for c in Cs:\n    est.set_params(alpha=c)\n" + BEST,
+    ],
+)
+def test_refits_are_named_through_set_params_and_partial_fit(src: str) -> None:
+    diags = plan(src).diagnostics
+    assert diags[0].kind == "input-refit"
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        # nothing else is refused: the engines' check stops it (or the own
+        # item is written back), no refusal is added
+        "for c in Cs:\n    clf.fit(X, y)\n    scores[c] = clf.score(X, y)\n",
+        # the loop's own items, fitted each: written back (own items)
+        "for m in models:\n    m.fit(X, y)\n    if m.score(X, y) > best:\n"
+        "        best = m.score(X, y)\n",
+        # an estimator made in the iteration
+        "for c in Cs:\n    m = make(c)\n    m.fit(X, y)\n" + BEST,
+    ],
+)
+def test_no_refit_note_where_it_does_not_apply(src: str) -> None:
+    assert "input-refit" not in {d.kind for d in plan(src).diagnostics}
+
+
+@pytest.mark.cluster
+def test_the_refit_refusal_and_its_rewrite_on_a_cluster(ip, cluster) -> None:
+    from sklearn.linear_model import LogisticRegression
+    from test_parallel import run_both, same
+
+    rng = __import__("numpy").random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] + 0.3 * X[:, 1] > 0).astype(int)
+    clf = LogisticRegression(max_iter=200)
+    ip.user_ns.update(X=X, y=y, clf=clf, Cs=[0.01, 0.1, 1.0, 10.0], best=0.0)
+    with pytest.raises(NotParallelizable) as info:
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", REFIT_AND_BEST.replace("    s = score\n", "")
+        )
+    assert (
+        str(info.value)
+        .splitlines()[1]
+        .startswith("  - line 4: `clf.fit(...)` changes `clf`")
+    )
+    assert ip.user_ns["clf"] is clf and not hasattr(clf, "coef_")
+    # the rewrite the message names runs, and leaves the serial namespace
+    cell = (
+        "from sklearn.base import clone\n"
+        "for c in Cs:\n"
+        "    m = clone(clf)\n"
+        "    m.set_params(C=c)\n"
+        "    m.fit(X, y)\n"
+        "    scores[c] = m.score(X, y)\n"
+        "    models.append(m.coef_.copy())\n"
+    )
+    ns = dict(X=X, y=y, clf=clf, Cs=[0.01, 0.1, 1.0, 10.0], scores={}, models=[])
+    serial, got = run_both(ip, cell, ns)
+    for name in ("scores", "models", "c"):  # (estimators compare by identity)
+        assert same(serial[name], got[name]), name
+    assert not hasattr(got["clf"], "coef_")
+    assert len(got["models"]) == 4
+
+
 # -- which loop runs in parallel -------------------------------------------------
 
 TWO_LOOPS = """\

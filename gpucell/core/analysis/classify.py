@@ -284,6 +284,8 @@ class _Ctx:
         # the loop's variable and iterable when its items are keys that may
         # repeat (`for c in cols`): the own-item advice names distinct forms
         self.key_loop: tuple[str, str] | None = None
+        # estimators from before the loop that the body refits: name -> call
+        self.refits: dict[str, ast.Call] = {}
         # names kept as a running best or first match: "best" / "first"
         self.selections: dict[str, _Selection] = {}
 
@@ -532,11 +534,40 @@ class _Flow:
             self._refuse_out_argument(call, state)
             return
         self._refuse_out_argument(call, state)
+        self._note_refit(call, f)
         if f.attr == "shuffle" and call.args:  # `rng.shuffle(x)` changes `x`
             self._refuse_argument_mutation(call, call.args[0], state)
         if is_mutating_method(f.attr) and self.outerish(root, state):
             fix = _setdefault_fix(call, root.id) if f.attr == "setdefault" else ""
             self._refuse_mutation(call, root, f"`{ast.unparse(f)}(...)`", fix)
+
+    def _note_refit(self, call: ast.Call, f: ast.Attribute) -> None:
+        """``est.fit(X, y)`` (or ``est.set_params(C=c).fit(...)``) on an
+        estimator that exists before the loop, not an item of the loop: named
+        first when the loop is refused (see :func:`_refit_text`)."""
+        if f.attr not in REFIT_METHODS:
+            return
+        recv = f.value
+        while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
+            recv = recv.func.value  # (through `set_params(...)`, which returns it)
+        root = recv if isinstance(recv, ast.Name) else None
+        c = self.c
+        if (
+            root is None
+            or id(root) in c.own
+            or root.id in c.body_bound
+            or root.id in c.tainted
+            or root.id in c.sinks
+            or root.id in c.module_names
+            or self._shadowed(root.id)
+            or c.is_builtin(root.id)
+        ):
+            return
+        had = c.refits.get(root.id)
+        if had is None or (  # a fit says more than set_params
+            _method_name(had) == "set_params" and f.attr != "set_params"
+        ):
+            c.refits[root.id] = call
 
     def _refuse_argument_mutation(
         self, call: ast.Call, arg: ast.expr, state: State
@@ -1176,6 +1207,44 @@ def _own_key_fix(name: str, key_loop: tuple[str, str] | None = None) -> str:
         f"a dict, or `range(len({name}))` for a list or array; or write into "
         f"another name (`new[k] = f({name}[k])`) and apply it after the loop "
         f"(`for k, v in new.items(): {name}[k] = v`)."
+    )
+
+
+#: methods that refit an estimator (scikit-learn's, Keras', statsmodels'
+#: results aside) or change its parameters in place
+REFIT_METHODS = frozenset(
+    {"fit", "partial_fit", "fit_transform", "fit_predict", "fit_resample",
+     "set_params"}
+)  # fmt: skip
+
+
+def _method_name(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else ""
+
+
+def _refit_text(name: str, call: ast.Call) -> str:
+    """The change that matters in a refused loop that refits ``name``."""
+    what = f"`{ast.unparse(call.func)}(...)`"
+    if _method_name(call) == "set_params":
+        serially = (
+            f"every iteration changes that one object (each sees the parameters "
+            f"the one before set, and after the loop `{name}` has the last)"
+        )
+    else:
+        serially = (
+            f"every iteration refits that one object (each starts from the one "
+            f"before, and after the loop `{name}` is the last fit)"
+        )
+    return (
+        f"{what} changes `{name}`, which exists before the loop: serially "
+        f"{serially}, while each "
+        f"engine would change only its own copy, and the run would stop when "
+        f"the engines' check finds `{name}` changed. Make a new estimator in "
+        f"each iteration (`m = sklearn.base.clone({name})`, then "
+        f"`m.set_params(...)` and `m.fit(...)`, or `m = Model(...)`) and collect "
+        f"what you need (`scores[k] = m.score(...)`, `models.append(m)`); a loop "
+        f"over the models themselves (`for m in models: m.fit(X, y)`) runs in "
+        f"parallel and writes each one back."
     )
 
 
@@ -2031,6 +2100,15 @@ def classify_body(
                         f"or collect into another name."
                     ),
                 )
+
+    if diag:
+        # refused anyway: name the refit of an estimator from before the loop
+        # first, which the engines' check would stop after running otherwise
+        for name, call in ctx.refits.items():
+            diag.add(
+                call.lineno, call.col_offset, name, "input-refit",
+                _refit_text(name, call),
+            )  # fmt: skip
 
     for name, row in own_rows.items():
         result.writes[name] = row.line

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 from gpucell.errors import NotParallelizable
 
-__all__ = ["Diagnostic", "DiagnosticSink", "raise_if_any", "format_diagnostics"]
+__all__ = [
+    "Diagnostic",
+    "DiagnosticSink",
+    "FIRST_KINDS",
+    "format_diagnostics",
+    "in_order",
+    "raise_if_any",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -41,6 +48,17 @@ class Diagnostic:
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.text}"
+
+
+#: kinds named before the others: the change that matters most (a `fit` on an
+#: estimator from before the loop), whatever its line
+FIRST_KINDS = ("input-refit",)
+
+
+def in_order(items: Iterable[Diagnostic]) -> tuple[Diagnostic, ...]:
+    """Diagnostics as the user reads them: :data:`FIRST_KINDS` first, then in
+    cell order, so messages read top to bottom."""
+    return tuple(sorted(items, key=lambda d: (d.kind not in FIRST_KINDS, d)))
 
 
 class DiagnosticSink:
@@ -73,8 +91,8 @@ class DiagnosticSink:
             self.add(d.line, d.col, d.name, d.kind, d.text)
 
     def sorted(self) -> tuple[Diagnostic, ...]:
-        """All diagnostics in cell order, so messages read top to bottom."""
-        return tuple(sorted(self._items))
+        """All diagnostics in reading order (:func:`in_order`)."""
+        return in_order(self._items)
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -82,7 +100,7 @@ class DiagnosticSink:
 
 def format_diagnostics(diagnostics: Iterable[Diagnostic]) -> str:
     """The user-facing error message for a list of refusals."""
-    items = sorted(diagnostics)
+    items = in_order(diagnostics)
     n = len(items)
     head = (
         "%%gpu_parallel cannot run this loop in parallel and keep the result "
@@ -103,7 +121,7 @@ def raise_if_any(diagnostics: Iterable[Diagnostic]) -> None:
     Raising once with all problems lets the user fix the whole cell in one edit,
     instead of discovering the problems one run at a time.
     """
-    items = tuple(sorted(diagnostics))
+    items = in_order(diagnostics)
     if not items:
         return
     err = NotParallelizable(format_diagnostics(items))
