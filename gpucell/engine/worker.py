@@ -781,14 +781,8 @@ def run(
         caught = _kernel_warning_filters(st)
         home = _enter_cwd(st.cwd)
         tag = f"{engine_id}-{start}-{os.urandom(4).hex()}"
-        shared = (
-            results_to if results_to is not None and shm.reachable(results_to) else None
-        )
-        verdict = None
-        if budget is not None and shared is not None:
-            verdict = _ShmVerdict(shared, cell, engine_id, start, stamps)  # here
-        hand_back = (
-            _ShmHandBack(shared, cell) if stoppable and shared is not None else None
+        verdict, hand_back = _feedback(
+            results_to, cell, engine_id, start, stamps, budget, stoppable
         )
         to_host = tohost.copier(device)
         behind = writebehind.start(results_to, tag) if to_host is not None else None
@@ -816,19 +810,7 @@ def run(
                     hand_back=hand_back,
                 )
             result.logs = logged.records
-            changed = checkin.changes(checked_in, st.inputs, items)
-            if (
-                [n for n, _ in changed] == [""]
-                and own_before is not None
-                and items is not None
-            ):
-                # only the items changed: each iteration's own, written back
-                # in place by the kernel, unless some change cannot be
-                own, cannot = checkout.changes(own_before, items(), start)
-                if not cannot:
-                    result.own_items, changed = own, []
-                else:
-                    changed = [("", "; ".join(cannot[:3]))]
+            changed = _check_out(st, checked_in, own_before, items, start, result)
             if changed:
                 for name, _what in changed:
                     st.cache.pop(name, None)  # the next cell gets a fresh copy
@@ -862,7 +844,77 @@ def run(
             sys.stdout, sys.stderr = out, err
     if status == "ok" and where.done():
         st.iteration_mean = compute / where.done()
-    timing: Timing = {
+    timing = _chunk_timing(
+        where, stamps, (entered, t0, end, compute), start, hand_back, loaded
+    )
+    spilled = _reply(
+        (status, payload, timing), chunk_obj, start, where, behind, results_to, tag
+    )
+    runtime.busy()
+    # if this was the engine's last chunk of the cell, what the cell left goes
+    # once the engine has been idle a moment: no message from the kernel needed
+    runtime.when_idle(
+        f"after cell {kernel}", AFTER_CELL_IDLE, lambda: after_cell(kernel, cell)
+    )
+    return spilled
+
+
+def _feedback(
+    results_to: shm.Channel | None,
+    cell: str,
+    engine_id: int,
+    start: int,
+    stamps: dict[int, float],
+    budget: float | None,
+    stoppable: bool,
+) -> tuple[_ShmVerdict | None, _ShmHandBack | None]:
+    """A chunk's line to the kernel through its /dev/shm (engines on the
+    kernel's host): a trial's verdict, and the hand-back flag."""
+    shared = (
+        results_to if results_to is not None and shm.reachable(results_to) else None
+    )
+    if shared is None:
+        return None, None
+    verdict = None
+    if budget is not None:
+        verdict = _ShmVerdict(shared, cell, engine_id, start, stamps)
+    return verdict, _ShmHandBack(shared, cell) if stoppable else None
+
+
+def _check_out(
+    st: _Session,
+    checked_in: dict[str, Any],
+    own_before: checkout.ItemsBefore | None,
+    items: Any,
+    start: int,
+    result: ChunkResult,
+) -> list[tuple[str, str]]:
+    """Inputs are read-only to iterations, but for each iteration's own item:
+    the inputs a call changed (``""``: the items, where their changes cannot
+    be written back), or none, the items' changes put in the result."""
+    changed = checkin.changes(checked_in, st.inputs, items)
+    if [n for n, _ in changed] == [""] and own_before is not None and items is not None:
+        # only the items changed: each iteration's own, written back in place
+        # by the kernel, unless some change cannot be
+        own, cannot = checkout.changes(own_before, items(), start)
+        if not cannot:
+            result.own_items, changed = own, []
+        else:
+            changed = [("", "; ".join(cannot[:3]))]
+    return changed
+
+
+def _chunk_timing(
+    where: Where,
+    stamps: dict[int, float],
+    clocks: tuple[float, float, float, float],
+    start: int,
+    hand_back: _ShmHandBack | None,
+    loaded: dict[str, Any] | None,
+) -> Timing:
+    """``clocks``: entered, started, ended (time.time) and compute seconds."""
+    entered, t0, end, compute = clocks
+    return {
         "start": t0,
         "entered": entered,
         "end": end,
@@ -885,6 +937,20 @@ def run(
         "first": start,  # which chunk this is: the kernel checks it is the one it sent
         "cached": loaded["cached"] if loaded is not None else None,
     }
+
+
+def _reply(
+    reply: tuple[str, Any, Timing],
+    chunk_obj: Any,
+    start: int,
+    where: Where,
+    behind: Any,
+    results_to: shm.Channel | None,
+    tag: str,
+) -> list[Any]:
+    """The reply's wire frames, big buffers through /dev/shm where the kernel
+    can map them (a result written behind as the loop ran is kept)."""
+    status, payload, timing = reply
     prewritten = None
     if behind is not None:
         if status == "ok":
@@ -895,9 +961,7 @@ def run(
     # the kernel puts its own there: serially they are the same objects
     refs = item_refs(chunk_obj, start) if status == "ok" else None
     try:
-        frames = wire.dumps(
-            (status, payload, timing), items=refs, cell_globals=where.namespace
-        )
+        frames = wire.dumps(reply, items=refs, cell_globals=where.namespace)
     except Exception:
         if prewritten is not None:
             shm.discard(prewritten)
@@ -907,18 +971,9 @@ def run(
         # generator, a lock) must not fail a loop whose results are fine: the
         # kernel leaves that name as it was, and says so
         _mark_unsendable(payload)
-        frames = wire.dumps(
-            (status, payload, timing), items=refs, cell_globals=where.namespace
-        )
+        frames = wire.dumps(reply, items=refs, cell_globals=where.namespace)
         prewritten = None
-    spilled = shm.spill(frames, results_to, tag, prewritten)
-    runtime.busy()
-    # if this was the engine's last chunk of the cell, what the cell left goes
-    # once the engine has been idle a moment: no message from the kernel needed
-    runtime.when_idle(
-        f"after cell {kernel}", AFTER_CELL_IDLE, lambda: after_cell(kernel, cell)
-    )
-    return spilled
+    return shm.spill(frames, results_to, tag, prewritten)
 
 
 #: the functions the kernel sends for every chunk and cell, by name (ByName)
