@@ -96,3 +96,102 @@ def test_random_draws_in_notebook_functions_are_found_not_own_generators():
     inputs = {k: ns[k] for k in ("flip", "noise", "own_rng", "is_new")}
     found = {(via, call) for via, _fn, call in global_random_calls(inputs, ns)}
     assert found == {("flip", "random.random"), ("noise", "np.random.rand")}
+
+
+GENERATORS = """
+out = []
+total = 1.0
+xs = [1.0, 2.0, 3.0]
+
+def counts():
+    for _ in range(3):
+        yield len(out)              # the global the body appends to
+
+def batches(data):
+    for i in range(0, 4, 2):
+        yield data[i : i + 2]       # the object it was given
+
+def labelled(frame):
+    for k in frame.index:           # an attribute named like a loop variable
+        yield k, frame.loc[k]
+
+def plain(n):
+    k = 0
+    for j in range(n):
+        yield j + k                 # holds 0, as the loop's `index` may
+
+class Rows:
+    def __init__(self):
+        self.index = [0, 1]
+
+    def each(self):
+        for i in self.index:        # self.index: an attribute, not a global
+            yield i
+"""
+
+LIBRARY = """
+def gen_map(fn, items):
+    for x in items:
+        yield fn(x)
+"""
+
+
+def _generators() -> tuple[dict, dict]:
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(GENERATORS, "<ipython-input-generators>", "exec"), ns)
+    exec(compile(NOTEBOOK, "<ipython-input-globalreads>", "exec"), ns)
+    lib: dict = {"__name__": "somelib"}
+    exec(compile(LIBRARY, "<somelib>", "exec"), lib)
+    return ns, lib
+
+
+def _names(reads) -> set[str]:
+    return {r.name for r in reads}
+
+
+def test_a_library_generator_reading_attributes_reads_no_global():
+    import pandas as pd
+
+    from gpucell.core.globalreads import generator_reads
+
+    ns, _lib = _generators()
+    df = pd.DataFrame({"a": [1, 2]})
+    ns["df"] = df
+    changed = {"index", "row", "out", "df", "a", "values", "columns"}
+    # pandas' iterrows reads self.index, self.values: attributes of its own
+    # frame, in its own module; the loop's `index` and `row` are no concern
+    assert generator_reads(df.iterrows(), ns, changed) == []
+    assert generator_reads(df.items(), ns, changed) == []
+    # a notebook class's generator method reading self.index: an attribute
+    assert generator_reads(ns["Rows"]().each(), ns, {"index", "i"}) == []
+    assert generator_reads(ns["labelled"](df), ns, {"index", "k"}) == []
+
+
+def test_a_notebook_generator_reading_what_the_loop_changes_is_found():
+    from gpucell.core.globalreads import generator_reads
+
+    ns, lib = _generators()
+    assert _names(generator_reads(ns["counts"](), ns, {"out", "i"})) == {"out"}
+    # the object it was given, which the body appends to
+    found = generator_reads(ns["batches"](ns["out"]), ns, {"out"})
+    assert [(r.via, r.name) for r in found] == [("batches", "out")]
+    # a value it holds is no such object (small ints are shared)
+    ns["index"] = 0
+    assert generator_reads(ns["plain"](3), ns, {"index", "k"}) == []
+    # a generator expression written in the notebook
+    gen = eval("(x + total for x in xs)", ns)
+    assert _names(generator_reads(gen, ns, {"total", "x"})) == {"total"}
+    # a library generator given a notebook callback that reads a global
+    found = generator_reads(lib["gen_map"](ns["frac"], [1.0]), ns, {"total"})
+    assert [(r.function, r.name) for r in found] == [("frac", "total")]
+    # only names the loop changes
+    assert generator_reads(ns["counts"](), ns, {"other"}) == []
+
+
+def test_a_finished_generator_makes_no_more_items():
+    from gpucell.core.globalreads import generator_reads
+
+    ns, _lib = _generators()
+    gen = ns["counts"]()
+    list(gen)
+    assert generator_reads(gen, ns, {"out"}) == []

@@ -23,7 +23,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GlobalRead", "global_random_calls", "global_reads", "notebook_functions"]
+__all__ = [
+    "GlobalRead",
+    "generator_reads",
+    "global_random_calls",
+    "global_reads",
+    "notebook_functions",
+]
 
 #: the instructions that read or write a global by name
 _GLOBAL_OPS = frozenset(
@@ -134,6 +140,53 @@ def notebook_functions(
                     todo.extend(_functions(cell.cell_contents, ns))
                 except ValueError:  # an empty cell
                     pass
+
+
+def _value(v: Any) -> bool:
+    """An object nothing can change in place."""
+    return isinstance(
+        v, (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range)
+    )
+
+
+def generator_reads(
+    gen: types.GeneratorType[Any, Any, Any],
+    ns: Mapping[str, Any],
+    names: set[str],
+) -> list[GlobalRead]:
+    """Which of ``names`` (what the loop body changes) the items of the loop's
+    generator ``gen`` may depend on: serially each item is made after the
+    iterations before it, on an engine all items are made first.
+
+    Only notebook code counts: a generator written in the notebook (its
+    frame's globals are ``ns``) reads the globals its code loads (never an
+    attribute name: ``iterrows`` reading ``self.index`` is no read of a global
+    ``index``) and the objects it was given (``batches(out)`` while the body
+    appends to ``out``); any generator reads, through the notebook functions
+    its frame holds (a callback it was given), the globals those read.  An
+    installed library's generator reads its own module's globals, which the
+    cell cannot rebind.  In the order found, each name once."""
+    via = gen.__name__
+    frame = gen.gi_frame
+    if frame is None:  # finished: it makes no more items
+        return []
+    out: dict[str, GlobalRead] = {}
+    own = frame.f_globals is ns
+    if own:
+        for n in sorted(code_globals(gen.gi_code) & names):
+            out.setdefault(n, GlobalRead(via, gen.__qualname__, n))
+        # an object it holds that the body changes in place (a value is
+        # rebound, never changed: a small int may be the same object)
+        held = {id(v) for v in frame.f_locals.values() if not _value(v)}
+        for n in sorted(names):
+            if n in ns and id(ns[n]) in held:
+                out.setdefault(n, GlobalRead(via, gen.__qualname__, n))
+    reach = dict(frame.f_locals)
+    if own:
+        reach |= {n: ns[n] for n in code_globals(gen.gi_code) if n in ns}
+    for r in global_reads(reach, ns, names):
+        out.setdefault(r.name, GlobalRead(via, r.function, r.name))
+    return list(out.values())
 
 
 def global_random_calls(
