@@ -59,6 +59,22 @@ def test_the_helpers_pass_through_without_a_group():
     assert gpucell.shard(loader) is loader
 
 
+def test_the_example_notebook_is_generated_from_its_script():
+    import sys
+    from pathlib import Path
+
+    import nbformat
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "examples"))
+    try:
+        from make_distributed import build
+    finally:
+        sys.path.pop(0)
+    on_disk = nbformat.read(root / "examples/notebooks/distributed.ipynb", as_version=4)
+    assert [c.source for c in on_disk.cells] == [c.source for c in build().cells]
+
+
 # -- on the session cluster -------------------------------------------------------
 
 SETUP = """

@@ -340,7 +340,6 @@ def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
         return wire.dumps({"report": report, "values": {}})
     report["rank"] = g.rank
     ns = namespace(task["owner"])
-    before = set(ns)
     try:
         _set_timeout(g, float(task["timeout"]))
         from gpucell.engine.runtime import device
@@ -362,6 +361,7 @@ def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
             filename,
         )
         code = compile(task["code"], filename, "exec")
+        before = set(ns)  # what the cell makes is reported (not what it got)
     except BaseException as e:  # noqa: BLE001 - reported, with its traceback
         _abort(f"rank {g.rank} could not start the cell")
         report.update(_error_report(e, task, g, None), status="error")
