@@ -409,3 +409,47 @@ def test_with_the_kernel_reading_generators_by_globalreads_they_run(
         ip.run_cell_magic(
             "gpu_parallel", "--quiet", "for n in counts():\n    out.append(n)\n"
         )
+
+
+# -- whole elements read back only of lists and dicts -----------------------------
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("cell", "ns"),
+    [
+        # serially `df[i] = s` aligns `s` to the frame's index (NaN where it
+        # has no label), so `sum(df[i])` is nan; an engine's private column
+        # would be `s` itself (this merged [30.0, 30.0] without a word)
+        (
+            "for i in range(2):\n    df[i] = s\n    t[i] = sum(df[i])\n",
+            lambda: {
+                "df": pd.DataFrame({0: [1.0, 2.0, 3.0], 1: [4.0, 5.0, 6.0]}),
+                "s": pd.Series([10.0, 20.0], index=[0, 5]),
+                "t": [0, 0],
+            },
+        ),
+        # a Series casts what it stores to its dtype
+        (
+            "for i in range(len(s)):\n    s[i] = s[i] / 4\n    s[i] = s[i] * 4\n",
+            lambda: {"s": pd.Series([1, 2, 3, 4])},
+        ),
+    ],
+)
+def test_whole_elements_read_back_of_other_containers_fail_unmerged(
+    ip, cluster, cell, ns
+) -> None:
+    before = ns()
+    ip.user_ns.update(before)
+    plan = accepted(cell)
+    assert [r.mode for r in plan.own_rows] == ["value"]
+    with pytest.raises(Exception, match="assigns whole and reads back"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    for k, v in before.items():
+        assert ip.user_ns[k] is v  # nothing merged
+    fresh = ns()
+    for k, v in fresh.items():
+        if isinstance(v, (pd.DataFrame, pd.Series)):
+            assert v.equals(before[k])
+        else:
+            assert v == before[k]

@@ -460,6 +460,35 @@ class _OwnRowRewriter(ast.NodeTransformer):
         return [*before, guarded]
 
 
+def _value_row_guard(row: OwnRow, loc: ast.AST) -> ast.stmt:
+    """Before a chunk: whole elements read back (``y[i] = 0``, ``y[i] += v``)
+    only of a list or a dict, which store what they are given.  A frame aligns
+    what it stores to its index and an array casts it to its dtype (the kernel
+    refuses arrays before the loop), while the engine's private element would
+    keep the value as written: numbers that differ without a word.  The chunk
+    raises instead, and nothing is merged."""
+    name = row.name
+    text = (
+        f"%%gpu_parallel: `{name}` (line {row.line}) is a {{}} whose elements "
+        f"the loop assigns whole and reads back; gpucell does that only for "
+        f"lists and dicts, which store what they are given (a frame aligns "
+        f"what it stores, an array casts it, and an engine's private element "
+        f"would not). Keep the value in a local and store it once (`v = ...`, "
+        f"then `{name}[{row.index}] = v`), or run the cell without %%gpu_parallel. "
+        f"Nothing from the loop was merged."
+    )
+    src = (
+        f"if not isinstance({name}, (__import__('builtins').list, "
+        "__import__('builtins').dict)):\n"
+        f"    raise __import__('builtins').TypeError({text!r}.format("
+        f"__import__('builtins').type({name}).__name__))\n"
+    )
+    guard = ast.parse(src).body[0]
+    for node in ast.walk(guard):
+        ast.copy_location(node, loc)
+    return guard
+
+
 def _spec_expr(spec: Spec, loc: ast.AST) -> ast.expr:
     expr = ast.parse(repr(dict(spec)), mode="eval").body
     for n in ast.walk(expr):
@@ -532,6 +561,7 @@ def build_program(
         ),
         loc,
     )
+    guards = [_value_row_guard(r, loc) for r in rows.rows.values() if r.mode == "value"]
     per_iteration: list[ast.stmt] = new_body
     if rows.rows:
         per_iteration = rows.wrap(per_iteration, loc)
@@ -570,10 +600,10 @@ def build_program(
         guarded = ast.Try(body=[loop], handlers=[handler], orelse=[], finalbody=[])
         wrapped: ast.stmt = ast.With(items=items, body=[guarded])
         wrapped = ast.fix_missing_locations(ast.copy_location(wrapped, loc))
-        return ast.Module(body=[setup, wrapped], type_ignores=[])
+        return ast.Module(body=[setup, *guards, wrapped], type_ignores=[])
     # every node made here got a location from the loop or the node it replaces,
     # so no whole-tree ast.fix_missing_locations pass is needed
-    return ast.Module(body=[setup, loop], type_ignores=[])
+    return ast.Module(body=[setup, *guards, loop], type_ignores=[])
 
 
 # ---------------------------------------------------------------------------
