@@ -208,6 +208,33 @@ def test_output_of_every_rank_tagged_and_the_torchrun_variables(ip, cluster, cap
     assert "process group: 2 ranks, gloo" in capsys.readouterr().out
 
 
+@pytest.mark.gpu
+def test_nccl_on_every_gpu_with_a_kernel_that_uses_cuda(ip, no_active_cluster):
+    """On a GPU machine: one rank per GPU with nccl; a CUDA tensor of the
+    kernel's lands on each rank's GPU, and results come back as CPU objects."""
+    c = gpucell.start_cluster(gpus="all")
+    try:
+        ip.run_cell("import torch\nkernel_t = torch.arange(4.0, device='cuda')")
+        ip.run_cell_magic(
+            "gpu_distributed",
+            "--quiet --out t,where@all,lin",
+            "import torch.distributed as dist\n"
+            "where = (str(kernel_t.device), dist.get_backend())\n"
+            "t = kernel_t * (dist.get_rank() + 1)\n"
+            "dist.all_reduce(t)\n"
+            "lin = gpucell.ddp(torch.nn.Linear(4, 1))\n"
+            "lin(t[None]).sum().backward()\n",
+        )
+        n = len(c.live_ids())
+        t = ip.user_ns["t"]
+        assert t.device.type == "cpu"
+        torch.testing.assert_close(t, torch.arange(4.0) * (n * (n + 1) / 2))
+        assert all(w == ("cuda:0", "nccl") for w in ip.user_ns["where"])
+        assert next(ip.user_ns["lin"].parameters()).device.type == "cpu"
+    finally:
+        gpucell.stop()
+
+
 # -- failures, on the module's own cluster ------------------------------------------
 
 
@@ -280,3 +307,69 @@ def test_a_skipped_collective_is_reported_at_its_timeout(ip, private_cluster):
     # the group is formed again for the next cell, which runs
     ip.run_cell_magic("gpu_distributed", "--quiet --out n", "n = dist.get_world_size()")
     assert ip.user_ns["n"] == 2
+
+
+def test_the_stop_button_stops_every_rank(ip, private_cluster):
+    from helpers import press_stop
+
+    pressed = press_stop(1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="every rank stopped"):
+            ip.run_cell_magic(
+                "gpu_distributed",
+                "--quiet",
+                "import time\n"
+                "while True:\n"
+                "    dist.all_reduce(torch.ones(1))\n"
+                "    time.sleep(0.01)\n",
+            )
+    finally:
+        pressed.set()
+    assert time.monotonic() - t0 < 1.0 + 8
+    assert gpucell.last_run.status == "interrupted"
+    ip.run_cell_magic("gpu_distributed", "--quiet --out n", "n = dist.get_world_size()")
+    assert ip.user_ns["n"] == 2
+
+
+def test_a_killed_engine_ends_the_cell_and_the_group_is_formed_again(
+    ip, private_cluster, capsys
+):
+    """Rank 1's engine is killed mid-cell: the cell ends within seconds naming
+    it, the engine is restarted on its device, and the next cell forms the
+    group on the engines alive then (saying which names the new rank lacks)."""
+    import os
+    import signal
+    import threading
+
+    ip.run_cell_magic("gpu_distributed", "--quiet", "made_on_ranks = 1")
+    victim = private_cluster.ids[1]
+    pid = private_cluster.engines[victim].pid
+    threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match=f"engine {victim} on .*\\) died"):
+        ip.run_cell_magic(
+            "gpu_distributed",
+            "--quiet",
+            "import time\n"
+            "for i in range(400):\n"
+            "    dist.all_reduce(torch.ones(1))\n"
+            "    time.sleep(0.05)\n",
+        )
+    assert time.monotonic() - t0 < 1.0 + 8
+    deadline = time.monotonic() + 30  # restarted in the background
+    while len(private_cluster.live_ids()) < 2 and time.monotonic() < deadline:
+        gpucell.status()
+        time.sleep(0.2)
+    capsys.readouterr()
+    ip.run_cell_magic(
+        "gpu_distributed",
+        "--out n",
+        "import torch.distributed as dist\nn = dist.get_world_size()",
+    )
+    out = capsys.readouterr().out
+    assert "process group re-formed" in out
+    assert ip.user_ns["n"] == len(private_cluster.live_ids())
+    if len(private_cluster.live_ids()) == 2:
+        note = next(ln for ln in out.splitlines() if "lacks" in ln)
+        assert "rank 1" in note and "made_on_ranks" in note

@@ -320,14 +320,37 @@ def _streams(rank: int, show: str) -> Any:
         sys.stdout, sys.stderr = out, err
 
 
+@contextlib.contextmanager
+def _in_dir(cwd: str | None) -> Any:
+    """In the kernel's working directory while the cell runs (a relative path
+    names the notebook's file, as ``%%gpu_parallel`` chunks do), when this
+    host has it."""
+    try:
+        home: str | None = os.getcwd()
+    except OSError:
+        home = None
+    moved = False
+    if cwd and cwd != home:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+            moved = True
+    try:
+        yield
+    finally:
+        if moved:
+            with contextlib.suppress(OSError):
+                os.chdir(home or "/")
+
+
 def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
     """Run one cell on this rank; the report (and ``--out`` values) as wire frames.
 
     ``task``: owner, epoch, code (the cell's AST, CUDA selections already
     rewritten on CPU engines), filename, source (for tracebacks), device (bind
     the device names the rewrite uses), timeout, show ("0" or "all"), out
-    (names this rank sends back).  ``frames``: the notebook's names this rank
-    lacks, as :func:`gpucell.protocol.wire.dumps` made them.
+    (names this rank sends back), cwd (the kernel's working directory).
+    ``frames``: the notebook's names this rank lacks, as
+    :func:`gpucell.protocol.wire.dumps` made them.
     """
     t_start = time.time()
     g = _GROUP
@@ -366,7 +389,7 @@ def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
         _abort(f"rank {g.rank} could not start the cell")
         report.update(_error_report(e, task, g, None), status="error")
         return wire.dumps({"report": report, "values": {}})
-    with _streams(g.rank, task["show"]) as hidden:
+    with _streams(g.rank, task["show"]) as hidden, _in_dir(task.get("cwd")):
         try:
             exec(code, ns)
         except BaseException as e:  # noqa: BLE001 - every rank must stop: abort

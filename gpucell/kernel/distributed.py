@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import os
 import signal
 import sys
 import time
@@ -647,7 +648,7 @@ def run_distributed(
                 f"gpucell: wrapped {_few(rewrapped)} in DistributedDataParallel "
                 "again on the new group (rank 0's weights broadcast to every rank)."
             )
-        _warn_missing(g, synced, names, echo)
+        _warn_missing(g, synced, ns, echo)
     out_of = {
         r: tuple(o.partition("@")[0] for o in req.out if r == 0 or o.endswith("@all"))
         for r in range(g.world)
@@ -666,6 +667,7 @@ def run_distributed(
             "timeout": timeout,
             "show": req.ranks,
             "out": out_of[r],
+            "cwd": os.getcwd(),
         }
         ar = gc.view(eid).apply_async(run, task, payloads[eid])
         ranks.append(_Rank(r, eid, ar))
@@ -745,7 +747,7 @@ def _unsendable(names: list[str], ns: dict[str, Any]) -> str:
 
 
 def _warn_missing(
-    g: Group, synced: Synced, names: list[str], echo: Callable[[str], None]
+    g: Group, synced: Synced, notebook: Iterable[str], echo: Callable[[str], None]
 ) -> None:
     """A new group whose ranks' namespaces differ (a restarted engine, another
     engine): names earlier cells left on some ranks only."""
@@ -753,7 +755,8 @@ def _warn_missing(
     known = [h for h in held if h is not None]
     if not known:
         return
-    every = set.union(*known)
+    # the notebook's names are sent where needed, and every namespace has gpucell
+    every = set.union(*known) - set(notebook) - {"gpucell"}
     for rank, h in enumerate(held):
         missing = sorted(every - (h or set()))
         if missing:
