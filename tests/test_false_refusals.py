@@ -453,3 +453,71 @@ def test_whole_elements_read_back_of_other_containers_fail_unmerged(
             assert v.equals(before[k])
         else:
             assert v == before[k]
+
+
+# -- a negative position names the element of a positive one ----------------------
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "cell",
+    [
+        # serially y[-3] is doubled, then y[0], the same element, again: an
+        # engine's iterations each read the value from before the loop (these
+        # merged [2, 4, 6] against the serial [4, 8, 12] without a word)
+        "for i in range(-3, 3):\n    y[i] = y[i] * 2\n",
+        "for i in set(idx):\n    y[i] = y[i] * 2\n",
+        "for i in range(k, 3):\n    y[i] = y[i] * 2\n    y[i] = y[i] + 1\n",
+    ],
+)
+def test_an_own_item_under_a_negative_position_fails_unmerged(ip, cluster, cell):
+    y = [1, 2, 3]
+    ip.user_ns.update(y=y, idx=[0, -3], k=-3)
+    with pytest.raises(IndexError, match="a negative position names the same"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert ip.user_ns["y"] is y and y == [1, 2, 3]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("cell", "ns"),
+    [
+        # a dict's negative keys are keys of their own
+        (
+            "for i in range(-3, 3):\n    d[i] = d[i] * 2\n",
+            lambda: {"d": {i: i + 10 for i in range(-3, 3)}},
+        ),
+        # positions that cannot be negative: no check at all
+        (
+            "for i in range(n - 1, -1, -1):\n    y[i] = y[i] * 2 + n\n",
+            lambda: {"y": [1, 2, 3, 4], "n": 4},
+        ),
+        (
+            "for i in set(idx):\n    y[i] = y[i] * 2\n",
+            lambda: {"y": [1, 2, 3], "idx": [2, 0]},
+        ),
+    ],
+)
+def test_own_items_under_positions_that_do_not_alias_match_the_serial_run(
+    ip, cluster, cell, ns
+) -> None:
+    assert_serial_equivalent(ip, cell, ns())
+
+
+def test_the_negative_position_check_is_only_where_a_key_may_be_negative() -> None:
+    def guarded(src: str) -> bool:
+        return "__index__" in accepted(src).chunk_source
+
+    assert guarded("for i in range(k, n):\n    y[i] = y[i] * 2\n")
+    assert guarded("for i in set(idx):\n    y[i] = y[i] * 2\n")
+    assert guarded("for i in range(-2, n):\n    y[i] = 0\n    y[i] += 1\n")
+    for header in (
+        "for i in range(n):",
+        "for i in range(1, n):",
+        "for i in range(0, n, 2):",
+        "for i in range(n - 1, -1, -1):",
+        "for i, v in enumerate(vs):",
+        "for i in ['a', 'b']:",
+        "for i in y.keys():",
+    ):
+        assert not guarded(header + "\n    y[i] = y[i] * 2\n"), header

@@ -135,6 +135,10 @@ class Classification:
     # (line, iterable) of nested loops taken to run at least once because
     # their iterable, made of inputs, is checked non-empty before the run
     nonempty: list[tuple[int, str]] = field(default_factory=list)
+    # own elements and own rows (sink -> the loop's key) whose key may be a
+    # negative position: `y[-3]` and `y[0]` are one element of a 3-item list,
+    # so the engine program refuses a negative key of a sink not a dict
+    negative_keys: dict[str, str] = field(default_factory=dict)
 
 
 def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
@@ -1651,6 +1655,49 @@ def _distinct_items(
     return owner is not None, owner
 
 
+def _nonnegative(e: ast.expr) -> bool:
+    n = _int_literal(e)
+    return n is not None and n >= 0
+
+
+def _may_be_negative(
+    loop_iter: ast.expr | None, is_builtin: Callable[[str], bool]
+) -> bool:
+    """Could an own key from ``loop_iter`` be a negative position?  Not for
+    ``enumerate``, labels, columns, literals (``-3`` is no constant), nor for
+    ``range(n)``, ``range(1, n)``, ``range(n - 1, -1, -1)``; yes for
+    ``range(k, n)`` and the items of ``set(idx)``."""
+    if loop_iter is None:
+        return False
+    if _is_range(loop_iter, is_builtin):
+        assert isinstance(loop_iter, ast.Call)
+        args = loop_iter.args
+        if len(args) == 1 and not loop_iter.keywords:
+            return False
+        if len(args) == 2 or (len(args) == 3 and _int_literal(args[2]) == 1):
+            return not _nonnegative(args[0])
+        if len(args) == 3:
+            step = _int_literal(args[2])
+            stop = _int_literal(args[1])
+            if step is not None and step > 0:
+                return not _nonnegative(args[0])
+            if step is not None and step < 0 and stop is not None:
+                return stop < -1
+        return True
+    if (
+        isinstance(loop_iter, ast.Call)
+        and isinstance(loop_iter.func, ast.Name)
+        and loop_iter.func.id == "enumerate"
+        and is_builtin("enumerate")
+    ):
+        return False
+    if _labels_owner(loop_iter) is not None or isinstance(
+        loop_iter, (ast.List, ast.Tuple, ast.Set)
+    ):
+        return False
+    return _columns_of(loop_iter) is None
+
+
 def _own_key(
     loop_target: ast.expr, loop_iter: ast.expr | None, is_builtin: Callable[[str], bool]
 ) -> tuple[str, str | None] | None:
@@ -2114,6 +2161,14 @@ def classify_body(
         result.writes[name] = row.line
         ctx.inputs.setdefault(name, row.line)  # engines copy the rows they write
     result.own_rows = own_rows
+    if _may_be_negative(loop_iter, is_builtin):
+        # (a row made new under any loop variable never reads what was there:
+        # two keys for one element are a repeated key, the last one wins)
+        i = _own_index(loop_target, loop_iter, is_builtin)
+        result.negative_keys = {
+            **{n: r.index for n, r in own_rows.items() if r.index == i},
+            **own_elements,
+        }
     result.inputs = {
         n: line
         for n, line in ctx.inputs.items()

@@ -460,6 +460,32 @@ class _OwnRowRewriter(ast.NodeTransformer):
         return [*before, guarded]
 
 
+def _negative_key_guard(name: str, key: str, loc: ast.AST) -> ast.stmt:
+    """Each iteration: an own element or row under a negative position
+    (``for i in range(k, n)``, ``for i in set(idx)``) of anything but a
+    dict.  ``y[-3]`` and ``y[0]`` are one element of a 3-item list: serially
+    the later iteration reads what the earlier wrote, on an engine the value
+    from before the loop.  The iteration raises instead; nothing is merged."""
+    text = (
+        f"%%gpu_parallel: the loop writes `{name}[{key}]` as each iteration's "
+        f"own item, and `{key}` is {{}}: a negative position names the same "
+        f"element as a positive one (`{name}[-1]` is the last), so two "
+        f"iterations could share an element. Loop over positions that are not "
+        f"negative (`range(len({name}))`), or run the cell without "
+        f"%%gpu_parallel. Nothing from the loop was merged."
+    )
+    b = "__import__('builtins')"
+    src = (
+        f"if {b}.hasattr({b}.type({key}), '__index__') and {key}.__index__() < 0 "
+        f"and not {b}.isinstance({name}, {b}.dict):\n"
+        f"    raise {b}.IndexError({text!r}.format({key}))\n"
+    )
+    guard = ast.parse(src).body[0]
+    for node in ast.walk(guard):
+        ast.copy_location(node, loc)
+    return guard
+
+
 def _value_row_guard(row: OwnRow, loc: ast.AST) -> ast.stmt:
     """Before a chunk: whole elements read back (``y[i] = 0``, ``y[i] += v``)
     only of a list or a dict, which store what they are given.  A frame aligns
@@ -514,6 +540,7 @@ def build_program(
     deleted: Iterable[str],
     keyed_gathers: Iterable[str] = (),
     own_rows: Mapping[str, OwnRow] | None = None,
+    negative_keys: Mapping[str, str] | None = None,
 ) -> ast.Module:
     """The chunk program as an ``ast.Module`` with the cell's line numbers.
 
@@ -565,6 +592,11 @@ def build_program(
     per_iteration: list[ast.stmt] = new_body
     if rows.rows:
         per_iteration = rows.wrap(per_iteration, loc)
+    if negative_keys:
+        per_iteration = [
+            *(_negative_key_guard(n, k, loc) for n, k in negative_keys.items()),
+            *per_iteration,
+        ]
     if deletes:
         end = _rec_call(Method.END, [name(INDEX)], loc)
         per_iteration = [
