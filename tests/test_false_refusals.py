@@ -468,12 +468,14 @@ def test_whole_elements_read_back_of_other_containers_fail_unmerged(
         "for i in range(-3, 3):\n    y[i] = y[i] * 2\n",
         "for i in set(idx):\n    y[i] = y[i] * 2\n",
         "for i in range(k, 3):\n    y[i] = y[i] * 2\n    y[i] = y[i] + 1\n",
+        # `y[True]` is `y[1]` of a list
+        "for i in set(flags):\n    y[i] = y[i] * 2\n",
     ],
 )
 def test_an_own_item_under_a_negative_position_fails_unmerged(ip, cluster, cell):
     y = [1, 2, 3]
-    ip.user_ns.update(y=y, idx=[0, -3], k=-3)
-    with pytest.raises(IndexError, match="a negative position names the same"):
+    ip.user_ns.update(y=y, idx=[0, -3], k=-3, flags=[True, 1.0 + 1])
+    with pytest.raises(IndexError, match="may name the element of another"):
         ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     assert ip.user_ns["y"] is y and y == [1, 2, 3]
 
@@ -496,6 +498,14 @@ def test_an_own_item_under_a_negative_position_fails_unmerged(ip, cluster, cell)
             "for i in set(idx):\n    y[i] = y[i] * 2\n",
             lambda: {"y": [1, 2, 3], "idx": [2, 0]},
         ),
+        # a dict's keys may be anything hashable
+        (
+            "for k in set(ks):\n    d[k] = d[k] * 2\n",
+            lambda: {
+                "ks": [(0, 1), 0, True, "a"],
+                "d": {(0, 1): 1, 0: 2, "a": 3, 1: 4},
+            },
+        ),
     ],
 )
 def test_own_items_under_positions_that_do_not_alias_match_the_serial_run(
@@ -506,7 +516,7 @@ def test_own_items_under_positions_that_do_not_alias_match_the_serial_run(
 
 def test_the_negative_position_check_is_only_where_a_key_may_be_negative() -> None:
     def guarded(src: str) -> bool:
-        return "__index__" in accepted(src).chunk_source
+        return "IndexError" in accepted(src).chunk_source
 
     assert guarded("for i in range(k, n):\n    y[i] = y[i] * 2\n")
     assert guarded("for i in set(idx):\n    y[i] = y[i] * 2\n")

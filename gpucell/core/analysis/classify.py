@@ -135,10 +135,11 @@ class Classification:
     # (line, iterable) of nested loops taken to run at least once because
     # their iterable, made of inputs, is checked non-empty before the run
     nonempty: list[tuple[int, str]] = field(default_factory=list)
-    # own elements and own rows (sink -> the loop's key) whose key may be a
-    # negative position: `y[-3]` and `y[0]` are one element of a 3-item list,
-    # so the engine program refuses a negative key of a sink not a dict
-    negative_keys: dict[str, str] = field(default_factory=dict)
+    # own elements and own rows whose keys may name one element twice:
+    # sink -> (the loop's key, "range" or "any"); `y[-3]` and `y[0]` are one
+    # element of a 3-item list, `a[True]` and `a[(0, 1)]` overlap `a[0]`: the
+    # engine program checks each key of a sink that is not a dict
+    key_checks: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
@@ -1631,9 +1632,13 @@ def _distinct_items(
     ``sorted``/``list``/``tuple`` of those); ``(True, "X")`` for ``X``'s
     columns; ``(False, None)`` when items may repeat (``for c in cols``)."""
     if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
-        if not all(isinstance(v, ast.Constant) for v in e.elts):
+        # strings and ints only: `True` and `None` index a whole array (a
+        # mask, a new axis), `...` too; `-3` is no constant (a negative position)
+        values = [v.value if isinstance(v, ast.Constant) else None for v in e.elts]
+        if not all(
+            isinstance(v, (str, int, bytes)) and not isinstance(v, bool) for v in values
+        ):
             return False, None
-        values = [v.value for v in e.elts]  # type: ignore[attr-defined]
         return len(set(values)) == len(values), None
     if isinstance(e, ast.Call) and not e.keywords:
         f = e.func
@@ -1660,42 +1665,41 @@ def _nonnegative(e: ast.expr) -> bool:
     return n is not None and n >= 0
 
 
-def _may_be_negative(
+def _key_check(
     loop_iter: ast.expr | None, is_builtin: Callable[[str], bool]
-) -> bool:
-    """Could an own key from ``loop_iter`` be a negative position?  Not for
-    ``enumerate``, labels, columns, literals (``-3`` is no constant), nor for
-    ``range(n)``, ``range(1, n)``, ``range(n - 1, -1, -1)``; yes for
-    ``range(k, n)`` and the items of ``set(idx)``."""
+) -> str | None:
+    """Which keys of ``loop_iter`` may name one element twice: ``"range"``
+    for a ``range`` that may reach negative positions (``range(k, n)``; not
+    ``range(n)``, ``range(1, n)``, ``range(n - 1, -1, -1)``), ``"any"`` for
+    the items of ``set(..)``, ``dict.fromkeys(..)`` (distinct as dict keys,
+    not as positions), ``None`` for ``enumerate``, labels, columns and
+    literals of strings and non-negative ints."""
     if loop_iter is None:
-        return False
+        return None
     if _is_range(loop_iter, is_builtin):
         assert isinstance(loop_iter, ast.Call)
         args = loop_iter.args
-        if len(args) == 1 and not loop_iter.keywords:
-            return False
-        if len(args) == 2 or (len(args) == 3 and _int_literal(args[2]) == 1):
-            return not _nonnegative(args[0])
-        if len(args) == 3:
-            step = _int_literal(args[2])
-            stop = _int_literal(args[1])
-            if step is not None and step > 0:
-                return not _nonnegative(args[0])
-            if step is not None and step < 0 and stop is not None:
-                return stop < -1
-        return True
+        step = _int_literal(args[2]) if len(args) == 3 else 1
+        if len(args) <= 1:
+            return None
+        if step is not None and step > 0 and _nonnegative(args[0]):
+            return None
+        stop = _int_literal(args[1]) if len(args) > 1 else None
+        if step is not None and step < 0 and stop is not None and stop >= -1:
+            return None
+        return "range"
     if (
         isinstance(loop_iter, ast.Call)
         and isinstance(loop_iter.func, ast.Name)
         and loop_iter.func.id == "enumerate"
         and is_builtin("enumerate")
     ):
-        return False
+        return None
     if _labels_owner(loop_iter) is not None or isinstance(
         loop_iter, (ast.List, ast.Tuple, ast.Set)
     ):
-        return False
-    return _columns_of(loop_iter) is None
+        return None
+    return None if _columns_of(loop_iter) is not None else "any"
 
 
 def _own_key(
@@ -2161,13 +2165,14 @@ def classify_body(
         result.writes[name] = row.line
         ctx.inputs.setdefault(name, row.line)  # engines copy the rows they write
     result.own_rows = own_rows
-    if _may_be_negative(loop_iter, is_builtin):
+    check = _key_check(loop_iter, is_builtin)
+    if check is not None:
         # (a row made new under any loop variable never reads what was there:
         # two keys for one element are a repeated key, the last one wins)
         i = _own_index(loop_target, loop_iter, is_builtin)
-        result.negative_keys = {
-            **{n: r.index for n, r in own_rows.items() if r.index == i},
-            **own_elements,
+        result.key_checks = {
+            **{n: (r.index, check) for n, r in own_rows.items() if r.index == i},
+            **{n: (k, check) for n, k in own_elements.items()},
         }
     result.inputs = {
         n: line

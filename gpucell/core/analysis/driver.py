@@ -495,7 +495,7 @@ def analyse(
             deleted=cl.deleted_locals,
             keyed_gathers=cl.keyed_gathers,
             own_rows=cl.own_rows,
-            negative_keys=cl.negative_keys,
+            key_checks=cl.key_checks,
         )
     elif raise_errors:
         raise_if_any(diagnostics)

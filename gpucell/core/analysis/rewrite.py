@@ -460,24 +460,34 @@ class _OwnRowRewriter(ast.NodeTransformer):
         return [*before, guarded]
 
 
-def _negative_key_guard(name: str, key: str, loc: ast.AST) -> ast.stmt:
-    """Each iteration: an own element or row under a negative position
-    (``for i in range(k, n)``, ``for i in set(idx)``) of anything but a
-    dict.  ``y[-3]`` and ``y[0]`` are one element of a 3-item list: serially
-    the later iteration reads what the earlier wrote, on an engine the value
-    from before the loop.  The iteration raises instead; nothing is merged."""
+def _key_guard(name: str, key: str, how: str, loc: ast.AST) -> ast.stmt:
+    """Each iteration: an own element or row of anything but a dict under a
+    key that may name another iteration's element.  ``y[-3]`` and ``y[0]``
+    are one element of a 3-item list (``how == "range"``: ``range(k, n)``);
+    the items of ``set(idx)`` (``"any"``) may also be ``True`` or a tuple,
+    which overlap ``a[0]`` of an array: only strings and non-negative ints
+    pass.  Serially the later iteration reads what the earlier wrote, on an
+    engine the value from before the loop: the iteration raises instead, and
+    nothing is merged."""
     text = (
         f"%%gpu_parallel: the loop writes `{name}[{key}]` as each iteration's "
-        f"own item, and `{key}` is {{}}: a negative position names the same "
-        f"element as a positive one (`{name}[-1]` is the last), so two "
-        f"iterations could share an element. Loop over positions that are not "
-        f"negative (`range(len({name}))`), or run the cell without "
-        f"%%gpu_parallel. Nothing from the loop was merged."
+        f"own item, and `{key}` is {{!r}}, which may name the element of "
+        f"another iteration (`{name}[-1]` is the last element, `{name}[True]` "
+        f"or `{name}[(0, 1)]` overlap `{name}[0]` of an array), so two "
+        f"iterations could share one. Loop over positions that cannot "
+        f"(`range(len({name}))`), or run the cell without %%gpu_parallel. "
+        f"Nothing from the loop was merged."
     )
     b = "__import__('builtins')"
+    if how == "range":  # ints
+        bad = f"{key} < 0"
+    else:
+        bad = (
+            f"not ({b}.type({key}) is {b}.str or "
+            f"({b}.type({key}) is {b}.int and {key} >= 0))"
+        )
     src = (
-        f"if {b}.hasattr({b}.type({key}), '__index__') and {key}.__index__() < 0 "
-        f"and not {b}.isinstance({name}, {b}.dict):\n"
+        f"if ({bad}) and not {b}.isinstance({name}, {b}.dict):\n"
         f"    raise {b}.IndexError({text!r}.format({key}))\n"
     )
     guard = ast.parse(src).body[0]
@@ -540,7 +550,7 @@ def build_program(
     deleted: Iterable[str],
     keyed_gathers: Iterable[str] = (),
     own_rows: Mapping[str, OwnRow] | None = None,
-    negative_keys: Mapping[str, str] | None = None,
+    key_checks: Mapping[str, tuple[str, str]] | None = None,
 ) -> ast.Module:
     """The chunk program as an ``ast.Module`` with the cell's line numbers.
 
@@ -592,9 +602,9 @@ def build_program(
     per_iteration: list[ast.stmt] = new_body
     if rows.rows:
         per_iteration = rows.wrap(per_iteration, loc)
-    if negative_keys:
+    if key_checks:
         per_iteration = [
-            *(_negative_key_guard(n, k, loc) for n, k in negative_keys.items()),
+            *(_key_guard(n, k, how, loc) for n, (k, how) in key_checks.items()),
             *per_iteration,
         ]
     if deletes:
