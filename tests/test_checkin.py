@@ -403,3 +403,20 @@ def test_numpy_scalars_and_dtypes_are_values_not_arrays(nb):
     )
     assert [int(k[0]) for k in nb.user_ns["keep"]] == [min(6, i) for i in range(12)]
     assert {k.dtype for k in nb.user_ns["keep"]} == {np.dtype("f4")}
+
+
+def test_backward_reaching_an_input_no_call_names_fails(nb):
+    # `w` is only multiplied (no call names it), but backward() fills its grad
+    nb.run_cell(
+        "w = torch.ones(3, requires_grad=True)\n"
+        "xs = [torch.tensor([1.0, 2.0, 3.0]) * k for k in range(4)]"
+    )
+    err = _fails_atomically(
+        nb,
+        "outs = []\nfor x in xs:\n    out = (w * x).sum()\n    out.backward()\n"
+        "    outs.append(out.item())\n",
+        ["w"],
+        r"`w` changed in place",
+    )
+    assert "grad" in str(err)
+    assert nb.user_ns["w"].grad is None

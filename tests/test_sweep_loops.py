@@ -197,9 +197,6 @@ KNOWN: dict[str, str] = {
         " of the loop's data or to an object that exists before the loop, and "
         "..."
     ),
-    "u-grad-accumulates-outer": (
-        "SILENT (input changed through an unwatched channel): w"
-    ),
     "u-set-order-in-body": (
         "SILENT (set order follows the engine's hash seed): token_lists"
     ),
@@ -307,10 +304,6 @@ KNOWN: dict[str, str] = {
         "false refusal (own item changed, fails at run time): ValueError: "
         "output array is read-only"
     ),
-    "u-pandas-to-csv-append": (
-        "SILENT (one shared file written without open()): merged_text"
-    ),
-    "u-np-save-same-path": ("SILENT (one shared file written without open()): kept"),
     "u-chdir-in-body": ("SILENT (process-wide state): where"),
     "u-pd-set-option": ("SILENT (process-wide state): opts"),
     "u-np-seterr-in-body": ("SILENT (process-wide state): state"),

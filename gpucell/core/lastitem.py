@@ -116,11 +116,62 @@ def shared_file_writes(source: str, line: int) -> list[tuple[int, str]]:
     return sorted(set(out))
 
 
+#: writers that take a path (not an open file) and replace or extend that
+#: file: where the path is among the arguments (``None``: the receiver is it,
+#: as ``Path(p).write_text(s)``)
+PATH_WRITERS: dict[str, int | None] = {
+    "save": 0,  # np.save(p, a), img.save(p), torch.save is below
+    "savez": 0,
+    "savez_compressed": 0,
+    "savetxt": 0,
+    "savefig": 0,
+    "to_csv": 0,
+    "to_parquet": 0,
+    "to_json": 0,
+    "to_pickle": 0,
+    "to_excel": 0,
+    "to_feather": 0,
+    "to_hdf": 0,
+    "write_text": None,
+    "write_bytes": None,
+}
+#: dotted writers whose path is another argument than PATH_WRITERS says
+_PATH_AT = {"torch.save": 1, "joblib.dump": 1}
+
+
+def _path_writer(node: ast.Call) -> ast.expr | None:
+    """The path a library writer call (``np.save(p, a)``, ``df.to_csv(p)``,
+    ``torch.save(m, p)``, ``Path(p).write_text(s)``) writes, if it is one."""
+    f = node.func
+    if not isinstance(f, ast.Attribute):
+        return None
+    dotted = dotted_name(f) or ""
+    at = _PATH_AT.get(dotted, PATH_WRITERS.get(f.attr, -1))
+    if dotted == "joblib.dump" or f.attr in PATH_WRITERS or dotted in _PATH_AT:
+        if at is None:
+            return f.value
+        if at is not None and 0 <= at < len(node.args):
+            return node.args[at]
+        for kw in node.keywords:
+            if kw.arg in ("path", "path_or_buf", "file", "fname", "f", "filename"):
+                return kw.value
+    return None
+
+
 def _writes(nodes: list[ast.AST], bound: set[str]) -> list[tuple[int, str]]:
-    """``open(path, mode)`` calls among ``nodes`` that write a path naming
-    nothing in ``bound``."""
+    """``open(path, mode)`` calls (and library writers given a path) among
+    ``nodes`` that write a path naming nothing in ``bound``."""
     out: list[tuple[int, str]] = []
     for node in nodes:
+        if isinstance(node, ast.Call):
+            written = _path_writer(node)
+            if written is not None and not (
+                isinstance(written, ast.Constant) and not isinstance(written.value, str)
+            ):
+                names = {n.id for n in ast.walk(written) if isinstance(n, ast.Name)}
+                if not names & bound:
+                    out.append((node.lineno, ast.unparse(written)))
+                continue
         if not (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -143,6 +194,23 @@ def _writes(nodes: list[ast.AST], bound: set[str]) -> list[tuple[int, str]]:
         if not names & bound:
             out.append((node.lineno, ast.unparse(path)))
     return out
+
+
+def uses_autograd(source: str, line: int) -> bool:
+    """Does the body of the ``for`` loop at ``line`` run autograd itself
+    (``loss.backward()``, ``torch.autograd.grad(...)``)?  Gradients then reach
+    every leaf tensor the graph touches, inputs that no call names among them
+    (``out = (w * x).sum(); out.backward()`` fills ``w.grad``): the engines
+    must check every input, not only the ones calls name."""
+    loop = loop_node(source, line)
+    if loop is None:
+        return False
+    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = dotted_name(node.func) or ""
+            if node.func.attr == "backward" or name.endswith("autograd.grad"):
+                return True
+    return False
 
 
 def helper_file_writes(source: str) -> list[tuple[int, str]]:

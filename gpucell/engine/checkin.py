@@ -337,6 +337,9 @@ def _what(was: Hashable, now: Hashable) -> str:
         if was[4] != now[4]:
             return "its train/eval mode changed"
     if kind == "tensor":
+        assert isinstance(was, tuple) and isinstance(now, tuple)
+        if was[:3] == now[:3] and was[3] != now[3]:
+            return "its .grad changed (a backward() reached it)"
         return "it was changed in place"
     if kind == "ndarray":
         return (
