@@ -150,6 +150,7 @@ def test_a_model_built_in_one_cell_is_trained_in_the_next(ip, cluster, capsys):
         "        return self.lin(x) * scale\n"
         "scale = 2.0\n"
         "steps = 0\n"
+        "net2 = 'older, from the notebook'\n"
     )
     before = dict(ip.user_ns)
     capsys.readouterr()
@@ -163,7 +164,9 @@ def test_a_model_built_in_one_cell_is_trained_in_the_next(ip, cluster, capsys):
     out = capsys.readouterr().out
     assert "the notebook's namespace is unchanged (no --out)" in out
     assert "net2" in out and "opt2" in out  # the ranks keep them
-    assert "net2" not in ip.user_ns and ip.user_ns.keys() == before.keys()
+    assert ip.user_ns.keys() == before.keys()
+    # the ranks' net2 wins over the notebook's older one of the same name
+    assert ip.user_ns["net2"] == "older, from the notebook"
     step = (
         "for xb, yb in gpucell.shard(loader):\n"
         "    opt2.zero_grad()\n"

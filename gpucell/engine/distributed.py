@@ -466,7 +466,7 @@ def _error_report(
     low = text.lower()
     if isinstance(e, KeyboardInterrupt):
         kind = "interrupt"
-    elif "timed out" in low or "timeout" in low and collective is not None:
+    elif "timed out" in low or ("timeout" in low and collective is not None):
         kind = "timeout"
     elif (
         "connection closed by peer" in low

@@ -197,7 +197,11 @@ class _Token:
             ref: Any = weakref.ref(value)
         except TypeError:
             ref = value
-        return cls(fingerprint(value), id(value), ref)
+        try:
+            fp = fingerprint(value)
+        except Exception:  # an object whose attributes cannot be read
+            fp = None
+        return cls(fp, id(value), ref)
 
     def same(self, value: Any) -> bool:
         if self.fp is not None:
@@ -223,27 +227,40 @@ class Synced:
     tokens: dict[tuple[str, int], dict[str, _Token]] = field(default_factory=dict)
     names: dict[tuple[str, int], set[str]] = field(default_factory=dict)
 
-    def wanted(self, proc: tuple[str, int], names: list[str], ns: dict[str, Any]):
+    def wanted(
+        self, proc: tuple[str, int], names: list[str], ns: dict[str, Any]
+    ) -> list[str]:
         have = self.tokens.get(proc, {})
         return [n for n in names if n not in have or not have[n].same(ns[n])]
 
-    def sent(self, proc: tuple[str, int], names: Iterable[str], ns: dict[str, Any]):
+    def sent(
+        self, proc: tuple[str, int], names: Iterable[str], ns: dict[str, Any]
+    ) -> None:
         have = self.tokens.setdefault(proc, {})
         for n in names:
             have[n] = _Token.of(ns[n])
 
-    def after(self, proc: tuple[str, int], held: Iterable[str], ns: dict[str, Any]):
-        """A cell ended on ``proc``, whose namespace now holds ``held``: the
-        notebook's values of those names as they are now are the ones it
-        does not need (its own are newer)."""
+    def after(
+        self,
+        proc: tuple[str, int],
+        held: Iterable[str],
+        ns: dict[str, Any],
+        bound: Iterable[str] = (),
+    ) -> None:
+        """A cell ended on ``proc``, whose namespace now holds ``held``; the
+        notebook's names in ``bound`` were just set from the ranks (--out).
+        A held name the notebook has without a token (the rank made its own)
+        and a bound one get the notebook's value's token now: that value is
+        not newer than the rank's.  Other tokens stay as they are (a rank that
+        changed a name it was sent keeps its own until the notebook changes
+        the name)."""
         held = set(held)
         self.names[proc] = held
         have = self.tokens.setdefault(proc, {})
+        fresh = set(bound)
         for n in held:
-            if n in ns:
+            if n in ns and (n in fresh or n not in have):
                 have[n] = _Token.of(ns[n])
-            else:
-                have.pop(n, None)
 
     def forget(self, proc: tuple[str, int]) -> None:
         self.tokens.pop(proc, None)
@@ -686,7 +703,12 @@ def run_distributed(
     _bind(ns, req.out, ranks)
     for rk in ranks:
         assert rk.report is not None
-        synced.after(procs[rk.engine], rk.report.get("names", ()), ns)
+        synced.after(
+            procs[rk.engine],
+            rk.report.get("names", ()),
+            ns,
+            bound=(o.partition("@")[0] for o in req.out),
+        )
     record.status = "ok"
     if not req.quiet:
         echo(record.summary())
@@ -791,7 +813,8 @@ def _wait(gc: Any, g: Group, ranks: list[_Rank], show: str) -> str:
                     _take(rk)
                     if show == "all" or rk.rank == 0:
                         relay.finished(rk.ar)
-                    if rk.report["status"] != "ok" and failed_at is None:
+                    failed = (rk.report or {}).get("status") != "ok"
+                    if failed and failed_at is None:
                         failed_at = time.monotonic()
                         status = "error"
             running = [rk for rk in ranks if rk.report is None]
@@ -838,7 +861,9 @@ def _wait(gc: Any, g: Group, ranks: list[_Rank], show: str) -> str:
                             "message": "did not stop after SIGINT",
                         }
             concurrent.futures.wait(
-                [rk.ar for rk in running], timeout=0.05, return_when="FIRST_COMPLETED"
+                [rk.ar for rk in running],
+                timeout=0.05,
+                return_when=concurrent.futures.FIRST_COMPLETED,
             )
         relay.flush([])
     return status
@@ -909,7 +934,7 @@ def _record(record: DistributedRun, gc: Any, ranks: list[_Rank]) -> None:
                 start=rk.rank,
                 stop=rk.rank + 1,
                 engine=rk.engine,
-                host=rep.get("host") or getattr(info, "host", "?"),
+                host=str(rep.get("host") or getattr(info, "host", "?")),
                 device=getattr(info, "device", "?"),
                 t_start=t_start,
                 t_end=t_end,
