@@ -190,3 +190,16 @@ def test_whole_element_writes_read_back_from_an_array_are_refused(ip, cluster):
             "for i in range(4):\n    y[i] = 2.7\n    y[i] += 1\n",
         )
     assert (ip.user_ns["y"] == 0).all()
+
+
+def test_a_tuple_key_made_of_loop_variables_is_one_dict_key(ip, cluster):
+    """``results[a, b] = [a]`` for ``a, b`` from a grid: one tuple key (the
+    own-row rewrite once split it into row ``a``, column ``b`` and failed
+    on the engines)."""
+    ip.user_ns["grid"] = [(a, b) for a in range(3) for b in range(2)]
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "results = {}\nfor a, b in grid:\n    results[a, b] = [a]\n",
+    )
+    assert ip.user_ns["results"] == {(a, b): [a] for a in range(3) for b in range(2)}

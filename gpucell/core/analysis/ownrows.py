@@ -295,6 +295,11 @@ def _candidate(
             depth = own_chain(base, name, index)
             if depth is None:
                 return None
+            if not distinct and isinstance(base.slice, ast.Tuple):
+                # `results[a, b] = [a]` keyed by loop variables that may repeat:
+                # for a dict that is one tuple key, not row `a`, column `b`
+                # (the plain keyed write covers it)
+                return None
             levels, top = depth[0], base
             up = parents.get(id(top))
             while isinstance(up, ast.Subscript) and up.value is top:
