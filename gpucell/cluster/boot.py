@@ -14,8 +14,9 @@ hook sets that command).  Before the real module is imported this:
   files a loop writes get the modes they get serially);
 * with ``GPUCELL_PIN_BY_RANK=1`` (engines a batch system starts together, one
   ``srun`` for all), picks this engine's GPU by its rank on its node
-  (``SLURM_LOCALID``) among the node's ``CUDA_VISIBLE_DEVICES``, and sizes its
-  thread pools to the cores it was given.
+  (``SLURM_LOCALID``) among the node's ``CUDA_VISIBLE_DEVICES`` (a MIG slice,
+  ``MIG-...``, alone: CUDA gives a process one), and sizes its thread pools to
+  the cores it was given.
 
 Thread-pool sizes and ``CUDA_VISIBLE_DEVICES`` arrive as plain environment variables
 from the launcher, so they are in place before CUDA or any BLAS can initialise.
@@ -91,11 +92,18 @@ def _pin_by_local_rank(env: os._Environ[str]) -> None:
     gpus = [g for g in gpus if g]
     if gpus:
         own = gpus[r % len(gpus)]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join([own] + [g for g in gpus if g != own])
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if own.startswith("MIG-"):  # a MIG slice: CUDA gives a process one, alone
+            env["CUDA_VISIBLE_DEVICES"] = own
+            env["GPUCELL_ENGINE_LABEL"] = f"{host}/mig{r % len(gpus)}"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                [own] + [g for g in gpus if g != own]
+            )
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["GPUCELL_ENGINE_LABEL"] = f"{host}/gpu{own}"
         env["GPUCELL_DEVICE_KIND"] = "gpu"
-        env["GPUCELL_DEVICE_INDEX"] = own
-        env["GPUCELL_ENGINE_LABEL"] = f"{host}/gpu{own}"
+        # a UUID (GPU-..., MIG-...) is no index: its place in the node's list
+        env["GPUCELL_DEVICE_INDEX"] = own if own.isdigit() else str(r % len(gpus))
     else:
         env["GPUCELL_DEVICE_KIND"] = "cpu"
         env["GPUCELL_ENGINE_LABEL"] = f"{host}/cpu{r}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpucell.core.states import IDLE, EngineState
-from gpucell.core.topology import EngineSpec
+from gpucell.core.topology import EngineSpec, slice_text
 from gpucell.devices.host import identity, shares_pids
 from gpucell.errors import ClusterError
 
@@ -62,7 +62,11 @@ class EngineInfo:
 
     @property
     def device(self) -> str:
-        return f"GPU {self.index}" if self.kind == "gpu" else "CPU"
+        """``GPU 0``, ``GPU 0 MIG-c6d4f1ef`` (a MIG slice of GPU 0) or ``CPU``."""
+        if self.kind != "gpu":
+            return "CPU"
+        mig = slice_text(self.cuda_visible_devices)
+        return f"GPU {self.index} {mig}" if mig else f"GPU {self.index}"
 
 
 #: libraries that take seconds to import: engines import those the kernel has

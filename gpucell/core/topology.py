@@ -5,7 +5,9 @@ before CUDA can initialise:
 
 * ``CUDA_VISIBLE_DEVICES`` lists its GPU first and the others after it, as dask-cuda's
   LocalCUDACluster does, so user code written for one GPU finds its device at
-  ``cuda:0`` while peer-to-peer access to the other GPUs still works;
+  ``cuda:0`` while peer-to-peer access to the other GPUs still works; an engine on
+  a MIG slice sees that slice alone (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``: CUDA
+  gives a process one MIG device, and no peer access between slices);
 * its CPU affinity is the GPU's near cores where NVML reports them;
 * thread pools (OpenMP, MKL, OpenBLAS, torch) are limited to the engine's share of
   cores, so engines sharing a host do not fight over them.
@@ -25,8 +27,10 @@ __all__ = [
     "MAX_ENGINES",
     "EngineSpec",
     "engine_limit",
+    "is_mig",
     "parse_gpu_selection",
     "plan_engines",
+    "slice_text",
     "thread_env",
     "visible_devices_order",
 ]
@@ -87,6 +91,24 @@ def parse_gpu_selection(spec: str | Sequence[int] | None) -> str | tuple[int, ..
     if any(i < 0 for i in idx):
         raise DeviceSelectionError(f"--gpus {spec!r}: GPU indices are >= 0.")
     return idx
+
+
+def is_mig(device: Device) -> bool:
+    """Is ``device`` a MIG slice (its UUID ``MIG-...``) rather than a whole GPU?"""
+    return device.kind == "gpu" and device.uuid.startswith("MIG-")
+
+
+def slice_text(visible: str | None) -> str:
+    """How the status names the MIG slice an engine's ``CUDA_VISIBLE_DEVICES``
+    pins it to: ``MIG-c6d4f1ef`` (the start of its UUID, as ``nvidia-smi -L``
+    shows it), ``MIG 1/0`` (GPU and compute instance, for the older
+    ``MIG-GPU-<uuid>/1/0`` names); ``""`` for anything else."""
+    first = (visible or "").split(",")[0].strip()
+    if not first.startswith("MIG-"):
+        return ""
+    if first.startswith("MIG-GPU-") and first.count("/") == 2:
+        return "MIG " + first.split("/", 1)[1]
+    return first[: len("MIG-") + 8]
 
 
 def visible_devices_order(gpu: int, all_gpus: Sequence[int]) -> str:
@@ -155,7 +177,9 @@ def plan_engines(
     ):
         if value is not None and value > limit:
             raise _too_many(option, value, limit, len(cores))
-    by_index = {g.index: g for g in gpus}
+    by_index: dict[int, list[Device]] = {}  # a GPU in MIG mode: its slices
+    for g in gpus:
+        by_index.setdefault(g.index, []).append(g)
     if select == "none":
         chosen: list[Device] = []
     elif select == "all":
@@ -170,7 +194,7 @@ def plan_engines(
                 "engines."
             )
         # every entry is a known GPU index here (``missing`` is empty)
-        chosen = [by_index[i] for i in cast("tuple[int, ...]", select)]
+        chosen = [d for i in cast("tuple[int, ...]", select) for d in by_index[i]]
     if chosen and n is not None:
         if n > len(chosen):
             raise DeviceSelectionError(
@@ -179,7 +203,20 @@ def plan_engines(
             )
         chosen = chosen[:n]
 
-    all_idx = [g.index for g in gpus]
+    all_idx = [g.index for g in gpus if not is_mig(g)]  # whole GPUs: peers
+    # a MIG slice's label: its GPU's index and its rank among that GPU's slices
+    slices: dict[str, str] = {}
+    per_parent: dict[int, int] = {}
+    for g in gpus:
+        if is_mig(g):
+            k = per_parent.get(g.index, 0)
+            per_parent[g.index] = k + 1
+            slices[g.uuid] = f"gpu{g.index}.mig{k}"
+    # the chosen slices of one GPU split its near cores, as --per-gpu engines do
+    sharing: dict[int, list[str]] = {}
+    for g in chosen:
+        if is_mig(g):
+            sharing.setdefault(g.index, []).append(g.uuid)
     n_cpu = cpu_engines if chosen else (n if n is not None else max(1, len(cores)))
     total = len(chosen) * per_gpu + n_cpu
     if total > limit:
@@ -193,17 +230,26 @@ def plan_engines(
     specs: list[EngineSpec] = []
     for g in chosen:
         for k in range(per_gpu):
-            near = _share(g.cpu_affinity, k, per_gpu) if g.cpu_affinity else ()
-            # NVML indices are written, and NVML orders GPUs by PCI bus id; CUDA's
-            # default order (fastest first) may differ, so say which order we mean
-            env = {
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "CUDA_VISIBLE_DEVICES": visible_devices_order(g.index, all_idx),
-            }
+            part, parts = k, per_gpu
+            if is_mig(g):
+                part += sharing[g.index].index(g.uuid) * per_gpu
+                parts *= len(sharing[g.index])
+            near = _share(g.cpu_affinity, part, parts) if g.cpu_affinity else ()
+            if is_mig(g):  # the slice alone, by its UUID
+                env = {"CUDA_VISIBLE_DEVICES": g.uuid}
+                name = slices[g.uuid]
+            else:
+                # NVML indices are written, and NVML orders GPUs by PCI bus id;
+                # CUDA's default order (fastest first) may differ: say which
+                env = {
+                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                    "CUDA_VISIBLE_DEVICES": visible_devices_order(g.index, all_idx),
+                }
+                name = f"gpu{g.index}"
             env.update(thread_env(max(1, len(near)) if near else threads))
             specs.append(
                 EngineSpec(
-                    label=f"gpu{g.index}" + (f".{k}" if per_gpu > 1 else ""),
+                    label=name + (f".{k}" if per_gpu > 1 else ""),
                     device=g,
                     env=env,
                     cpu_affinity=near,

@@ -1,7 +1,9 @@
 """Find the GPUs of this host, behind one small interface.
 
-Discovery asks NVML first (names, memory, UUIDs, near CPU cores), then
-``torch.cuda``, and falls back to CPU engines.  A missing driver or library is a
+Discovery asks NVML first (names, memory, UUIDs, near CPU cores, MIG slices),
+then ``torch.cuda``, and falls back to CPU engines.  A GPU in MIG mode is not a
+device; each of its MIG slices is (``Device.uuid`` ``MIG-...``, ``index`` its
+GPU's).  A missing driver or library is a
 fallback, never a crash: a notebook written on a laptop must still run.
 
 NVML is reached only through :class:`gpucell.devices.nvml.NvmlApi`, the seam the
@@ -14,7 +16,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from gpucell.devices.nvml import GpuInfo, NvmlApi, NvmlUnavailable, PynvmlApi
+from gpucell.devices.nvml import (
+    GpuInfo,
+    MigInfo,
+    NvmlApi,
+    NvmlUnavailable,
+    PynvmlApi,
+    mig_token_matches,
+)
 from gpucell.protocol.devices import Device
 
 __all__ = ["Discovery", "cpu_device", "discover"]
@@ -61,26 +70,110 @@ def _torch_gpus() -> list[GpuInfo]:
         return []
 
 
-def _visible_filter(infos: list[GpuInfo]) -> list[GpuInfo]:
-    """Honour a CUDA_VISIBLE_DEVICES the user set for the kernel (indices or UUIDs)."""
+def _whole(g: GpuInfo) -> Device:
+    return Device(
+        kind="gpu",
+        index=g.index,
+        name=g.name,
+        uuid=g.uuid,
+        memory_total=g.memory_total,
+        cpu_affinity=g.cpu_affinity,
+    )
+
+
+def _slice(g: GpuInfo, m: MigInfo) -> Device:
+    """A MIG slice as a device: its GPU's index and near cores, its own name,
+    UUID (``MIG-...``: what its engine's ``CUDA_VISIBLE_DEVICES`` will say) and
+    memory."""
+    return Device(
+        kind="gpu",
+        index=g.index,
+        name=m.name,
+        uuid=m.uuid,
+        memory_total=m.memory_total,
+        cpu_affinity=g.cpu_affinity,
+    )
+
+
+def _in_mig_mode(g: GpuInfo) -> str:
+    return (
+        f"GPU {g.index} ({g.name}) is in MIG mode: CUDA cannot use it whole, only "
+        "its MIG devices"
+    )
+
+
+def _all_devices(infos: list[GpuInfo], notes: list[str]) -> list[Device]:
+    """Every device when nothing restricts them: whole GPUs, and the slices of
+    GPUs in MIG mode (one without slices is no device)."""
+    out: list[Device] = []
+    for g in infos:
+        if not g.mig_enabled:
+            out.append(_whole(g))
+        elif g.migs:
+            out.extend(_slice(g, m) for m in g.migs)
+        else:
+            notes.append(_in_mig_mode(g) + ", and none was created")
+    return out
+
+
+def _match(tok: str, infos: list[GpuInfo]) -> tuple[GpuInfo, MigInfo | None] | None:
+    """The GPU or MIG slice one ``CUDA_VISIBLE_DEVICES`` entry names: an NVML
+    index, ``GPU-<uuid>``, ``MIG-<uuid>`` or ``MIG-GPU-<uuid>/<gi>/<ci>``.  As
+    CUDA does, a UUID may be shortened to a prefix that names one device."""
+    if tok.isdigit():
+        return next(((g, None) for g in infos if g.index == int(tok)), None)
+    if tok.startswith("MIG-"):
+        slices = [(g, m) for g in infos for m in g.migs]
+        hits = [(g, m) for g, m in slices if mig_token_matches(tok, g, m)] or [
+            (g, m)
+            for g, m in slices
+            if not tok.startswith("MIG-GPU-") and m.uuid.startswith(tok)
+        ]
+        return hits[0] if len(hits) == 1 else None
+    if tok.startswith("GPU-"):
+        found = [g for g in infos if g.uuid == tok] or [
+            g for g in infos if g.uuid.startswith(tok)
+        ]
+        return (found[0], None) if len(found) == 1 else None
+    return None
+
+
+def _visible(infos: list[GpuInfo], notes: list[str]) -> list[Device]:
+    """The devices this process may use: all of them, or those a
+    CUDA_VISIBLE_DEVICES set for the kernel names (a Slurm or shared-server
+    allocation), in its order.
+
+    Like CUDA, the list ends at its first entry that names no device here.  A
+    GPU in MIG mode named whole is no device (its slices are, when named).
+    """
     spec = os.environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
-        return infos
-    picked = []
+        return _all_devices(infos, notes)
+    picked: list[Device] = []
     for tok in (t.strip() for t in spec.split(",")):
         if not tok:
             continue
-        for info in infos:
-            if tok == str(info.index) or (tok.startswith("GPU-") and info.uuid == tok):
-                picked.append(info)
-                break
-        else:
-            break  # CUDA stops at the first invalid entry
+        hit = _match(tok, infos)
+        if hit is None:
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES entry {tok!r} names no GPU or MIG device "
+                "here; CUDA ignores it and every entry after it"
+            )
+            break
+        g, m = hit
+        if m is None and g.mig_enabled:
+            notes.append(
+                _in_mig_mode(g) + " (name them, MIG-..., in CUDA_VISIBLE_DEVICES)"
+            )
+            continue
+        dev = _whole(g) if m is None else _slice(g, m)
+        if dev not in picked:
+            picked.append(dev)
     return picked
 
 
 def discover(nvml: NvmlApi | None = None) -> Discovery:
-    """Find this host's GPUs; never raises.
+    """Find this host's GPUs (and MIG slices); never raises.
 
     Parameters
     ----------
@@ -90,26 +183,15 @@ def discover(nvml: NvmlApi | None = None) -> Discovery:
     notes: list[str] = []
     api = nvml if nvml is not None else PynvmlApi()
     try:
-        infos = _visible_filter(api.gpus())
+        gpus = _visible(api.gpus(), notes)
         source = "nvml"
     except NvmlUnavailable as e:
         notes.append(str(e))
-        infos = _torch_gpus() if nvml is None else []
-        source = "torch" if infos else "none"
-    if not infos:
+        gpus = [_whole(g) for g in (_torch_gpus() if nvml is None else [])]
+        source = "torch" if gpus else "none"
+    if not gpus:
         source = "none"
-    gpus = tuple(
-        Device(
-            kind="gpu",
-            index=i.index,
-            name=i.name,
-            uuid=i.uuid,
-            memory_total=i.memory_total,
-            cpu_affinity=i.cpu_affinity,
-        )
-        for i in infos
-    )
-    return Discovery(gpus=gpus, source=source, notes=tuple(notes))
+    return Discovery(gpus=tuple(gpus), source=source, notes=tuple(notes))
 
 
 def cpu_device() -> Device:

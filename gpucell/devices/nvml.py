@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["GpuInfo", "GpuUsage", "NvmlApi", "NvmlUnavailable", "PynvmlApi"]
+__all__ = [
+    "GpuInfo",
+    "GpuUsage",
+    "MigInfo",
+    "NvmlApi",
+    "NvmlUnavailable",
+    "PynvmlApi",
+    "mig_token_matches",
+]
 
 
 class NvmlUnavailable(RuntimeError):
@@ -22,14 +30,53 @@ class NvmlUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class MigInfo:
+    """One MIG device (a slice: a GPU instance's compute instance) of a GPU in
+    MIG mode, as NVML reports it through the slice's own handle."""
+
+    slot: int  # NVML's MIG device index on its GPU (GetMigDeviceHandleByIndex)
+    name: str  # "NVIDIA A100-SXM4-80GB MIG 1g.10gb": the GPU's name and the profile
+    uuid: str  # "MIG-<uuid>" (R470+ drivers); CUDA_VISIBLE_DEVICES names it so
+    memory_total: int  # bytes: the slice's own memory
+    gpu_instance: int = -1  # GI id, for the old "MIG-GPU-<uuid>/<gi>/<ci>" names
+    compute_instance: int = -1  # CI id
+
+
+@dataclass(frozen=True)
 class GpuInfo:
-    """What NVML reports about one GPU."""
+    """What NVML reports about one GPU.
+
+    A GPU in MIG mode (``mig_enabled``) cannot run CUDA work as a whole: only its
+    slices (``migs``, empty when none were created) are devices.
+    """
 
     index: int
     name: str
     uuid: str
     memory_total: int  # bytes
     cpu_affinity: tuple[int, ...] = ()  # the GPU's near cores; () when unknown
+    mig_enabled: bool = False
+    migs: tuple[MigInfo, ...] = ()
+
+
+def mig_token_matches(token: str, gpu: GpuInfo, mig: MigInfo) -> bool:
+    """Does ``token`` (one ``CUDA_VISIBLE_DEVICES`` entry) name slice ``mig`` of
+    ``gpu``?  Either ``MIG-<uuid>`` (the slice's own UUID, R470+ drivers) or the
+    older ``MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>`` (R450)."""
+    if not token.startswith("MIG-"):
+        return False
+    if token == mig.uuid:
+        return True
+    if token.startswith("MIG-GPU-"):
+        parent, _, rest = token[len("MIG-") :].partition("/")
+        gi, _, ci = rest.partition("/")
+        return (
+            parent == gpu.uuid
+            and gi.isdigit()
+            and ci.isdigit()
+            and (int(gi), int(ci)) == (mig.gpu_instance, mig.compute_instance)
+        )
+    return False
 
 
 @dataclass(frozen=True)
@@ -62,6 +109,85 @@ class NvmlApi(Protocol):
         """
         ...
 
+    def mig_usage(self, uuid: str) -> GpuUsage:
+        """Load of the MIG slice ``uuid`` (either form :func:`mig_token_matches`
+        reads).  NVML reports no utilisation per slice (``None``, never 0) nor
+        power (the board's is shared by every slice: ``None``); memory is the
+        slice's own; temperature the GPU's.  Raise :class:`NvmlUnavailable` when
+        NVML cannot answer or has no such slice.
+        """
+        ...
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _mig_name(gpu_name: str, mig_name: str) -> str:
+    """``NVIDIA A100-SXM4-80GB MIG 1g.10gb`` whatever the driver returns for the
+    slice's handle (the full name, ``MIG 1g.10gb`` or only ``1g.10gb``)."""
+    mig_name = mig_name.strip()
+    if mig_name.startswith(gpu_name):
+        return mig_name
+    if not mig_name.startswith("MIG"):
+        mig_name = f"MIG {mig_name}"
+    return f"{gpu_name} {mig_name}".strip()
+
+
+def _mig_enabled(nv: Any, handle: Any) -> bool:
+    """Is the GPU in MIG mode now (its current mode, not a pending one)?  GPUs
+    without MIG (before Ampere, consumer boards) answer NOT_SUPPORTED: no."""
+    try:
+        current = nv.nvmlDeviceGetMigMode(handle)[0]
+    except Exception:
+        return False
+    return bool(current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
+
+
+def _mig_handles(nv: Any, handle: Any) -> list[tuple[int, Any]]:
+    """(slot, handle) of each MIG device that exists on a GPU in MIG mode (an
+    empty slot answers NOT_FOUND and is skipped)."""
+    try:
+        count = int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except Exception:
+        return []
+    out = []
+    for k in range(count):
+        try:
+            out.append((k, nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)))
+        except Exception:
+            continue
+    return out
+
+
+def _mig_info(nv: Any, slot: int, handle: Any, gpu_name: str) -> MigInfo:
+    def opt(f: Any) -> int:
+        try:
+            return int(f(handle))
+        except Exception:
+            return -1
+
+    return MigInfo(
+        slot=slot,
+        name=_mig_name(gpu_name, _text(nv.nvmlDeviceGetName(handle))),
+        uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+        memory_total=int(nv.nvmlDeviceGetMemoryInfo(handle).total),
+        gpu_instance=opt(nv.nvmlDeviceGetGpuInstanceId),
+        compute_instance=opt(nv.nvmlDeviceGetComputeInstanceId),
+    )
+
+
+def _migs(nv: Any, handle: Any, gpu_name: str) -> tuple[MigInfo, ...]:
+    """The slices of a GPU in MIG mode; one NVML cannot describe is left out
+    (it is no device gpucell could name)."""
+    out = []
+    for k, m in _mig_handles(nv, handle):
+        try:
+            out.append(_mig_info(nv, k, m, gpu_name))
+        except Exception:
+            continue
+    return tuple(out)
+
 
 def _mask_to_cores(words: Sequence[int], bits_per_word: int = 64) -> tuple[int, ...]:
     """Decode NVML's CPU affinity bitmask (array of unsigned longs) to core ids."""
@@ -90,6 +216,7 @@ class PynvmlApi:
         self._lock = threading.Lock()
         self._nvml: Any = None  # the pynvml module once initialised
         self._handles: dict[int, Any] = {}
+        self._mig_handles: dict[str, tuple[Any, Any]] = {}  # uuid -> (slice, GPU)
         self._failed: tuple[float, str] | None = None
 
     def _init(self) -> Any:
@@ -140,6 +267,53 @@ class PynvmlApi:
             temperature_c=float(temp) if temp is not None else None,
         )
 
+    def _find_mig(self, nv: Any, uuid: str) -> tuple[Any, Any]:
+        """(slice handle, its GPU's handle) of MIG device ``uuid``: the GPUs in
+        MIG mode are walked once per slice asked for, then the handles kept."""
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            if not _mig_enabled(nv, h):
+                continue
+            gpu = GpuInfo(i, "", _text(nv.nvmlDeviceGetUUID(h)), 0)
+            for _, m in _mig_handles(nv, h):
+                try:
+                    info = _mig_info(nv, -1, m, "")
+                except Exception:
+                    continue
+                if mig_token_matches(uuid, gpu, info):
+                    return m, h
+        raise NvmlUnavailable(f"NVML has no MIG device {uuid}")
+
+    def mig_usage(self, uuid: str) -> GpuUsage:
+        with self._lock:
+            nv = self._init()
+            found = self._mig_handles.get(uuid)
+            if found is None:
+                try:
+                    found = self._find_mig(nv, uuid)
+                except NvmlUnavailable:
+                    raise
+                except Exception as e:  # the GPU list changed under us, ...
+                    raise NvmlUnavailable(f"NVML has no MIG device {uuid}: {e}") from e
+                self._mig_handles[uuid] = found
+        m, h = found
+
+        def ask(f: Any, handle: Any, *args: Any) -> Any:
+            try:
+                return f(handle, *args)
+            except Exception:
+                return None
+
+        mem = ask(nv.nvmlDeviceGetMemoryInfo, m)
+        temp = ask(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+        return GpuUsage(
+            utilization=None,  # NVML does not report it per slice: unknown, not 0
+            memory_used=int(mem.used) if mem is not None else None,
+            memory_total=int(mem.total) if mem is not None else None,
+            power_w=None,  # the board's power, shared by every slice
+            temperature_c=float(temp) if temp is not None else None,
+        )
+
     def close(self) -> None:
         """Release NVML if :meth:`usage` initialised it."""
         with self._lock:
@@ -150,6 +324,7 @@ class PynvmlApi:
                     pass
             self._nvml = None
             self._handles.clear()
+            self._mig_handles.clear()
 
     def gpus(self) -> list[GpuInfo]:
         try:
@@ -173,13 +348,17 @@ class PynvmlApi:
                     affinity = _mask_to_cores(list(mask))
                 except Exception:
                     affinity = ()
+                mig = _mig_enabled(pynvml, h)
+                migs = _migs(pynvml, h, _text(name)) if mig else ()
                 infos.append(
                     GpuInfo(
                         index=i,
-                        name=name.decode() if isinstance(name, bytes) else str(name),
-                        uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                        name=_text(name),
+                        uuid=_text(uuid),
                         memory_total=int(mem),
                         cpu_affinity=affinity,
+                        mig_enabled=mig,
+                        migs=migs,
                     )
                 )
             return infos

@@ -1,5 +1,6 @@
 """Measure engines of this host from outside them: psutil on their pids, NVML on
-their GPUs.
+their GPUs (on their MIG slices, where an engine is pinned to one: memory is the
+slice's, utilisation unknown, as NVML does not report it per slice).
 
 The kernel uses it for engines on its own host; an engine on another host uses
 it on itself (:mod:`gpucell.engine.telemetry`).  Standard library, psutil and
@@ -92,7 +93,14 @@ class LocalTelemetry:
     ) -> None:
         import psutil
 
-        self.targets = [target_of(t) for t in targets]
+        given = list(targets)
+        self.targets = [target_of(t) for t in given]
+        # engines on MIG slices: NVML is asked about the slice, not its GPU
+        self._mig = {
+            t.engine: m
+            for t, m in ((target_of(x), _mig_of(x)) for x in given)
+            if m and t.kind == "gpu"
+        }
         self._source = source
         self._procs: dict[int, Any] = {}
         self._gone: dict[int, str] = {}
@@ -172,7 +180,8 @@ class LocalTelemetry:
             try:
                 if self._nvml is None:  # pragma: no cover - set in __init__
                     raise RuntimeError("no NVML")
-                u = self._nvml.usage(t.index)
+                mig = self._mig.get(t.engine)
+                u = self._nvml.mig_usage(mig) if mig else self._nvml.usage(t.index)
                 kw = {
                     "utilization": u.utilization,
                     "memory_used": u.memory_used,
@@ -222,6 +231,19 @@ class LocalTelemetry:
         if last is None or now <= last[1]:
             return None, rss
         return round(max(0.0, 100.0 * (busy - last[0]) / (now - last[1])), 1), rss
+
+
+def _mig_of(obj: Any) -> str:
+    """The MIG slice an engine is pinned to (``MIG-...``), or ``""``: from its
+    ``cuda_visible_devices`` (the kernel's ``EngineInfo``), else, for this very
+    process (an engine measuring itself), from its own environment."""
+    import os
+
+    visible = getattr(obj, "cuda_visible_devices", None)
+    if visible is None and getattr(obj, "pid", None) == os.getpid():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = (visible or "").split(",")[0].strip()
+    return first if first.startswith("MIG-") else ""
 
 
 def _is_gone(e: BaseException) -> bool:
