@@ -531,3 +531,24 @@ def test_the_negative_position_check_is_only_where_a_key_may_be_negative() -> No
         "for i in y.keys():",
     ):
         assert not guarded(header + "\n    y[i] = y[i] * 2\n"), header
+
+
+@pytest.mark.cluster
+def test_set_keys_of_a_frame_by_label_and_of_a_series_by_position(ip, cluster):
+    # a DataFrame's string labels pass the check
+    cell = "for c in set(cols):\n    df[c] = df[c].fillna(df[c].mean())\n"
+    assert_serial_equivalent(ip, cell, {"df": frame(), "cols": ["a", "b", "a"]})
+    # a Series labelled by strings takes s[0] as its first element: refused
+    s = pd.Series([1.0, 2.0], index=["a", "b"])
+    ip.user_ns.update(s=s, ks=[0, "a"])
+    with pytest.raises(IndexError, match="may name the element of another"):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for k in set(ks):\n    s[k] = s[k] * 2\n"
+        )
+    assert ip.user_ns["s"] is s and s.tolist() == [1.0, 2.0]
+
+
+def test_literal_keys_of_one_type_only() -> None:
+    assert refused("for k in [0, 'a']:\n    s[k] = s[k] * 2\n")
+    accepted("for k in ['a', 'b']:\n    s[k] = s[k] * 2\n")
+    accepted("for k in (0, 2):\n    s[k] = s[k] * 2\n")

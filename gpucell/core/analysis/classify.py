@@ -1632,14 +1632,17 @@ def _distinct_items(
     ``sorted``/``list``/``tuple`` of those); ``(True, "X")`` for ``X``'s
     columns; ``(False, None)`` when items may repeat (``for c in cols``)."""
     if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
-        # strings and ints only: `True` and `None` index a whole array (a
-        # mask, a new axis), `...` too; `-3` is no constant (a negative position)
+        # strings or ints only: `True` and `None` index a whole array (a mask,
+        # a new axis), `...` too; `-3` is no constant (a negative position)
         values = [v.value if isinstance(v, ast.Constant) else None for v in e.elts]
         if not all(
             isinstance(v, (str, int, bytes)) and not isinstance(v, bool) for v in values
         ):
             return False, None
-        return len(set(values)) == len(values), None
+        # one type: a Series takes `s[0]` as the first position when its
+        # labels are strings, so `[0, "a"]` may name one element twice
+        one_type = len({type(v) for v in values}) <= 1
+        return one_type and len(set(values)) == len(values), None
     if isinstance(e, ast.Call) and not e.keywords:
         f = e.func
         if isinstance(f, ast.Name) and is_builtin(f.id) and len(e.args) == 1:

@@ -465,10 +465,11 @@ def _key_guard(name: str, key: str, how: str, loc: ast.AST) -> ast.stmt:
     key that may name another iteration's element.  ``y[-3]`` and ``y[0]``
     are one element of a 3-item list (``how == "range"``: ``range(k, n)``);
     the items of ``set(idx)`` (``"any"``) may also be ``True`` or a tuple,
-    which overlap ``a[0]`` of an array: only strings and non-negative ints
-    pass.  Serially the later iteration reads what the earlier wrote, on an
-    engine the value from before the loop: the iteration raises instead, and
-    nothing is merged."""
+    which overlap ``a[0]`` of an array, or mix ``0`` and ``"a"``, one element
+    of a Series labelled by strings: only non-negative ints (not of a Series)
+    and a DataFrame's string labels pass.  Serially the later iteration reads
+    what the earlier wrote, on an engine the value from before the loop: the
+    iteration raises instead, and nothing is merged."""
     text = (
         f"%%gpu_parallel: the loop writes `{name}[{key}]` as each iteration's "
         f"own item, and `{key}` is {{!r}}, which may name the element of "
@@ -482,9 +483,15 @@ def _key_guard(name: str, key: str, how: str, loc: ast.AST) -> ast.stmt:
     if how == "range":  # ints
         bad = f"{key} < 0"
     else:
+        # a non-negative int of anything but a Series (which takes `s[0]` as
+        # a position or a label, as its labels are strings or not); a string
+        # of a DataFrame (a column's label, never a position)
+        kind = f"{b}.type({name})"
+        pandas = f"{kind}.__module__.startswith('pandas')"
         bad = (
-            f"not ({b}.type({key}) is {b}.str or "
-            f"({b}.type({key}) is {b}.int and {key} >= 0))"
+            f"not (({b}.type({key}) is {b}.int and {key} >= 0 and not "
+            f"({pandas} and {kind}.__name__ == 'Series')) or ({b}.type({key}) "
+            f"is {b}.str and {pandas} and {kind}.__name__ == 'DataFrame'))"
         )
     src = (
         f"if ({bad}) and not {b}.isinstance({name}, {b}.dict):\n"
