@@ -557,6 +557,12 @@ def cells(draw: Callable[[Any], Any]) -> GenCell:
             body.append("facc += y")
         lines.append(header)
         lines.extend("    " + b for b in body)
+        if draw(st.integers(0, 3)) == 0:
+            # a comprehension before the loop: prelude, never the parallel loop
+            # (the first top-level `for` is)
+            lines.insert(prelude_end, "sq = [v * 2 for v in xs]")
+            prelude_end += 1
+            g.kinds.append("comp-before")
     if draw(st.integers(0, 3)) == 0:
         # the loop inside a `with` block, with statements before and after it
         # inside the block (the kernel runs those in the context)
