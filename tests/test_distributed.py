@@ -211,6 +211,23 @@ def test_output_of_every_rank_tagged_and_the_torchrun_variables(ip, cluster, cap
     assert "process group: 2 ranks, gloo" in capsys.readouterr().out
 
 
+def test_stop_ends_the_group_and_a_busy_engine_is_waited_for(ip, cluster, capsys):
+    """`%gpu_distributed stop`: the ranks leave the group and drop their names;
+    the next cell forms a new group, waiting (and saying so) for an engine still
+    busy with earlier work instead of leaving the others in the rendezvous."""
+    ip.run_line_magic("gpu_distributed", "stop")
+    assert "the ranks dropped their names" in capsys.readouterr().out
+    busy = cluster.live_ids()[1]
+    ar = cluster.client[busy].apply_async(time.sleep, 3.0)
+    ip.run_cell_magic(
+        "gpu_distributed", "--quiet --out kept", "kept = 'net2' in globals()"
+    )
+    ar.get(10)
+    out = capsys.readouterr().out
+    assert f"waiting for engine {busy} (busy with earlier work)" in out
+    assert ip.user_ns["kept"] is False
+
+
 @pytest.mark.gpu
 def test_nccl_on_every_gpu_with_a_kernel_that_uses_cuda(ip, no_active_cluster):
     """On a GPU machine: one rank per GPU with nccl; a CUDA tensor of the

@@ -58,6 +58,9 @@ STOP_GRACE = 1.0
 GIVE_UP = 15.0
 #: seconds to wait for every rank to join a new group, beyond its timeout
 JOIN_SLACK = 30.0
+#: seconds an engine may stay busy with earlier work (its first import of
+#: torch, a rank that ignored SIGINT) before forming a group is given up
+BUSY_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -394,11 +397,12 @@ def _form(
     from gpucell.engine.distributed import join, leave, rendezvous
 
     t0 = time.perf_counter()
+    _refuse_busy(gc, order)
     hosts = [gc.engines[e].host for e in order]
     peer = next((h for h in hosts if h != hosts[0]), None)
     last_error: BaseException | None = None
     for _attempt in range(2):  # a port taken between the pick and the bind
-        addr, port = gc.view(order[0]).apply_sync(rendezvous, peer)
+        addr, port = gc.view(order[0]).apply_async(rendezvous, peer).get(BUSY_WAIT)
         _STATE.epochs += 1
         epoch = _STATE.epochs
         node_of = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
@@ -455,6 +459,43 @@ def _form(
             break
     assert last_error is not None
     raise last_error
+
+
+def _refuse_busy(gc: Any, order: Iterable[int]) -> None:
+    """An engine still running earlier work (importing torch after the start, a
+    rank that ignored SIGINT, another notebook's task) would leave every other
+    rank waiting in the rendezvous: wait for it (saying so after 2 s), and give
+    up after :data:`BUSY_WAIT` s."""
+    order = list(order)
+    t0 = time.monotonic()
+    said = False
+    while True:
+        try:
+            q = gc.client.queue_status(targets=order, verbose=False)
+        except Exception:
+            return
+        busy = [
+            e
+            for e in order
+            if isinstance(q.get(e), dict) and (q[e].get("queue") or q[e].get("tasks"))
+        ]
+        if not busy:
+            return
+        waited = time.monotonic() - t0
+        if waited > 2 and not said:
+            said = True
+            print(
+                f"gpucell: waiting for engine{'s' if len(busy) > 1 else ''} "
+                f"{_ids(busy)} (busy with earlier work) to form the process group"
+            )
+        if waited > BUSY_WAIT:
+            raise RankFailed(
+                f"gpucell: engine{'s' if len(busy) > 1 else ''} {_ids(busy)} "
+                f"{'are' if len(busy) > 1 else 'is'} still busy with earlier work "
+                "(a cell that did not stop?), so the process group cannot be "
+                "formed. Wait for it, or `%gpu_cluster stop` and `start`."
+            )
+        time.sleep(0.1)
 
 
 def _wait_joined(gc: Any, ars: dict[int, Any], limit: float) -> dict[int, str]:
