@@ -48,6 +48,36 @@ class GpuCell(Configurable):
         help="Extra ssh arguments for --ssh hosts, e.g. ['-F', 'my_ssh_config'] "
         "(ports and keys per host are best kept in ~/.ssh/config).",
     )
+    slurm_directives = List(
+        Unicode(),
+        [],
+        config=True,
+        help="Extra #SBATCH options of every --slurm job, after gpucell's own and "
+        "before those of --slurm-directive, e.g. ['--mem-per-cpu=4G', "
+        "'--constraint=a100'] (what a site requires).",
+    )
+    slurm_prologue = List(
+        Unicode(),
+        [],
+        config=True,
+        help="Shell lines a --slurm job runs before srun starts its engines, e.g. "
+        "['module load cuda', 'source ~/venv/bin/activate']; what they export "
+        "reaches the engines.",
+    )
+    slurm_skip = List(
+        Unicode(),
+        [],
+        config=True,
+        help="#SBATCH lines containing any of these strings are left out of a "
+        "--slurm job's script, e.g. ['--gpus-per-node'] on a site that wants "
+        "--gres=gpu:N instead (add that with slurm_directives).",
+    )
+    slurm_shebang = Unicode(
+        "#!/bin/sh",
+        config=True,
+        help="The first line of a --slurm job's script, e.g. '#!/bin/bash -l' "
+        "where the prologue needs a login shell's `module`.",
+    )
     connect_timeout = Float(
         30.0,
         config=True,

@@ -118,6 +118,63 @@ def test_two_nodes_of_two_gpus_give_four_pinned_engines_and_stop_cancels_the_job
     assert _job_engines(job) == []
 
 
+def test_site_directives_and_prologue_reach_the_job(
+    ip, slurm, no_active_cluster, monkeypatch, capsys
+):
+    """A site's extra directive and prologue (GpuCell settings and
+    --slurm-directive) are in the job: the engines see both, and the script
+    submitted is the one --dry-run shows for the same cluster."""
+    from gpucell.cluster.slurm import preview
+    from gpucell.config import settings
+
+    s = settings()
+    monkeypatch.setattr(s, "slurm_prologue", ["export GPUCELL_PROLOGUE=$SLURM_JOB_ID"])
+    monkeypatch.setattr(s, "slurm_directives", ["--cpus-per-task=1"])
+    ip.run_line_magic(
+        "gpu_cluster",
+        "start --slurm --gpus-per-node 2 --slurm-directive=--comment=gpucell-site "
+        "--timeout 90",
+    )
+    capsys.readouterr()
+    gc = gc_mod.current()
+    try:
+        seen = gc.client[:].apply_sync(_site_env)
+        job = seen[0]["job"]
+        assert [x["prologue"] for x in seen] == [job, job]  # the prologue ran
+        assert [x["cpus"] for x in seen] == ["1", "1"]  # the config's directive
+        comment = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%k"],
+            capture_output=True,
+            text=True,
+            env=slurm.env,
+        ).stdout.strip()
+        assert comment == "gpucell-site"  # the line's directive
+        c = gc.cluster
+        with open(os.path.join(c.profile_dir, "log", "gpucell.sbatch")) as f:
+            submitted = f.read()
+        shown = preview(
+            SlurmRequest(gpus_per_node=2, directives=("--comment=gpucell-site",)),
+            gc_mod._remote_engine_args(list(gc.engine_args)),
+            None,
+            c.profile_dir,
+            c.cluster_id,
+        )
+        assert shown.script == submitted
+    finally:
+        ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []
+
+
+def _site_env() -> dict:
+    import os
+
+    return {
+        "job": os.environ.get("SLURM_JOB_ID"),
+        "prologue": os.environ.get("GPUCELL_PROLOGUE"),
+        "cpus": os.environ.get("SLURM_CPUS_PER_TASK"),
+    }
+
+
 def test_a_job_slurm_rejects_fails_with_sbatch_reason(ip, slurm, no_active_cluster):
     with pytest.raises(UsageError, match="Slurm refused the job.*") as info:
         ip.run_line_magic("gpu_cluster", "start --slurm --gpus-per-node 3 --timeout 30")

@@ -128,6 +128,30 @@ class SlurmGpuEngineSetLauncher(SlurmEngineSetLauncher):
     def _slurm_engine_cmd(self) -> list[str]:
         return [sys.executable, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
 
+    def render_batch_script(self, n: int = 1) -> str:
+        """The job script for ``n`` engines, as :meth:`write_batch_script`
+        writes it (ipyparallel's steps, less the file): what ``--dry-run``
+        shows is what is submitted."""
+        import json
+
+        self.n = n
+        self.context["environment_json"] = json.dumps(self.get_env())
+        ns: dict[str, Any] = {}
+        ns.update(self.context)
+        ns.update(self.namespace)
+        return str(self.formatter.format(self.batch_template, **ns))
+
+    def write_batch_script(self, n: int = 1) -> None:
+        if not self.batch_template:  # configured otherwise: ipyparallel's way
+            super().write_batch_script(n)
+            return
+        import stat
+
+        script = self.render_batch_script(n)
+        with open(self.batch_file, "w") as f:
+            f.write(script)
+        os.chmod(self.batch_file, stat.S_IRUSR | stat.S_IWUSR | stat.S_IXUSR)
+
     def _run_command(self, command: list[str], **kwargs: object) -> str:
         import subprocess
 

@@ -2,7 +2,13 @@
 launcher (``sbatch`` of a batch script whose ``srun`` starts the engines).
 
 Each task starts through gpucell.cluster.boot, which pins it by its rank on its node
-(``SLURM_LOCALID``: its GPU first in ``CUDA_VISIBLE_DEVICES``).  The job is
+(``SLURM_LOCALID``: its GPU first in ``CUDA_VISIBLE_DEVICES``).  What a site asks of
+every job goes into the script too: extra ``#SBATCH`` directives
+(``--slurm-directive``, ``GpuCell.slurm_directives``), directives of gpucell's own
+to leave out (``GpuCell.slurm_skip``, as dask-jobqueue's ``job_directives_skip``)
+and prologue lines run before ``srun`` (``GpuCell.slurm_prologue``: ``module load
+cuda``); :func:`preview` shows the script and the ``sbatch`` command without
+submitting anything (``--dry-run``).  The job is
 cancelled on ``stop`` (the launcher's ``scancel``); if the kernel dies, the engines
 end once their controller is silent, and the job with them.  While the engines are
 awaited the job is watched: a job that stays pending says so once (with
@@ -22,7 +28,16 @@ from typing import Any
 from gpucell.errors import ClusterError
 from gpucell.protocol.devices import THREAD_ENV_VARS
 
-__all__ = ["SlurmRequest", "batch_template", "start_slurm_engines", "wait_for_job"]
+__all__ = [
+    "SlurmRequest",
+    "batch_template",
+    "directive_line",
+    "dry_run",
+    "preview",
+    "site_request",
+    "start_slurm_engines",
+    "wait_for_job",
+]
 
 
 @dataclass(frozen=True)
@@ -34,8 +49,20 @@ class SlurmRequest:
     partition: str | None = None
     time: str | None = None
     account: str | None = None
+    #: extra ``#SBATCH`` options, after gpucell's own (``--mem-per-cpu=4G``)
+    directives: tuple[str, ...] = ()
+    #: shell lines the job runs before ``srun`` starts the engines
+    prologue: tuple[str, ...] = ()
+    #: gpucell's (or extra) directives containing any of these are left out
+    skip: tuple[str, ...] = ()
+    #: the script's first line
+    shebang: str = "#!/bin/sh"
 
     def __post_init__(self) -> None:
+        for name in ("directives", "prologue", "skip"):  # lists from JSON too
+            value = getattr(self, name)
+            value = (value,) if isinstance(value, str) else tuple(value)
+            object.__setattr__(self, name, value)
         if self.nodes < 1:
             raise ClusterError(f"--nodes {self.nodes}: a job needs at least 1 node.")
         if self.gpus_per_node < 1:
@@ -50,9 +77,13 @@ class SlurmRequest:
 
 
 def batch_template(req: SlurmRequest) -> str:
-    """The job script (ipyparallel fills ``{program_and_args}`` and the rest)."""
+    """The job script (ipyparallel fills ``{program_and_args}`` and the rest).
+
+    gpucell's directives, then the extra ones, less those ``req.skip`` names;
+    then the prologue; then ``srun``.  Braces in the site's lines are kept as
+    they are (ipyparallel formats the template: they are doubled here).
+    """
     lines = [
-        "#!/bin/sh",
         "#SBATCH --export=ALL",
         "#SBATCH --job-name=gpucell-{cluster_id}",
         f"#SBATCH --nodes={req.nodes}",
@@ -67,7 +98,68 @@ def batch_template(req: SlurmRequest) -> str:
         lines.append(f"#SBATCH --time={_plain(req.time, '--time')}")
     if req.account:
         lines.append(f"#SBATCH --account={_plain(req.account, '--account')}")
-    return "\n".join([*lines, "srun {program_and_args}", ""])
+    lines += [_braces(directive_line(d)) for d in req.directives]
+    skip = [_one_line(x, "GpuCell.slurm_skip") for x in req.skip if x.strip()]
+    lines = [x for x in lines if not any(k.strip() in x for k in skip)]
+    shebang = _one_line(req.shebang, "GpuCell.slurm_shebang")
+    if not shebang.startswith("#!"):
+        raise ClusterError(
+            f"GpuCell.slurm_shebang {req.shebang!r}: the script's first line, "
+            "e.g. '#!/bin/bash -l'."
+        )
+    prologue = [_braces(_one_line(x, "GpuCell.slurm_prologue")) for x in req.prologue]
+    return "\n".join(
+        [_braces(shebang), *lines, *prologue, "srun {program_and_args}", ""]
+    )
+
+
+def directive_line(option: str) -> str:
+    """``--mem-per-cpu=4G`` (or ``mem-per-cpu=4G``), ``-C a100`` or ``#SBATCH
+    --qos=high`` as the ``#SBATCH`` line it is; anything that is not an sbatch
+    option is refused."""
+    text = _one_line(option, "--slurm-directive").strip()
+    if text.startswith("#SBATCH"):
+        text = text[len("#SBATCH") :].strip()
+    if text[:1].isalpha() and not any(c.isspace() for c in text.split("=")[0]):
+        text = "--" + text  # mem-per-cpu=4G: argparse takes no leading "--" here
+    if not text.startswith("-") or text.strip("-") == "":
+        raise ClusterError(
+            f"--slurm-directive {option!r}: expected an sbatch option such as "
+            "--mem-per-cpu=4G or --constraint=a100."
+        )
+    return f"#SBATCH {text}"
+
+
+def _one_line(text: str, what: str) -> str:
+    if "\n" in text or "\r" in text or "\0" in text:
+        raise ClusterError(f"{what} {text!r}: one line each (no line breaks).")
+    return text
+
+
+def _braces(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def site_request(req: SlurmRequest, settings: Any = None) -> SlurmRequest:
+    """``req`` with the site's settings (``GpuCell.slurm_directives``,
+    ``slurm_prologue``, ``slurm_skip``, ``slurm_shebang``): the config's lines
+    first, then the request's own."""
+    from dataclasses import replace
+
+    if settings is None:
+        from gpucell.config import settings as current
+
+        settings = current()
+    shebang = req.shebang
+    if shebang == SlurmRequest.shebang:
+        shebang = settings.slurm_shebang or shebang
+    return replace(
+        req,
+        directives=(*settings.slurm_directives, *req.directives),
+        prologue=(*settings.slurm_prologue, *req.prologue),
+        skip=(*settings.slurm_skip, *req.skip),
+        shebang=shebang,
+    )
 
 
 def _plain(value: str, flag: str) -> str:
@@ -76,37 +168,154 @@ def _plain(value: str, flag: str) -> str:
     return value
 
 
+#: the engines' environment (besides ipyparallel's own): how boot pins them
+ENGINE_ENV = {
+    "GPUCELL_PIN_BY_RANK": "1",
+    "GPUCELL_THREAD_VARS": ",".join(THREAD_ENV_VARS),
+    "GPUCELL_PREIMPORT": "numpy",
+    # the task's parent is slurmstepd, which lives as long as the job step
+}
+
+
+def _engine_set(
+    req: SlurmRequest, engine_args: Sequence[str], python: str | None, log_dir: str
+) -> dict[str, Any]:
+    """The engine set's settings, the same for a submission and a preview."""
+    kw: dict[str, Any] = {
+        "environment": dict(ENGINE_ENV),
+        "engine_args": list(engine_args),
+        "batch_template": batch_template(req),
+        # the script goes beside the cluster's logs, not the notebook's folder
+        "batch_file_name": os.path.join(log_dir, "gpucell.sbatch"),
+    }
+    if python:
+        kw["engine_cmd"] = [python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
+    return kw
+
+
 def start_slurm_engines(
     cluster: Any, req: SlurmRequest, engine_args: Sequence[str], python: str | None
 ) -> str:
-    """Submit the engines' job; its id."""
+    """Submit the engines' job (the site's settings added); its id."""
     from gpucell.cluster.launcher import SlurmGpuEngineSetLauncher
 
-    env = {
-        "GPUCELL_PIN_BY_RANK": "1",
-        "GPUCELL_THREAD_VARS": ",".join(THREAD_ENV_VARS),
-        "GPUCELL_PREIMPORT": "numpy",
-        # the task's parent is slurmstepd, which lives as long as the job step
-    }
-    kw: dict[str, Any] = {}
-    if python:
-        kw["engine_cmd"] = [python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
+    req = site_request(req)
+    kw = _engine_set(req, engine_args, python, os.path.join(cluster.profile_dir, "log"))
     saved = cluster.engine_launcher_class
     cluster.engine_launcher_class = SlurmGpuEngineSetLauncher
     try:
-        set_id = cluster.start_engines_sync(
-            req.engines,
-            engine_set_id="slurm",
-            environment=env,
-            engine_args=list(engine_args),
-            batch_template=batch_template(req),
-            # the script goes beside the cluster's logs, not the notebook's folder
-            batch_file_name=os.path.join(cluster.profile_dir, "log", "gpucell.sbatch"),
-            **kw,
-        )
+        set_id = cluster.start_engines_sync(req.engines, engine_set_id="slurm", **kw)
     finally:
         cluster.engine_launcher_class = saved
     return str(cluster.engines[set_id].job_id)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What ``--dry-run`` shows: the job script and how it would be submitted."""
+
+    script: str
+    command: list[str]
+    environment: dict[str, str]
+    #: the controller's connection info goes in the environment too (else the
+    #: engines read its file in the profile, on a file system the nodes share)
+    connection_env: bool = False
+
+    def __str__(self) -> str:
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment.items())
+        if self.connection_env:
+            env += " IPP_CONNECTION_INFO=<the controller's, once it runs>"
+        return (
+            f"{self.script.rstrip()}\n\n"
+            f"# submitted with: {shlex.join(self.command)}\n"
+            f"# in the kernel's environment plus (--export=ALL gives it to the "
+            f"engines): {env}\n# nothing was submitted (--dry-run)"
+        )
+
+
+def preview(
+    req: SlurmRequest,
+    engine_args: Sequence[str],
+    python: str | None,
+    profile_dir: str,
+    cluster_id: str,
+    connection_env: bool = False,
+) -> Preview:
+    """The script and ``sbatch`` command :func:`start_slurm_engines` would use
+    for a cluster ``cluster_id`` in ``profile_dir``, rendered by the same
+    launcher, without writing or submitting anything."""
+    from gpucell.cluster.launcher import SlurmGpuEngineSetLauncher
+
+    req = site_request(req)
+    kw = _engine_set(req, engine_args, python, os.path.join(profile_dir, "log"))
+    launcher = SlurmGpuEngineSetLauncher(
+        work_dir=".",
+        profile_dir=profile_dir,
+        cluster_id=cluster_id,
+        engine_set_id="slurm",
+        output_file="-",  # ipyparallel's default creates the log folder
+        **kw,
+    )
+    # then the default's name, as the submission has it
+    launcher.output_file = os.path.join(
+        profile_dir, "log", f"{launcher.identifier}.log"
+    )
+    return Preview(
+        script=launcher.render_batch_script(req.engines),
+        command=list(launcher.args),
+        environment={k: str(v) for k, v in launcher.get_env().items()},
+        connection_env=connection_env,
+    )
+
+
+def dry_run(
+    req: SlurmRequest, python: str | None = None, profile: str | None = None
+) -> Preview:
+    """``%gpu_cluster start --slurm ... --dry-run``: the script and ``sbatch``
+    command a start with these options would submit (its engines' arguments
+    as :func:`gpucell.cluster.lifecycle.start_cluster` builds them), for a new
+    cluster id; nothing is created, written or submitted."""
+    import random
+    import string
+
+    from gpucell.cluster import lifecycle
+    from gpucell.config import settings
+
+    s = settings()
+    cluster_kw, _, engine_args = lifecycle._fast_start_settings(s.fast_start)
+    engine_args += [f"--IPEngine.log_level={s.cluster_log_level}"]
+    ids = "".join(random.choice(string.ascii_lowercase + string.digits) for _ in "1234")
+    return preview(
+        req,
+        lifecycle._remote_engine_args(engine_args),
+        python,
+        _profile_location(profile),
+        f"{int(time.time())}-{ids}",  # as ipyparallel names a cluster
+        connection_env=cluster_kw.get("send_engines_connection_env", True),
+    )
+
+
+def _profile_location(profile: str | None) -> str:
+    """Where a start's profile is (the kernel's own without ``--profile``),
+    without creating it."""
+    from IPython.core.profiledir import ProfileDir, ProfileDirError
+    from IPython.paths import get_ipython_dir
+
+    if not profile:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is not None:
+            return str(ip.profile_dir.location)
+    name = profile or "default"
+    try:
+        return str(
+            ProfileDir.find_profile_dir_by_name(get_ipython_dir(), name).location
+        )
+    except ProfileDirError:
+        return os.path.join(get_ipython_dir(), f"profile_{name}")
 
 
 def job_state(job_id: str) -> tuple[str, str] | None:

@@ -59,6 +59,20 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
     start.add_argument("--time", default=None, help="--slurm: time limit.")
     start.add_argument("--account", default=None, help="--slurm: account.")
     start.add_argument(
+        "--slurm-directive",
+        action="append",
+        default=None,
+        metavar="OPTION",
+        help="--slurm: an extra #SBATCH option, e.g. --mem-per-cpu=4G (repeat it).",
+    )
+    start.add_argument(
+        "--dry-run",
+        action="store_const",
+        const=True,
+        default=None,
+        help="--slurm: print the job script and the sbatch command; submit nothing.",
+    )
+    start.add_argument(
         "--controller-ip",
         default=None,
         help="Address the controller listens on (default: what the hosts reach).",
@@ -104,7 +118,8 @@ Usage:
                      [--ssh host1[:n],user@host2[:n] [--ssh-key KEY] [--python PATH]
                       [--controller-ip IP]]
                      [--slurm [--nodes N] [--gpus-per-node G] [--partition P]
-                      [--time T] [--account A]]
+                      [--time T] [--account A] [--slurm-directive OPT]...
+                      [--dry-run]]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
   %gpu_cluster status
@@ -161,7 +176,8 @@ class GpuClusterMagics(Magics):
                              [--ssh host1[:n],host2[:n] [--ssh-key K]
                               [--python PATH] [--controller-ip IP]]
                              [--slurm [--nodes N] [--gpus-per-node G]
-                              [--partition P] [--time T] [--account A]]
+                              [--partition P] [--time T] [--account A]
+                              [--slurm-directive OPT]... [--dry-run]]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F
                                [--ssh u@h[:port] [--ssh-key K]]
           %gpu_cluster status
@@ -182,6 +198,7 @@ class GpuClusterMagics(Magics):
           %gpu_cluster start -n 2 --gpus none
           %gpu_cluster start --ssh gpu1,gpu2:2 --python /opt/venv/bin/python
           %gpu_cluster start --slurm --nodes 2 --gpus-per-node 4 --time 1:00:00
+          %gpu_cluster start --slurm --slurm-directive=--mem-per-cpu=4G --dry-run
           %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
           %gpu_cluster status
           %gpu_cluster select                # tick the devices later cells use
@@ -207,6 +224,7 @@ class GpuClusterMagics(Magics):
             if cmd == "start":
                 slurm = None
                 job = ("nodes", "gpus_per_node", "partition", "time", "account")
+                job += ("slurm_directive", "dry_run")
                 stray = [o for o in job if getattr(args, o) is not None]
                 if stray and not args.slurm:
                     flag = "--" + stray[0].replace("_", "-")
@@ -220,7 +238,13 @@ class GpuClusterMagics(Magics):
                         partition=args.partition,
                         time=args.time,
                         account=args.account,
+                        directives=tuple(args.slurm_directive or ()),
                     )
+                    if args.dry_run:
+                        from gpucell.cluster.slurm import dry_run
+
+                        print(dry_run(slurm, args.python, args.profile))
+                        return None
                 api.start_cluster(
                     args.n,
                     gpus=args.gpus,

@@ -1,0 +1,195 @@
+"""What a site asks of a --slurm job's script: extra directives, directives left
+out, a prologue, the first line, and --dry-run's preview.  Pure: no Slurm needed
+(tests/test_slurm.py submits one such job to a real Slurm where there is one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict
+
+import pytest
+from helpers import children, wait_gone
+from IPython.core.error import UsageError
+
+import gpucell.cluster.lifecycle as gc_mod
+from gpucell.cluster.slurm import (
+    SlurmRequest,
+    batch_template,
+    directive_line,
+    preview,
+    site_request,
+)
+from gpucell.config import settings
+from gpucell.errors import ClusterError
+
+
+@pytest.fixture
+def site(monkeypatch):
+    """The process's GpuCell settings, restored after the test."""
+    s = settings()
+    for name in ("slurm_directives", "slurm_prologue", "slurm_skip", "slurm_shebang"):
+        monkeypatch.setattr(s, name, getattr(s, name))
+    return s
+
+
+def _sbatch_lines(script: str) -> list[str]:
+    return [x for x in script.splitlines() if x.startswith("#SBATCH")]
+
+
+def test_extra_directives_follow_gpucells_own_config_first(site):
+    site.slurm_directives = ["--mem-per-cpu=4G", "#SBATCH --constraint=a100"]
+    req = SlurmRequest(gpus_per_node=2, directives=("qos=high", "-C 'a100|h100'"))
+    lines = _sbatch_lines(batch_template(site_request(req)))
+    assert lines[-4:] == [
+        "#SBATCH --mem-per-cpu=4G",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --qos=high",
+        "#SBATCH -C 'a100|h100'",
+    ]
+    assert lines[0] == "#SBATCH --export=ALL"
+    assert "#SBATCH --gpus-per-node=2" in lines
+    # without the site's settings: the request's own only
+    assert _sbatch_lines(batch_template(req))[-2:] == [
+        "#SBATCH --qos=high",
+        "#SBATCH -C 'a100|h100'",
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "   ", "--", "rm -rf /", "--mem=4G\nrm -rf /", "echo hi", "#SBATCH"]
+)
+def test_a_directive_that_is_no_sbatch_option_is_refused(bad):
+    with pytest.raises(ClusterError, match="--slurm-directive|one line each"):
+        directive_line(bad)
+    with pytest.raises(ClusterError):
+        batch_template(SlurmRequest(directives=(bad,)))
+
+
+def test_skipped_directives_are_left_out(site):
+    """dask-jobqueue's job_directives_skip: a site that wants --gres=gpu:N."""
+    site.slurm_skip = ["--gpus-per-node"]
+    site.slurm_directives = ["--gres=gpu:2"]
+    req = SlurmRequest(nodes=2, gpus_per_node=2, time="10", skip=("--time",))
+    lines = _sbatch_lines(batch_template(site_request(req)))
+    assert not any("--gpus-per-node" in x or "--time" in x for x in lines)
+    assert lines[-1] == "#SBATCH --gres=gpu:2"
+    assert "#SBATCH --ntasks=4" in lines and "#SBATCH --nodes=2" in lines
+
+
+def test_the_prologue_runs_before_srun_in_the_chosen_shell(site):
+    site.slurm_prologue = ["module load cuda/12.4", 'export SITE="${HOME}/x"']
+    site.slurm_shebang = "#!/bin/bash -l"
+    req = SlurmRequest(prologue=("source /opt/venv/bin/activate",))
+    t = batch_template(site_request(req)).splitlines()
+    assert t[0] == "#!/bin/bash -l"
+    # braces doubled in the template: ipyparallel's formatting gives them back
+    # as written (the preview test renders one)
+    assert t[-4:] == [
+        "module load cuda/12.4",
+        'export SITE="${{HOME}}/x"',
+        "source /opt/venv/bin/activate",
+        "srun {program_and_args}",
+    ]
+    with pytest.raises(ClusterError, match="one line each"):
+        batch_template(SlurmRequest(prologue=("a\nb",)))
+    with pytest.raises(ClusterError, match="first line"):
+        batch_template(SlurmRequest(shebang="/bin/sh"))
+
+
+def test_the_preview_is_the_script_that_is_submitted(site, tmp_path):
+    """--dry-run's script is rendered by the launcher that submits, and equals
+    the file it writes for the same cluster; nothing is created meanwhile."""
+    from gpucell.cluster.launcher import SlurmGpuEngineSetLauncher
+
+    site.slurm_prologue = ['export GPUCELL_SITE="{braces} $HOME"']
+    site.slurm_directives = ["--mem-per-cpu=4G"]
+    profile = tmp_path / "profile_x"
+    req = SlurmRequest(nodes=2, gpus_per_node=2, partition="gpu")
+    args = ["--IPEngine.log_level=WARN"]
+    p = preview(req, args, "/opt/venv/bin/python", str(profile), "1700000000-abcd")
+    assert not profile.exists()  # nothing written or made
+    batch = str(profile / "log" / "gpucell.sbatch")
+    assert p.command == ["sbatch", batch]
+    lines = p.script.splitlines()
+    assert lines[0] == "#!/bin/sh"
+    assert "#SBATCH --job-name=gpucell-1700000000-abcd" in lines
+    assert "#SBATCH --partition=gpu" in lines and "#SBATCH --mem-per-cpu=4G" in lines
+    out = [x for x in lines if x.startswith("#SBATCH --output=")]
+    assert out == [
+        f"#SBATCH --output={profile}/log/ipengine-1700000000-abcd-slurm-"
+        f"{os.getpid()}.log"
+    ]
+    assert lines[-2] == 'export GPUCELL_SITE="{braces} $HOME"'
+    assert shlex.split(lines[-1]) == [
+        "srun",
+        "/opt/venv/bin/python",
+        "-m",
+        "gpucell.cluster.boot",
+        "ipyparallel.engine",
+        "--IPEngine.log_level=WARN",
+    ]
+    assert p.environment["GPUCELL_PIN_BY_RANK"] == "1"
+    assert p.environment["IPP_CLUSTER_ID"] == "1700000000-abcd"
+    text = str(p)
+    assert text.startswith(p.script.rstrip())
+    assert f"sbatch {batch}" in text and "nothing was submitted" in text
+
+    # the launcher as a start builds it (ipyparallel's Cluster.start_engines)
+    (profile / "log").mkdir(parents=True)
+    kw = {
+        "environment": dict(p.environment),
+        "engine_args": args,
+        "batch_template": batch_template(site_request(req)),
+        "batch_file_name": batch,
+        "engine_cmd": ["/opt/venv/bin/python", "-m", "gpucell.cluster.boot"]
+        + ["ipyparallel.engine"],
+    }
+    launcher = SlurmGpuEngineSetLauncher(
+        work_dir=".",
+        profile_dir=str(profile),
+        cluster_id="1700000000-abcd",
+        engine_set_id="slurm",
+        **kw,
+    )
+    launcher.write_batch_script(req.engines)
+    with open(batch) as f:
+        assert f.read() == p.script
+    assert oct(os.stat(batch).st_mode & 0o777) == "0o700"
+
+
+def test_a_profile_keeps_the_jobs_own_directives():
+    """--profile saves the request as JSON and reads it back (lifecycle's
+    _placement / _unpack_placement): the line's directives survive it."""
+    req = SlurmRequest(directives=("--mem-per-cpu=4G",), prologue=("module load x",))
+    back = SlurmRequest(**json.loads(json.dumps(asdict(req))))
+    assert back == req and back.directives == ("--mem-per-cpu=4G",)
+    assert SlurmRequest(directives="--qos=high").directives == ("--qos=high",)
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(
+    ip, site, no_active_cluster, capsys
+):
+    site.slurm_prologue = ["export GPUCELL_SITE=1"]
+    before = children()
+    ip.run_line_magic(
+        "gpu_cluster",
+        "start --slurm --nodes 2 --gpus-per-node 4 --time 1:00:00 "
+        "--slurm-directive=--mem-per-cpu=4G --slurm-directive 'constraint=a100' "
+        "--dry-run",
+    )
+    out = capsys.readouterr().out
+    assert "#SBATCH --ntasks=8" in out and "#SBATCH --time=1:00:00" in out
+    assert "#SBATCH --mem-per-cpu=4G\n#SBATCH --constraint=a100\n" in out
+    assert "export GPUCELL_SITE=1\nsrun " in out
+    assert "# submitted with: sbatch " in out and "nothing was submitted" in out
+    assert gc_mod._current is None
+    assert not wait_gone(children() - before, timeout=2)
+    for line in ("start --dry-run", "start --slurm-directive=--qos=x"):
+        with pytest.raises(UsageError, match="is for --slurm"):
+            ip.run_line_magic("gpu_cluster", line)
+    with pytest.raises(UsageError, match="--slurm-directive 'echo hi'"):
+        ip.run_line_magic(
+            "gpu_cluster", "start --slurm --slurm-directive 'echo hi' --dry-run"
+        )
