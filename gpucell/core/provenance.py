@@ -51,6 +51,8 @@ class LastRun:
     chunks: list[ChunkRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # process-wide random generators the engines' chunks drew from (no --seed)
+    drew: set[str] = field(default_factory=set)
     status: RunStatus = "running"
     shared_bytes: int = 0  # bytes of inputs (per engine) and results via /dev/shm
     inline: bool = False  # run in the kernel: too little work to send (inline.py)

@@ -179,6 +179,34 @@ def interrupts_held() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def generator_states() -> dict[str, int]:
+    """A checksum of each process-wide random generator's state (``random``,
+    numpy's legacy global one, torch's CPU default), for the generators whose
+    module is loaded: a chunk that changed one drew from it (a library's own
+    draw: ``DataLoader(shuffle=True)``, a layer's initialisation, an estimator
+    without ``random_state``)."""
+    import zlib
+
+    out: dict[str, int] = {}
+    rnd = sys.modules.get("random")
+    if rnd is not None:
+        out["random"] = hash(rnd.getstate())
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            out["numpy"] = zlib.crc32(np.random.get_state()[1].tobytes())
+        except Exception:  # noqa: BLE001 - (an exotic numpy): not checked
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            state = torch.random.default_generator.get_state()
+            out["torch"] = zlib.crc32(state.numpy().tobytes())
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
 def importing() -> bool:
     """Is a module being imported in this process right now (its code half
     run)?  importlib marks a module's spec ``_initializing`` while it runs."""

@@ -413,6 +413,7 @@ def _unloaded_timing(st: _Session, start: int, entered: float) -> Timing:
         "pid": os.getpid(),
         "first": start,
         "cached": _cached_keys(st),
+        "drew": [],
     }
 
 
@@ -756,6 +757,7 @@ def run(
         )
     stamps: dict[int, float] = {}
     where = Where(stamps, start)
+    drew: list[str] = []
     device = "cuda" if os.environ.get("GPUCELL_DEVICE_KIND") == "gpu" else "cpu"
     # a wrapper an earlier chunk left (interrupted between its swap and its
     # restore) is dropped: output goes to ipykernel's own streams again
@@ -789,6 +791,8 @@ def run(
         if to_host is not None and behind is not None:
             to_host.sink = behind.add
         payload: ChunkResult | ChunkError
+        # without --seed, which process-wide generators the chunk drew from
+        rng_before = runtime.generator_states() if seed is None else None
         try:
             with logs.Capture(st.log_levels) as logged, runtime.imports_finish_first():
                 result = run_chunk(
@@ -810,6 +814,7 @@ def run(
                     hand_back=hand_back,
                 )
             result.logs = logged.records
+            drew = _drew(rng_before)
             changed = _check_out(st, checked_in, own_before, items, start, result)
             if changed:
                 for name, _what in changed:
@@ -847,6 +852,7 @@ def run(
     timing = _chunk_timing(
         where, stamps, (entered, t0, end, compute), start, hand_back, loaded
     )
+    timing["drew"] = drew
     spilled = _reply(
         (status, payload, timing), chunk_obj, start, where, behind, results_to, tag
     )
@@ -857,6 +863,14 @@ def run(
         f"after cell {kernel}", AFTER_CELL_IDLE, lambda: after_cell(kernel, cell)
     )
     return spilled
+
+
+def _drew(before: dict[str, int] | None) -> list[str]:
+    """The generators whose state a chunk changed (none when seeded)."""
+    if before is None:
+        return []
+    after = runtime.generator_states()
+    return sorted(k for k, v in before.items() if after.get(k) != v)
 
 
 def _feedback(
@@ -936,6 +950,7 @@ def _chunk_timing(
         "pid": os.getpid(),
         "first": start,  # which chunk this is: the kernel checks it is the one it sent
         "cached": loaded["cached"] if loaded is not None else None,
+        "drew": [],
     }
 
 

@@ -665,6 +665,7 @@ class Run(InputShipping):
         self, flight: Flight, chunk: Any, payload: Any, timing: Timing
     ) -> None:
         gc, record, sched = self.gc, self.record, self.sched
+        record.drew.update(timing.get("drew") or ())
         self.results[chunk.start] = payload
         done = timing.get("done", chunk.size)  # fewer when a trial stopped early
         # a profiled schedule compares each chunk's time with the profile's cost

@@ -211,7 +211,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             plain=not cuda and not req.asks_for_engines(),
             inline_below=_config.settings().inline_below,
         )
-        _warn_random(prep.plan, req, loop.inputs, ns)
+        random_said = _warn_random(prep.plan, req, loop.inputs, ns)
         try:
             results = _run_loop(
                 shell,
@@ -229,6 +229,8 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         except BaseException as e:
             keeping.failed(type(e).__name__)
             raise
+        if not random_said and record.drew:
+            _warn_hidden_draws(record.drew)
         if kept:
             results = keeping.results()
             record.resumed = tuple(kept)
@@ -340,14 +342,14 @@ def _binder(item: ast.withitem, filename: str) -> Any:
 
 def _warn_random(
     plan: Any, req: CellRequest, inputs: dict[str, Any], ns: dict[str, Any]
-) -> None:
+) -> str:
     """Say when iterations draw from a process-wide random generator: in the
     loop's own text, in a notebook function it calls, or in a torch model in
     training mode with dropout.  Each engine's generator is its own, so the
     numbers differ from a serial run.  (Shown with ``--quiet`` too: it says
     the results will differ, not how the run went.)"""
     if req.seed is not None:
-        return
+        return "seeded"
     from gpucell.core.globalreads import global_random_calls
 
     lines = {info.name: info.line for info in plan.names}
@@ -386,14 +388,14 @@ def _warn_random(
                 f"`{after[1]}` after the loop (line {after[0]}) draws other numbers "
                 "than serially. Reseed right after the loop."
             )
-            return
+            return "reseeds"
         print(
             f"gpucell: note: each iteration seeds its generator (`{call}`, line "
             f"{line}) before drawing, so its numbers are those of a serial run; "
             "the kernel's generator is left as it was before the cell, not where "
             "the last iteration left it (reseed before drawing in a later cell)."
         )
-        return
+        return "reseeds"
     calls = [text for _, text in sorted(draws)] + [
         f"`{c}` (line {n})" for n, c in seeds
     ]
@@ -410,6 +412,24 @@ def _warn_random(
             "serial run and with the number of engines. `%%gpu_parallel --seed S` "
             f"makes them depend only on S and the iteration{hint}."
         )
+        return "warned"
+    return ""
+
+
+def _warn_hidden_draws(drew: set[str]) -> None:
+    """The engines saw the loop draw from a process-wide generator that no
+    line of the cell names (a library's own draw: ``DataLoader(shuffle=True)``,
+    a layer's initialisation, an estimator without ``random_state``)."""
+    names = {"random": "`random`'s", "numpy": "numpy's", "torch": "torch's"}
+    which = " and ".join(names.get(g, g) for g in sorted(drew))
+    print(
+        f"gpucell: warning: the loop drew from {which} global random generator "
+        "inside a call (an unseeded DataLoader(shuffle=True), a layer's "
+        "initialisation, an estimator without random_state...): each engine's "
+        "generator is its own, so the numbers differ from a serial run and with "
+        "the number of engines. `%%gpu_parallel --seed S` makes them depend only "
+        "on S and the iteration; or seed at the top of the loop body."
+    )
 
 
 def _draws_after_the_loop(plan: Any) -> tuple[int, str] | None:

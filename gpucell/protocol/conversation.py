@@ -51,6 +51,7 @@ class Timing(TypedDict):
     pid: int
     first: int  # the chunk's first iteration: the kernel checks it is the one sent
     cached: dict[str, Any] | None  # input -> cache key the engine holds now
+    drew: list[str]  # process-wide generators the chunk drew from (no --seed)
 
 
 class ChunkError(TypedDict):
