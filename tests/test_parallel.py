@@ -1418,3 +1418,26 @@ def test_draws_inside_library_calls_are_warned(ip, cluster, capsys):
         assert "random generator" not in capsys.readouterr().out
     finally:
         ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "os.chdir(d)",
+        "pd.set_option('display.width', 100)",
+        "np.seterr(all='ignore')",
+        "torch.set_default_dtype(torch.float64)",
+        "os.environ['X'] = str(i)",
+    ],
+)
+def test_process_wide_state_changed_in_the_body_is_refused(ip, cluster, call):
+    ip.run_cell("import os, numpy as np, pandas as pd, torch\nd = os.getcwd()")
+    # (os.environ[...] = is an outer object's change, refused as such)
+    with pytest.raises(
+        gpucell.NotParallelizable, match="state of the whole process|`os` exists"
+    ):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            f"out = []\nfor i in range(3):\n    {call}\n    out.append(i)\n",
+        )

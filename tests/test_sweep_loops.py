@@ -304,10 +304,6 @@ KNOWN: dict[str, str] = {
         "false refusal (own item changed, fails at run time): ValueError: "
         "output array is read-only"
     ),
-    "u-chdir-in-body": ("SILENT (process-wide state): where"),
-    "u-pd-set-option": ("SILENT (process-wide state): opts"),
-    "u-np-seterr-in-body": ("SILENT (process-wide state): state"),
-    "u-torch-set-default-dtype": ("SILENT (process-wide state): after_dtype"),
     "u-counter-attr-on-function": (
         "SILENT (input changed through an unwatched channel): n_calls"
     ),

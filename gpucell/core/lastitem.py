@@ -196,6 +196,80 @@ def _writes(nodes: list[ast.AST], bound: set[str]) -> list[tuple[int, str]]:
     return out
 
 
+#: calls that change state of the whole process (its working directory, a
+#: library's options, default dtypes, error modes), which an engine would
+#: change in its own process only, and keep for later cells
+PROCESS_STATE_SETTERS = frozenset(
+    {
+        "os.chdir",
+        "os.putenv",
+        "os.unsetenv",
+        "os.umask",
+        "pd.set_option",
+        "pandas.set_option",
+        "pd.reset_option",
+        "np.seterr",
+        "numpy.seterr",
+        "np.set_printoptions",
+        "numpy.set_printoptions",
+        "torch.set_default_dtype",
+        "torch.set_default_device",
+        "torch.set_default_tensor_type",
+        "torch.set_num_threads",
+        "torch.set_grad_enabled",
+        "torch.set_printoptions",
+        "torch.use_deterministic_algorithms",
+        "sys.setrecursionlimit",
+        "locale.setlocale",
+        "warnings.filterwarnings",
+        "warnings.simplefilter",
+        "warnings.resetwarnings",
+        "logging.basicConfig",
+        "logging.disable",
+        "matplotlib.use",
+        "plt.style.use",
+        "matplotlib.rcParams.update",
+        "plt.rcParams.update",
+        "sklearn.set_config",
+        "tf.config.set_visible_devices",
+    }
+)
+
+
+def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
+    """``(line, call)`` of each call in the body of the ``for`` loop at
+    ``line`` that changes process-wide state (``os.chdir``,
+    ``pd.set_option``, ``torch.set_default_dtype``...), or assigns into
+    ``os.environ``: serially the later iterations see the change, and the
+    kernel keeps it; an engine changes its own process only, and keeps it
+    for the cells after.  A ``with`` form (``np.errstate``,
+    ``pd.option_context``) is fine: it undoes itself."""
+    loop = loop_node(source, line)
+    if loop is None:
+        return []
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if isinstance(node, ast.Call):
+            name = dotted_name(node.func)
+            if name in PROCESS_STATE_SETTERS:
+                out.append((node.lineno, name))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = (
+                node.targets
+                if isinstance(node, (ast.Assign, ast.Delete))
+                else [node.target]
+            )
+            for t in targets:
+                if isinstance(t, ast.Subscript) and dotted_name(t.value) in (
+                    "os.environ",
+                    "plt.rcParams",
+                    "matplotlib.rcParams",
+                    "mpl.rcParams",
+                ):
+                    out.append((node.lineno, f"{dotted_name(t.value)}[...]"))
+    return sorted(out)
+
+
 def uses_autograd(source: str, line: int) -> bool:
     """Does the body of the ``for`` loop at ``line`` run autograd itself
     (``loss.backward()``, ``torch.autograd.grad(...)``)?  Gradients then reach

@@ -539,6 +539,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     _refuse_helpers_reading_what_the_loop_changes(plan, ns, inputs)
     _refuse_one_file_written_by_every_iteration(prep, ns)
+    _refuse_process_state_changes(prep)
     _refuse_unions_of_other_types(plan, ns)
     _refuse_inputs_shared_with_sinks(plan, ns, inputs, values)
     _refuse_contexts_that_cannot_travel(plan, ns)
@@ -720,6 +721,33 @@ def _refuse_helpers_reading_what_the_loop_changes(
         "shows the dependence), or run the cell without %%gpu_parallel. Nothing "
         "from the loop ran."
     )
+
+
+def _refuse_process_state_changes(prep: Prepared) -> None:
+    """``os.chdir``, ``pd.set_option``, ``torch.set_default_dtype`` in the
+    body: serially later iterations (and the kernel) see the change; on an
+    engine it changes that process only, and stays for its later cells."""
+    from gpucell.core.lastitem import process_state_calls
+    from gpucell.errors import NotParallelizable
+
+    plan = prep.plan
+    if plan.kind != "for" or plan.loop_lines is None:
+        return
+    found = prep.code(
+        "process state",
+        lambda: process_state_calls(plan.source, plan.loop_lines[0]),
+    )
+    if found:
+        line, call = found[0]
+        raise NotParallelizable(
+            f"%%gpu_parallel: line {line} calls `{call}`, which changes state of "
+            "the whole process: serially the iterations after it and the "
+            "notebook see the change; each engine would change only its own "
+            "process, and keep it for later cells. Use its `with` form where "
+            "there is one (`np.errstate`, `pd.option_context`, `torch.no_grad`), "
+            "pass what the call sets as an argument instead (`dtype=`), or run "
+            "the cell without %%gpu_parallel. Nothing from the loop ran."
+        )
 
 
 def _helper_file_write(plan: Any, ns: dict[str, Any]) -> tuple[str, int, str] | None:
