@@ -1441,3 +1441,40 @@ def test_process_wide_state_changed_in_the_body_is_refused(ip, cluster, call):
             "--quiet",
             f"out = []\nfor i in range(3):\n    {call}\n    out.append(i)\n",
         )
+
+
+def test_the_kernels_default_dtype_and_numpy_error_modes_apply_on_the_engines(
+    ip, cluster
+):
+    """Set in an earlier cell, they change what the loop computes: serially
+    ``torch.zeros`` is float64 after ``set_default_dtype(float64)``, and a
+    division by zero raises under ``np.seterr(all="raise")``."""
+    ip.run_cell("import numpy as np, torch")
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        ip.run_cell("torch.set_default_dtype(torch.float64)")
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "sizes = []\nfor i in range(4):\n    sizes.append(torch.zeros(2).element_size())\n",
+        )
+        assert ip.user_ns["sizes"] == [8] * 4
+        ip.run_cell(
+            "torch.set_default_dtype(torch.float32)\nold = np.seterr(all='raise')"
+        )
+        with pytest.raises(FloatingPointError):
+            ip.run_cell_magic(
+                "gpu_parallel",
+                "--quiet",
+                "qs = []\nfor i in range(4):\n    qs.append(np.float64(1.0) / np.float64(i))\n",
+            )
+    finally:
+        ip.run_cell("torch.set_default_dtype(torch.float32)\nnp.seterr(**old)")
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+    # the engines are back to their own settings for later cells
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "sizes = []\nfor i in range(4):\n    sizes.append(torch.zeros(2).element_size())\n",
+    )
+    assert ip.user_ns["sizes"] == [4] * 4

@@ -67,6 +67,9 @@ class _Session:
     # the kernel's logging levels, applied while this cell's chunks run (the
     # records they make go back to the kernel's handlers)
     log_levels: LogLevels | None = None
+    # the kernel's process-wide settings (torch's default dtype, numpy's error
+    # modes), applied around each chunk of this cell
+    state: dict[str, Any] = field(default_factory=dict)
     # seconds per iteration of this cell's last chunk here: cheap iterations
     # run the unstamped program (gpucell.engine.chunk.CHEAP_ITERATION)
     iteration_mean: float | None = None
@@ -342,6 +345,7 @@ def _set_up(
     st.cwd = setup.get("cwd")
     _set_warning_filters(st, setup.get("warnings") or [])
     st.log_levels = setup.get("logging")
+    st.state = dict(setup.get("state") or {})
     _evict(st.cache, setup.get("cache_bytes"), keep=set(setup["names"]))
     loaded["cached"] = _cached_keys(st)
     if loaded["missing"]:
@@ -794,7 +798,11 @@ def run(
         # without --seed, which process-wide generators the chunk drew from
         rng_before = runtime.generator_states() if seed is None else None
         try:
-            with logs.Capture(st.log_levels) as logged, runtime.imports_finish_first():
+            with (
+                logs.Capture(st.log_levels) as logged,
+                runtime.imports_finish_first(),
+                _kernel_state(st.state),
+            ):
                 result = run_chunk(
                     st.program,
                     st.inputs,
@@ -863,6 +871,32 @@ def run(
         f"after cell {kernel}", AFTER_CELL_IDLE, lambda: after_cell(kernel, cell)
     )
     return spilled
+
+
+@contextlib.contextmanager
+def _kernel_state(state: dict[str, Any]) -> Any:
+    """The kernel's process-wide settings while a chunk runs, this engine's
+    own put back after (a later cell of another kernel gets its own)."""
+    torch = sys.modules.get("torch") if "torch_dtype" in state else None
+    np = sys.modules.get("numpy") if "numpy_err" in state else None
+    dtype = err = None
+    if torch is not None:
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(getattr(torch, state["torch_dtype"]))
+    elif "torch_dtype" in state:  # torch not loaded here yet: load it to set it
+        import torch as _torch
+
+        torch, dtype = _torch, _torch.get_default_dtype()
+        torch.set_default_dtype(getattr(torch, state["torch_dtype"]))
+    if np is not None:
+        err = np.seterr(**state["numpy_err"])
+    try:
+        yield
+    finally:
+        if torch is not None and dtype is not None:
+            torch.set_default_dtype(dtype)
+        if np is not None and err is not None:
+            np.seterr(**err)
 
 
 def _drew(before: dict[str, int] | None) -> list[str]:

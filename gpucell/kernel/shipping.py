@@ -53,6 +53,7 @@ class InputShipping:
         self._encoded: dict[tuple[str, ...], list[Any]] = {}
         self._filters = _warning_filters()
         self._log_levels = logs.levels()
+        self._state = process_state()
         for eid in self.alive:
             self._setup_engine(eid)
         if self.telemetry is not None:
@@ -97,6 +98,7 @@ class InputShipping:
             "watch": self.watch,
             "warnings": self._filters,
             "logging": self._log_levels,
+            "state": self._state,
             "cache_bytes": self.cache_bytes,
             "cwd": os.getcwd(),
         }
@@ -131,6 +133,32 @@ class InputShipping:
         lead_id, lead_pid, tag = leader
         self.record.shared_bytes += nbytes
         return shm.follow(self.channel, tag, lead_pid, lead_id)
+
+
+def process_state() -> dict[str, Any]:
+    """The kernel's process-wide settings that change what a loop computes:
+    torch's default dtype (``torch.set_default_dtype(torch.float64)`` in an
+    earlier cell makes every ``torch.zeros`` float64) and numpy's error modes
+    (``np.seterr``).  Engines apply them around each chunk."""
+    import sys
+
+    out: dict[str, Any] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dtype = str(torch.get_default_dtype()).removeprefix("torch.")
+        if dtype != "float32":
+            out["torch_dtype"] = dtype
+    np = sys.modules.get("numpy")
+    if np is not None:
+        err = np.geterr()
+        if err != {
+            "divide": "warn",
+            "over": "warn",
+            "under": "ignore",
+            "invalid": "warn",
+        }:
+            out["numpy_err"] = err
+    return out
 
 
 def _warning_filters() -> list[Any]:

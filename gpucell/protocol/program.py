@@ -190,6 +190,9 @@ class Setup(TypedDict):
     watch: Watch  # what the chunks check in and out
     warnings: list[Any]  # wire frames of the kernel's warnings.filters
     logging: LogLevels  # records the loop logs come back to the kernel's handlers
+    # process-wide settings of the kernel that change what a loop computes
+    # (torch's default dtype, numpy's error modes), applied around each chunk
+    state: dict[str, Any]
     cache_bytes: int  # the engine's budget for cached inputs (LRU beyond it)
     # the kernel's working directory: relative paths in the loop (`open("a.csv")`
     # after `%cd data`) name the same files on the engines of its host
