@@ -420,3 +420,15 @@ def test_backward_reaching_an_input_no_call_names_fails(nb):
     )
     assert "grad" in str(err)
     assert nb.user_ns["w"].grad is None
+
+
+def test_an_attribute_a_notebook_function_keeps_state_in_fails(nb):
+    nb.run_cell("def step(x):\n    step.calls += 1\n    return x * 2\nstep.calls = 0")
+    err = _fails_atomically(
+        nb,
+        "ys = []\nfor x in range(6):\n    ys.append(step(x))\n",
+        ["step"],
+        r"`step` changed in place",
+    )
+    assert "`calls`" in str(err)
+    assert nb.user_ns["step"].calls == 0

@@ -304,9 +304,6 @@ KNOWN: dict[str, str] = {
         "false refusal (own item changed, fails at run time): ValueError: "
         "output array is read-only"
     ),
-    "u-counter-attr-on-function": (
-        "SILENT (input changed through an unwatched channel): n_calls"
-    ),
 }
 
 

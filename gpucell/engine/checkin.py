@@ -158,6 +158,10 @@ def _function(fn: types.FunctionType, budget: _Budget, seen: set[int]) -> Hashab
         parts.append((f"<default {i}>", _token(d, budget, seen)))
     for k, d in sorted((fn.__kwdefaults__ or {}).items()):
         parts.append((f"<default {k}>", _token(d, budget, seen)))
+    # attributes set on the function (`step.calls += 1`): state it keeps
+    for k, v in sorted(vars(fn).items()):
+        if k != "__wrapped__":
+            parts.append((f"<attribute {k}>", _token(v, budget, seen)))
     return ("function", id(fn), tuple(parts))
 
 
@@ -353,6 +357,9 @@ def _what(was: Hashable, now: Hashable) -> str:
         names = [n for n in before if before[n] != after.get(n)]
         if names and all(n.startswith("<default") for n in names):
             return "a default argument it keeps state in (`acc=[]`, a memo) changed"
+        if names and all(n.startswith("<attribute") for n in names):
+            attrs = ", ".join(f"`{n[11:-1]}`" for n in names)
+            return f"an attribute set on it ({attrs}) changed"
         if names:
             return f"{', '.join(f'`{n}`' for n in names)}, which it uses, changed"
         return "a global it uses changed"
