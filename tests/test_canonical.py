@@ -17,19 +17,13 @@ unchanged, or give the serial namespace: never run silently different.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import io
-import logging
 import os
 import shutil
 import textwrap
-import types
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import gpucell
 from gpucell.errors import InputChanged, IterationError, NotParallelizable
@@ -49,165 +43,12 @@ log = logging.getLogger(@NAME@)
 # ---------------------------------------------------------------- snapshots
 
 
-@dataclasses.dataclass
-class _Snap:
-    """What a value was, for values that cannot (or should not) be deep-copied."""
-
-    kind: str
-    data: Any
-
-
-def snap(v: Any) -> Any:
-    """A copy of ``v`` taken right after a run, safe from later changes."""
-    if isinstance(v, types.ModuleType):
-        return _Snap("python module", v.__name__)
-    if isinstance(v, type):
-        return _Snap("class", (v.__module__, v.__qualname__))
-    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-        return _Snap("function", getattr(v, "__qualname__", repr(v)))
-    if isinstance(v, logging.Logger):
-        return _Snap("logger", (v.name, v.level))
-    if isinstance(v, torch.nn.Module):
-        return _Snap(
-            "torch module",
-            (
-                type(v).__qualname__,
-                v.training,
-                {k: t.detach().clone() for k, t in v.state_dict().items()},
-            ),
-        )
-    if isinstance(v, torch.Tensor):
-        return _Snap("tensor", (v.detach().clone(), v.requires_grad))
-    if isinstance(v, torch.optim.Optimizer):
-        return _Snap("optimizer", (type(v).__qualname__, copy.deepcopy(v.state_dict())))
-    if isinstance(v, io.IOBase):
-        return _Snap(
-            "file",
-            (
-                type(v).__name__,
-                getattr(v, "name", None),
-                getattr(v, "mode", None),
-                v.closed,
-            ),
-        )
-    if type(v) in (list, tuple):
-        return type(v)(snap(x) for x in v)
-    if type(v) is dict:
-        return {k: snap(x) for k, x in v.items()}
-    try:
-        return copy.deepcopy(v)
-    except Exception:
-        return v
-
-
-def _qualname(x: Any) -> str:
-    return type(x).__module__ + "." + type(x).__qualname__
-
-
-def same(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` (snapshots) hold the same values."""
-    if isinstance(a, _Snap):
-        return isinstance(b, _Snap) and a.kind == b.kind and same(a.data, b.data)
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.allclose(a, b, equal_nan=True)
-        )
-    if isinstance(a, np.ndarray):
-        if not (
-            isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
-        ):
-            return False
-        if a.dtype == object:
-            return same(a.tolist(), b.tolist())
-        if a.dtype.kind in "fc":
-            return np.allclose(a, b, equal_nan=True)
-        return bool(np.array_equal(a, b))
-    if isinstance(a, np.generic):
-        return type(a) is type(b) and same(a.item(), b.item())
-    if isinstance(a, float):
-        if a != a:
-            return isinstance(b, float) and b != b
-        return isinstance(b, float) and (
-            a == b or abs(a - b) <= 1e-9 * max(1.0, abs(a))
-        )
-    if type(a).__module__.startswith("pandas"):
-        return type(a) is type(b) and a.equals(b)
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover
-        Image = None
-    if Image is not None and isinstance(a, Image.Image):
-        return (
-            isinstance(b, Image.Image)
-            and (a.mode, a.size) == (b.mode, b.size)
-            and a.tobytes() == b.tobytes()
-        )
-    if isinstance(a, np.random.Generator):
-        return isinstance(b, np.random.Generator) and same(
-            a.bit_generator.state, b.bit_generator.state
-        )
-    if isinstance(a, torch.utils.data.DataLoader):
-        return (
-            isinstance(b, torch.utils.data.DataLoader)
-            and a.batch_size == b.batch_size
-            and same(a.dataset, b.dataset)
-        )
-    if isinstance(a, torch.utils.data.TensorDataset):
-        return isinstance(b, torch.utils.data.TensorDataset) and same(
-            list(a.tensors), list(b.tensors)
-        )
-    if _is_estimator(a):
-        return (
-            _qualname(a) == _qualname(b)
-            and same(a.get_params(deep=False), b.get_params(deep=False))
-            and same(_fitted(a), _fitted(b))
-        )
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, dict):
-        return (
-            isinstance(b, dict)
-            and list(a) == list(b)
-            and all(same(a[k], b[k]) for k in a)
-        )
-    if isinstance(a, (set, frozenset, str, bytes, int, bool, type(None), complex)):
-        return type(a) is type(b) and a == b
-    if hasattr(a, "__dict__") and not isinstance(a, type):
-        # notebook classes differ between the two setups: same name, same fields
-        return _qualname(a) == _qualname(b) and same(vars(a), vars(b))
-    return a == b
-
-
-def _is_estimator(x: Any) -> bool:
-    try:
-        from sklearn.base import BaseEstimator
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(x, BaseEstimator)
-
-
-def _fitted(est: Any) -> dict:
-    return {
-        k: snap(v)
-        for k, v in sorted(vars(est).items())
-        if k.endswith("_") and not k.startswith("_")
-    }
-
-
-def user_names(ip) -> list[str]:
-    return [k for k in ip.user_ns if not k.startswith("_") and k not in _IPYTHON_OWN]
-
-
-def snapshot(ip) -> dict[str, Any]:
-    return {k: snap(ip.user_ns[k]) for k in user_names(ip)}
-
-
-def clear(ip) -> None:
-    for k in user_names(ip):
-        ip.user_ns.pop(k)
+from namespace_compare import (  # noqa: E402 - (shared with test_sweep_loops)
+    clear,
+    restored_logging,
+    same,
+    snapshot,
+)
 
 
 def assert_same_namespace(serial: dict, par: dict, what: str = "parallel") -> None:
@@ -288,25 +129,6 @@ class Notebook:
             f"log lines differ:\nserial:   {serial_log}\nparallel: {par_log}"
         )
         return serial, par
-
-
-class restored_logging:
-    """Put the root logger's handlers and level back; close what was added."""
-
-    def __enter__(self):
-        root = logging.getLogger()
-        self.saved, self.level = root.handlers[:], root.level
-        return self
-
-    def __exit__(self, *exc):
-        root = logging.getLogger()
-        for h in root.handlers[:]:
-            if h not in self.saved:
-                h.flush()
-                h.close()
-        root.handlers[:] = self.saved
-        root.setLevel(self.level)
-        return False
 
 
 @pytest.fixture(scope="module", autouse=True)
