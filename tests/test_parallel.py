@@ -1443,6 +1443,11 @@ def test_process_wide_state_changed_in_the_body_is_refused(ip, cluster, call):
         )
 
 
+SIZES = (
+    "sizes = []\nfor i in range(4):\n    sizes.append(torch.zeros(2).element_size())\n"
+)
+
+
 def test_the_kernels_default_dtype_and_numpy_error_modes_apply_on_the_engines(
     ip, cluster
 ):
@@ -1456,7 +1461,7 @@ def test_the_kernels_default_dtype_and_numpy_error_modes_apply_on_the_engines(
         ip.run_cell_magic(
             "gpu_parallel",
             "--quiet",
-            "sizes = []\nfor i in range(4):\n    sizes.append(torch.zeros(2).element_size())\n",
+            SIZES,
         )
         assert ip.user_ns["sizes"] == [8] * 4
         ip.run_cell(
@@ -1466,7 +1471,8 @@ def test_the_kernels_default_dtype_and_numpy_error_modes_apply_on_the_engines(
             ip.run_cell_magic(
                 "gpu_parallel",
                 "--quiet",
-                "qs = []\nfor i in range(4):\n    qs.append(np.float64(1.0) / np.float64(i))\n",
+                "qs = []\nfor i in range(4):\n"
+                "    qs.append(np.float64(1.0) / np.float64(i))\n",
             )
     finally:
         ip.run_cell("torch.set_default_dtype(torch.float32)\nnp.seterr(**old)")
@@ -1475,6 +1481,6 @@ def test_the_kernels_default_dtype_and_numpy_error_modes_apply_on_the_engines(
     ip.run_cell_magic(
         "gpu_parallel",
         "--quiet",
-        "sizes = []\nfor i in range(4):\n    sizes.append(torch.zeros(2).element_size())\n",
+        SIZES,
     )
     assert ip.user_ns["sizes"] == [4] * 4
