@@ -3109,6 +3109,7 @@ token_lists = []
 for doc in docs:
     token_lists.append(list(set(doc.lower().split())))
 """,
+    kind="random",  # (warned, as draws are: the order follows each process's hash seed)
     note="a list made from a set of str: order follows the process's hash seed",
 )
 

@@ -1484,3 +1484,22 @@ def test_the_kernels_default_dtype_and_numpy_error_modes_apply_on_the_engines(
         SIZES,
     )
     assert ip.user_ns["sizes"] == [4] * 4
+
+
+def test_a_sets_order_given_to_a_list_is_warned(ip, cluster, capsys):
+    """list(set(words)): for strings the order follows each process's hash
+    seed, so engines may differ from the kernel; sorted(...) is not warned."""
+    ip.user_ns["docs"] = ["b a c", "d e"]
+    capsys.readouterr()
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "t = []\nfor d in docs:\n    t.append(list(set(d.split())))\n",
+    )
+    assert "follows each process's hash seed" in capsys.readouterr().out
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "t = []\nfor d in docs:\n    t.append(sorted(set(d.split())))\n",
+    )
+    assert "hash seed" not in capsys.readouterr().out

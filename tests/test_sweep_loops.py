@@ -56,9 +56,11 @@ SEEDER = (
 
 
 def random_warning(printed: str) -> bool:
-    """The magic said the loop's random numbers differ from a serial run."""
+    """The magic said the loop's random numbers (or a set's order, which
+    follows each process's hash seed) differ from a serial run."""
     return any(
-        "gpucell: warning" in ln and "generator" in ln for ln in printed.splitlines()
+        "gpucell: warning" in ln and ("generator" in ln or "hash seed" in ln)
+        for ln in printed.splitlines()
     )
 
 
@@ -202,9 +204,6 @@ KNOWN: dict[str, str] = {
         "`im.resize(...)` changes an object in place; `im` refers to an element"
         " of the loop's data or to an object that exists before the loop, and "
         "..."
-    ),
-    "u-set-order-in-body": (
-        "SILENT (set order follows the engine's hash seed): token_lists"
     ),
     "edge-helper-reads-loop-var-global": (
         "false refusal (notebook function reads a global the loop assigns): "

@@ -270,6 +270,45 @@ def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+def _a_set(e: ast.expr) -> bool:
+    """``e`` makes a set where it stands: a display, a comprehension,
+    ``set(...)``/``frozenset(...)``, or a set method that returns one."""
+    if isinstance(e, (ast.Set, ast.SetComp)):
+        return True
+    if isinstance(e, ast.Call):
+        f = e.func
+        if isinstance(f, ast.Name) and f.id in ("set", "frozenset"):
+            return True
+        if isinstance(f, ast.Attribute) and f.attr in (
+            "union",
+            "intersection",
+            "difference",
+            "symmetric_difference",
+        ):
+            return _a_set(f.value)
+    return False
+
+
+def set_orders(source: str, line: int) -> list[int]:
+    """Lines in the body of the ``for`` loop at ``line`` that give a set's
+    iteration order to something ordered (``list(set(words))``, ``for w in
+    set(...)``, ``"".join({...})``, a comprehension over one): for strings the
+    order follows the process's hash seed, and each engine has its own."""
+    loop = loop_node(source, line)
+    if loop is None:
+        return []
+    out: set[int] = set()
+    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if isinstance(node, ast.Call) and node.args and _a_set(node.args[0]):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+            if name in ("list", "tuple", "enumerate", "iter", "join", "zip"):
+                out.add(node.lineno)
+        elif isinstance(node, (ast.For, ast.comprehension)) and _a_set(node.iter):
+            out.add(node.iter.lineno)
+    return sorted(out)
+
+
 def uses_autograd(source: str, line: int) -> bool:
     """Does the body of the ``for`` loop at ``line`` run autograd itself
     (``loss.backward()``, ``torch.autograd.grad(...)``)?  Gradients then reach

@@ -212,6 +212,7 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             inline_below=_config.settings().inline_below,
         )
         random_said = _warn_random(prep.plan, req, loop.inputs, ns)
+        _warn_set_order(prep)
         try:
             results = _run_loop(
                 shell,
@@ -414,6 +415,32 @@ def _warn_random(
         )
         return "warned"
     return ""
+
+
+def _warn_set_order(prep: Prepared) -> None:
+    """A set's order given to something ordered in the body (``list(set(words))``):
+    for strings it follows the process's hash seed, and each engine has its
+    own (unless ``PYTHONHASHSEED`` fixes it for the kernel, whose environment
+    the engines it starts inherit)."""
+    import os
+
+    from gpucell.core.lastitem import set_orders
+
+    plan = prep.plan
+    if plan.kind != "for" or plan.loop_lines is None:
+        return
+    if os.environ.get("PYTHONHASHSEED", "random") != "random":
+        return
+    lines = prep.code("set orders", lambda: set_orders(plan.source, plan.loop_lines[0]))
+    if lines:
+        where = ", ".join(map(str, lines))
+        print(
+            f"gpucell: warning: line(s) {where} give a set's order to something "
+            "ordered (a list, a join, a loop): a set of strings iterates in an "
+            "order that follows each process's hash seed, so each engine's can "
+            "differ from a serial run's. Sort it (`sorted(...)`), or keep "
+            "first-seen order with `list(dict.fromkeys(...))`."
+        )
 
 
 def _warn_hidden_draws(drew: set[str]) -> None:
