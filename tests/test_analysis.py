@@ -1050,22 +1050,28 @@ def test_whole_element_set_then_accumulated_still_accepted() -> None:
 
 
 def test_own_key_rewrite_advice_works() -> None:
-    for header in ("for k in d:", "for k in list(d):"):
-        text = texts(header + "\n    d[k] = f(d[k])\n")
-        advice = text[("d", "sink-read")]
-        assert "d.items()" in advice and "new[k] = f(d[k])" in advice
-    iterated = texts("for k in d:\n    d[k] = f(d[k])\n")[("d", "iterable-mutated")]
-    assert "not enough" in iterated
-    # the forms the advice names are accepted
+    # over the written dict itself, its keys are each iteration's own (issue
+    # 28 §3: refused before; the engine program checks `d` is a dict or a
+    # DataFrame, whose keys cannot repeat)
+    for header in ("for k in d:", "for k in list(d):", "for k in sorted(d):"):
+        p = plan(header + "\n    d[k] = f(d[k])\n")
+        assert "IndexError" in p.chunk_source
+    # keys from elsewhere may repeat: refused, with the forms that are accepted
+    text = texts("for k in ks:\n    d[k] = f(d[k])\n")
+    advice = text[("d", "sink-read")]
+    assert "d.items()" in advice and "new[k] = f(d[k])" in advice
+    assert "dict.fromkeys(ks)" in advice
     assert "d" in plan("for k, v in d.items():\n    d[k] = f(v)\n").writes
     assert "new" in plan("new = {}\nfor k in d:\n    new[k] = f(d[k])\n").writes
-    # a copy is still the advice when the body does not read the container
-    plain = texts("for k in d:\n    d[k] = 0\n")[("d", "iterable-mutated")]
+    # a copy is still the advice when the body writes other keys
+    plain = texts("for k in d:\n    d[k + 1] = 0\n")[("d", "iterable-mutated")]
     assert "list(d)" in plain
+    iterated = texts("for k in d:\n    d[k + 1] = d[k]\n")[("d", "iterable-mutated")]
+    assert "not enough" in iterated
 
 
 def test_same_message_is_not_repeated_on_one_line() -> None:
-    r = refusals("for k in d:\n    d[k] = d[k] + d[k] * d[k]\n")
+    r = refusals("for k in ks:\n    d[k] = d[k] + d[k] * d[k]\n")
     assert r.count(("d", "sink-read", 2)) == 1
 
 

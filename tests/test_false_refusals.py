@@ -216,8 +216,6 @@ def test_methods_of_the_own_slice_match_the_serial_run(ip, cluster, case) -> Non
         "        img[b, c] = img[b, c] * 2\n",
         # the method could change an object from outside the iteration
         "for i in range(n):\n    S[i][0] = obj\n    S[i][1] = S[i][0].mean()\n",
-        # a whole element read back through a method (value mode)
-        "for i in range(n):\n    y[i] = y[i] * 2\n    y[i] = y[i].round()\n",
     ],
 )
 def test_methods_that_may_change_the_slice_are_refused(src: str) -> None:
@@ -249,6 +247,21 @@ SEVERAL_WRITES = {
         "for i in range(m.shape[0]):\n    m[i, 0] = m[i, 0] / 3\n"
         "    m[i, 0] = m[i, 0] * 2 + m[i, 1]\n",
         lambda: {"m": np.arange(20).reshape(10, 2)},
+    ),
+    "through functions, twice (the brief's y[i] = f(y[i]); y[i] = g(y[i]))": (
+        "import math\nimport operator\n"
+        "for i in range(len(y)):\n    y[i] = math.sqrt(y[i])\n"
+        "    y[i] = operator.sub(y[i], 2)\n    y[i] = str(round(y[i], 3)).zfill(6)\n",
+        lambda: {"y": [1, 4, 9, 16, 2]},
+    ),
+    "through a method, a list of numpy scalars": (
+        "for i in range(len(y)):\n    y[i] = y[i] * 2.55\n    y[i] = y[i].round(1)\n",
+        lambda: {"y": [np.float64(v) for v in (1.0, 2.5, 3.25)]},
+    ),
+    "in a nested loop, through a function": (
+        "for b in range(len(y)):\n    for c in range(3):\n"
+        "        y[b] = max(y[b], c) + len(str(y[b]))\n",
+        lambda: {"y": [5, 0, 12, 100]},
     ),
     "the rewrite for a 1-D array: a local, written once": (
         "for i in range(len(y)):\n    v = y[i] / 3\n    v = v * 2 + 1\n    y[i] = v\n",
@@ -294,13 +307,13 @@ def test_several_writes_of_a_1d_array_element_are_refused_before_the_loop(
             "on lines 2 and 3",
         ),
         (
-            "for i in range(n):\n    y[i] = f(y[i])\n    y[i] = g(y[i])\n",
-            "y[i]",
+            "for k in ['a', 'b']:\n    d[k] = f(d[k])\n    d[k] = g(d[k])\n",
+            "d[k]",
             "on lines 2 and 3",
         ),
         (
-            "for b in range(B):\n    for c in range(C):\n        y[b] = f(y[b])\n",
-            "y[b]",
+            "for k in ['a', 'b']:\n    for c in range(C):\n        d[k] = f(d[k])\n",
+            "d[k]",
             "in a nested loop (line 3)",
         ),
     ],
@@ -552,3 +565,111 @@ def test_literal_keys_of_one_type_only() -> None:
     assert refused("for k in [0, 'a']:\n    s[k] = s[k] * 2\n")
     accepted("for k in ['a', 'b']:\n    s[k] = s[k] * 2\n")
     accepted("for k in (0, 2):\n    s[k] = s[k] * 2\n")
+
+
+# -- a value written under the loop's variable, then read back ---------------------
+
+READ_BACK = {
+    "a score per model, logged": (
+        "import math\n"
+        "for lr in lrs:\n    final[lr] = math.exp(-lr) * 3\n"
+        "    report.append('{:.3f}'.format(final[lr]))\n"
+        "    print(lr, final[lr])\n",
+        lambda: {"lrs": [0.1, 0.5, 1.0], "final": {}, "report": []},
+    ),
+    "keys that repeat: the last iteration's value stays": (
+        "for k in ks:\n    d[k] = k * 2 + len(out)\n    out2.append(str(d[k]))\n",
+        lambda: {"ks": [3, 1, 3, 2, 1], "d": {0: 0}, "out": [7], "out2": []},
+    ),
+    "an array made per key, read back": (
+        "import numpy as np\n"
+        "for name in names:\n    coefs[name] = np.polyfit(t, t * len(name), 1)\n"
+        "    lead.append(float(np.round(coefs[name][0], 6)))\n",
+        lambda: {
+            "names": ["a", "bb", "ccc"],
+            "t": np.linspace(0, 1, 7),
+            "coefs": {},
+            "lead": [],
+        },
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(READ_BACK))
+def test_a_value_written_then_read_back_matches_the_serial_run(ip, cluster, case):
+    cell, ns = READ_BACK[case]
+    plan = accepted(cell)
+    assert [r.mode for r in plan.own_rows] == ["value"]
+    assert_serial_equivalent(ip, cell, ns())
+
+
+def test_a_value_from_outside_handed_on_stays_refused() -> None:
+    # `f` could change `xs` itself, which an engine has a copy of
+    assert refused("for k in ks:\n    d[k] = xs\n    f(d[k])\n")
+    # read before the iteration writes it: an earlier iteration's value
+    assert refused("for k in ks:\n    f(d[k])\n    d[k] = 1\n")
+
+
+def test_what_a_handed_on_value_holds_is_checked_on_the_engines() -> None:
+    # `f` could change `xs` through the list: the engines check `xs`
+    p = accepted("for k in ks:\n    d[k] = [xs, 1]\n    f(d[k])\n")
+    assert "xs" in dict(p.watch)
+    (row,) = p.own_rows
+    assert row.handed == (2,)
+
+
+@pytest.mark.cluster
+def test_a_function_changing_what_a_handed_on_value_holds_fails_unmerged(
+    ip, cluster
+) -> None:
+    from gpucell.errors import InputChanged
+
+    ip.run_cell("def grow(pair):\n    pair[0].append(1)\n").raise_error()
+    xs, d = [0], {}
+    ip.user_ns.update(xs=xs, d=d, ks=[1, 2])
+    with pytest.raises(InputChanged):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for k in ks:\n    d[k] = [xs, k]\n    grow(d[k])\n",
+        )
+    assert ip.user_ns["xs"] is xs and xs == [0] and d == {}
+
+
+# -- over the written mapping itself -----------------------------------------------
+
+OVER_ITSELF = {
+    "a dict's values by its own keys": (
+        "for k in settings:\n    settings[k] = settings[k].upper()\n",
+        lambda: {"settings": {"mode": "train", "device": "cpu", "opt": "adam"}},
+    ),
+    "sorted keys, read before the write": (
+        "for k in sorted(d):\n    old = d[k]\n    d[k] = old * 2 + len(k)\n",
+        lambda: {"d": {"b": 1, "a": 2, "c": 3}},
+    ),
+    "a frame by its columns": (
+        "for c in df:\n    df[c] = df[c].astype(str).str.len()\n",
+        lambda: {"df": frame()},
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(OVER_ITSELF))
+def test_own_keys_of_the_written_mapping_match_the_serial_run(ip, cluster, case):
+    cell, ns = OVER_ITSELF[case]
+    accepted(cell)
+    assert_serial_equivalent(ip, cell, ns())
+
+
+@pytest.mark.cluster
+def test_a_list_iterated_for_its_own_keys_fails_unmerged(ip, cluster) -> None:
+    # `for k in y` gives a list's values, which may repeat: y[0] twice
+    y = [0, 0, 1]
+    ip.user_ns["y"] = y
+    with pytest.raises(IndexError, match="holds only for a dict"):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for k in y:\n    y[k] = y[k] + 5\n"
+        )
+    assert ip.user_ns["y"] is y and y == [0, 0, 1]

@@ -122,11 +122,6 @@ KNOWN: dict[str, str] = {
         "before the loop, and each engine would change only its own copy, so "
         "the ..."
     ),
-    "dict-own-key-uppercase": (
-        "false refusal (own keys/columns/rows): line 2: the loop iterates over "
-        "`settings`, which the body also changes (line 3); serially the loop "
-        "would see its own changes. A copy (`list(setting..."
-    ),
     "dict-keyed-assign-reduction": (
         "false refusal (reduction/gather spelled otherwise): line 4: `totals` "
         "is combined across iterations (indexed write on line 4) and is also "
@@ -136,11 +131,6 @@ KNOWN: dict[str, str] = {
         "false refusal (own keys/columns/rows): line 4: `del balances[k]` "
         "changes an object in place; `balances` exists before the loop, and "
         "each engine would change only its own copy, so the cha..."
-    ),
-    "np-polyfit-per-series": (
-        "false refusal (own write read back): line 5: `coefs` is combined "
-        "across iterations (indexed write on line 4) and is also used here; "
-        "while the loop runs in parallel an iteration sees on..."
     ),
     "np-normalise-rows-in-place-item": (
         "false refusal (own item changed in the loop's text): line 3: `row /= "
@@ -172,11 +162,6 @@ KNOWN: dict[str, str] = {
         "`sales`, which the body also changes (line 4); serially the loop would"
         " see its own changes. Iterate over a copy (`fo..."
     ),
-    "sk-fit-models-in-dict": (
-        "false refusal (own write read back): line 6: `scores` is combined "
-        "across iterations (indexed write on line 5) and is also used here; "
-        "while the loop runs in parallel an iteration sees o..."
-    ),
     "sk-kfold-cv": (
         "false refusal (own write read back): line 6: `fold_scores` is combined"
         " across iterations (ordered gather on line 5) and is also used here; "
@@ -187,11 +172,6 @@ KNOWN: dict[str, str] = {
         "`best_score` is read here before the iteration assigns it, so it would"
         " see the value left by the previous iteration (a loop-carried "
         "depende..."
-    ),
-    "torch-lr-sweep-logreg": (
-        "false refusal (own write read back): line 15: `final_loss` is combined"
-        " across iterations (indexed write on line 13) and is also used here; "
-        "while the loop runs in parallel an iteration ..."
     ),
     "pil-rotate-sizes": (
         "false refusal (method name taken for an in-place one): line 4: "

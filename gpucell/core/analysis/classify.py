@@ -1659,6 +1659,10 @@ def _distinct_items(
             and len(e.args) == 1
         ):
             return True, None
+    if isinstance(e, ast.Name):
+        # the written mapping itself (`for k in settings: settings[k] = ...`):
+        # a dict's keys, a frame's columns; the engine program checks it is one
+        return True, e.id
     owner = _columns_of(e)
     return owner is not None, owner
 
@@ -1675,8 +1679,9 @@ def _key_check(
     for a ``range`` that may reach negative positions (``range(k, n)``; not
     ``range(n)``, ``range(1, n)``, ``range(n - 1, -1, -1)``), ``"any"`` for
     the items of ``set(..)``, ``dict.fromkeys(..)`` (distinct as dict keys,
-    not as positions), ``None`` for ``enumerate``, labels, columns and
-    literals of strings and non-negative ints."""
+    not as positions), ``"mapping"`` for the written sink itself (``for k in
+    d``: keys only if ``d`` is a dict or a frame), ``None`` for
+    ``enumerate``, labels, columns and literals of strings and ints."""
     if loop_iter is None:
         return None
     if _is_range(loop_iter, is_builtin):
@@ -1702,6 +1707,17 @@ def _key_check(
         loop_iter, (ast.List, ast.Tuple, ast.Set)
     ):
         return None
+    inner = loop_iter
+    while (
+        isinstance(inner, ast.Call)
+        and isinstance(inner.func, ast.Name)
+        and inner.func.id in _DISTINCT_KEEPERS
+        and is_builtin(inner.func.id)
+        and len(inner.args) == 1
+    ):
+        inner = inner.args[0]
+    if isinstance(inner, ast.Name):
+        return "mapping"  # (iterating a list gives values, not keys)
     return None if _columns_of(loop_iter) is not None else "any"
 
 
@@ -2108,11 +2124,13 @@ def classify_body(
     ctx.several_writes = several_writes
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
+    own_key = _own_key(loop_target, loop_iter, is_builtin)
     if (
         isinstance(loop_target, ast.Name)
         and loop_iter is not None
         and _own_index(loop_target, loop_iter, is_builtin) is None
-        and _own_key(loop_target, loop_iter, is_builtin) is None
+        # keys that may repeat, or a name's own (distinct for that name only)
+        and (own_key is None or own_key[1] is not None)
     ):
         ctx.key_loop = (loop_target.id, ast.unparse(loop_iter))
     flow = _Flow(ctx)
@@ -2135,7 +2153,8 @@ def classify_body(
             if (
                 node.id in sinks
                 and node.id not in own_elements
-                and node.id not in several_writes  # (the advice is there)
+                # (the write-once advice is there)
+                and not (node.id in several_writes and node.id in ctx.sink_reads)
             ):
                 diag.add(
                     node.lineno,
@@ -2168,6 +2187,15 @@ def classify_body(
         result.writes[name] = row.line
         ctx.inputs.setdefault(name, row.line)  # engines copy the rows they write
     result.own_rows = own_rows
+    # a row's value handed to a function or a method (`d[k] = [x]`, then
+    # `f(d[k])`) may have what it holds changed: the engines check the inputs
+    # the written values name, as for a call's arguments
+    for row in own_rows.values():
+        for st in stmts:
+            if st.lineno in row.handed and isinstance(st, ast.Assign):
+                for node in ast.walk(st.value):
+                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                        flow.watch(node, st.lineno)
     check = _key_check(loop_iter, is_builtin)
     if check is not None:
         # (a row made new under any loop variable never reads what was there:

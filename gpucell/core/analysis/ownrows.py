@@ -23,6 +23,7 @@ ordinary rules, which refuse it.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -63,6 +64,10 @@ class OwnRow:
     #: one write statement, outside nested loops, every read before it: the
     #: plain own-element rule (or a keyed reduction) covers it already
     simple: bool = False
+    #: lines of the whole-element writes whose value the body then hands to a
+    #: function or method (``d[k] = [x]``, then ``f(d[k])``): what that value
+    #: holds from outside the iteration is checked on the engines
+    handed: tuple[int, ...] = ()
 
 
 def own_chain(node: ast.Subscript, name: str, index: str) -> tuple[int, ...] | None:
@@ -207,6 +212,20 @@ def _pure_method_call(
     return up.attr in PURE_METHODS and not any(k.arg == "out" for k in call.keywords)
 
 
+def _passed_to_call(
+    top: ast.expr, up: ast.AST | None, parents: dict[int, ast.AST]
+) -> bool:
+    """``f(S[k])``, ``log.info("%s", S[k])``, ``f(x=S[k])``: the element
+    handed to a function as an argument."""
+    if isinstance(up, ast.keyword):
+        return isinstance(parents.get(id(up)), ast.Call)
+    return (
+        isinstance(up, ast.Call)
+        and up.func is not top
+        and any(a is top for a in up.args)
+    )
+
+
 def _fresh_value(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
     """A new object no one else holds: a display, a comprehension, a literal,
     ``list()``/``dict()``/``set()`` of anything."""
@@ -244,11 +263,15 @@ def _fresh_first(
     body: list[ast.stmt],
     uses: list[ast.Name],
     is_builtin: Callable[[str], bool],
+    display: bool = True,
 ) -> bool:
     """Does a top-level ``S[i] = <new object>`` come before every other use of
     ``S``?  Then the iteration never sees the row from before it (nor from an
     earlier iteration with the same key): it works on its own new object, even
-    through method calls, and the row's final value is all that comes back."""
+    through method calls, and the row's final value is all that comes back.
+    With ``display`` false (no method is called on the row) any value that is
+    no alias of another object will do: ``scores[name] = est.score(X, y)``,
+    then ``log.info("%s", scores[name])`` reads what the iteration wrote."""
     for pos, st in enumerate(body):
         if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
             continue
@@ -259,7 +282,7 @@ def _fresh_first(
             and t.value.id == name
         ):
             continue
-        if not _fresh_value(st.value, is_builtin):
+        if not _fresh_value(st.value, is_builtin) and (display or _may_alias(st.value)):
             return False
         later = {id(n) for s in body[pos + 1 :] for n in ast.walk(s)}
         return all(u is t.value or id(u) in later for u in uses)
@@ -277,7 +300,7 @@ def _candidate(
     writes: list[tuple[int, bool, ast.stmt]] = []
     reads: list[tuple[int, int]] = []
     uses: list[ast.Name] = []
-    meta = methods = pure = False
+    meta = methods = pure = calls = False
     for s in body:
         for node in ast.walk(s):
             if not (isinstance(node, ast.Name) and node.id == name):
@@ -325,8 +348,15 @@ def _candidate(
             elif levels == 1 and _method_call(top, up, parents):
                 methods = True  # allowed on a row made new in this iteration
                 reads.append((node.lineno, node.col_offset))
-            elif isinstance(top.ctx, ast.Del) or not _use_ok(top, up, is_builtin):
+            elif isinstance(top.ctx, ast.Del):
                 return None
+            elif not _use_ok(top, up, is_builtin):
+                if not _passed_to_call(top, up, parents):
+                    return None
+                # `log.info("%s", S[k])`, `np.round(S[k][0])`: whole-element
+                # rows only (their final value comes back whole)
+                calls = True
+                reads.append((node.lineno, node.col_offset))
             else:
                 reads.append((node.lineno, node.col_offset))
     if not writes:
@@ -338,12 +368,11 @@ def _candidate(
         mode = "value"
     else:
         return None
-    if mode == "value" and not _value_ok(writes, meta, methods):
-        return None
-    if pure and mode == "value":
-        # a whole element read back through a method: only numpy and torch
-        # elements have these methods, and those the kernel refuses (the
-        # array casts what it stores); a frame's column would be aligned
+    if calls and mode != "value":
+        return None  # (a row handed to a function could be changed unrecorded)
+    # an element handed to a function or a method may be changed in place:
+    # it must be the iteration's own (no write stores an object from outside)
+    if mode == "value" and not _value_ok(writes, meta, methods or calls or pure):
         return None
     if pure and any(
         isinstance(s, ast.Assign) and _may_alias(s.value) for _d, _a, s in writes
@@ -351,9 +380,17 @@ def _candidate(
         # `S[i][k] = obj` then `S[i][k].mean()`: a method named like a pure one
         # on an object from outside the iteration could change it unseen
         return None
-    if (methods or not distinct) and not _fresh_first(name, body, uses, is_builtin):
+    if (methods or not distinct) and not _fresh_first(
+        name, body, uses, is_builtin, display=methods
+    ):
         return None
-    return _own_row(name, index, mode, writes, reads, parents)
+    row = _own_row(name, index, mode, writes, reads, parents)
+    if calls or methods or pure:
+        lines = tuple(
+            sorted({st.lineno for _d, _a, st in writes if isinstance(st, ast.Assign)})
+        )
+        row = dataclasses.replace(row, handed=lines)
+    return row
 
 
 def _value_ok(

@@ -480,14 +480,16 @@ def _key_guard(name: str, key: str, how: str, loc: ast.AST) -> ast.stmt:
         f"Nothing from the loop was merged."
     )
     b = "__import__('builtins')"
+    kind = f"{b}.type({name})"
+    pandas = f"{kind}.__module__.startswith('pandas')"
     if how == "range":  # ints
         bad = f"{key} < 0"
+    elif how == "mapping":  # `for k in d`: keys of a dict, columns of a frame
+        bad = f"not ({pandas} and {kind}.__name__ == 'DataFrame')"
     else:
         # a non-negative int of anything but a Series (which takes `s[0]` as
         # a position or a label, as its labels are strings or not); a string
         # of a DataFrame (a column's label, never a position)
-        kind = f"{b}.type({name})"
-        pandas = f"{kind}.__module__.startswith('pandas')"
         bad = (
             f"not (({b}.type({key}) is {b}.int and {key} >= 0 and not "
             f"({pandas} and {kind}.__name__ == 'Series')) or ({b}.type({key}) "
@@ -497,10 +499,26 @@ def _key_guard(name: str, key: str, how: str, loc: ast.AST) -> ast.stmt:
         f"if ({bad}) and not {b}.isinstance({name}, {b}.dict):\n"
         f"    raise {b}.IndexError({text!r}.format({key}))\n"
     )
+    if how == "mapping":
+        src = src.replace(
+            f"{text!r}.format({key})",
+            f"{_mapping_text(name, key)!r}.format({b}.type({name}).__name__)",
+        )
     guard = ast.parse(src).body[0]
     for node in ast.walk(guard):
         ast.copy_location(node, loc)
     return guard
+
+
+def _mapping_text(name: str, key: str) -> str:
+    return (
+        f"%%gpu_parallel: the loop iterates over `{name}` and writes "
+        f"`{name}[{key}]` as each iteration's own item, which holds only for a "
+        f"dict (distinct keys) or a DataFrame (distinct columns); `{name}` is a "
+        f"{{}}, whose items may repeat or be its values. Loop over "
+        f"`range(len({name}))` for positions, or run the cell without "
+        f"%%gpu_parallel. Nothing from the loop was merged."
+    )
 
 
 def _value_row_guard(row: OwnRow, loc: ast.AST) -> ast.stmt:
