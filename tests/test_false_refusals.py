@@ -333,17 +333,8 @@ def test_several_writes_that_stay_refused_say_to_write_once(src, own, where) -> 
 # -- a library generator's attribute names are not the loop's variables -----------
 
 # The kernel's generator check (kernel/execute.py, _refuse_interleaved_generators)
-# takes every name in the generator's code (co_names, attributes included) as a
-# global it reads; gpucell.core.globalreads.generator_reads reads globals only,
-# and only notebook code (tests/test_globalreads.py).  Until the kernel calls
-# it, these stay refused: strict, so the fix shows here.
-_KERNEL_CHECK = pytest.mark.xfail(
-    strict=True,
-    raises=NotParallelizable,
-    reason="kernel/execute.py checks generators with engine.checkin.code_names "
-    "(attribute names too); globalreads.generator_reads is the fix",
-)
-
+# reads a generator with gpucell.core.globalreads.generator_reads: globals only
+# (iterrows reads `self.index`, no global `index`), and only notebook code.
 ITERROWS = {
     "for index, row in df.iterrows()": (
         "for index, row in df.iterrows():\n    out[index] = row['a'] * 2 + row['c']\n",
@@ -362,9 +353,7 @@ ITERROWS = {
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=_KERNEL_CHECK) for c in ITERROWS]
-)
+@pytest.mark.parametrize("case", list(ITERROWS))
 def test_library_generators_are_not_read_for_attribute_names(ip, cluster, case):
     cell, ns = ITERROWS[case]
     accepted(cell)  # (the analysis accepts it; the kernel's check refuses)
@@ -390,38 +379,6 @@ def test_a_notebook_generator_reading_what_the_loop_changes_stays_refused(
             "gpu_parallel", "--quiet", "for n in counts():\n    out.append(n)\n"
         )
     assert ip.user_ns["out"] == []
-
-
-@pytest.mark.cluster
-@pytest.mark.parametrize("case", list(ITERROWS))
-def test_with_the_kernel_reading_generators_by_globalreads_they_run(
-    ip, cluster, monkeypatch, case
-) -> None:
-    """The fix for the xfails above, as the kernel would call it: the same
-    check with ``generator_reads`` (globals only, notebook code only)."""
-    import types
-
-    from gpucell.core.globalreads import generator_reads
-    from gpucell.kernel import execute
-
-    def check(plan, values):
-        changed = set(plan.affected_names) | set(plan.locals)
-        for value in values:
-            if isinstance(value, types.GeneratorType):
-                found = generator_reads(value, ip.user_ns, changed)
-                if found:
-                    raise NotParallelizable(f"reads `{found[0].name}`")
-
-    monkeypatch.setattr(execute, "_refuse_interleaved_generators", check)
-    cell, ns = ITERROWS[case]
-    assert_serial_equivalent(ip, cell, ns())
-    # and a notebook generator reading what the loop changes is still refused
-    ip.run_cell("def counts():\n    for _ in range(3):\n        yield len(out)\n")
-    ip.user_ns["out"] = []
-    with pytest.raises(NotParallelizable, match="reads `out`"):
-        ip.run_cell_magic(
-            "gpu_parallel", "--quiet", "for n in counts():\n    out.append(n)\n"
-        )
 
 
 # -- whole elements read back only of lists and dicts -----------------------------

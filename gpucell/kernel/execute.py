@@ -553,7 +553,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
         lambda: [compile(leaf, plan.filename, "eval") for leaf in space.leaves],
     )
     values = [eval(code, ns) for code in leaves]
-    _refuse_interleaved_generators(plan, values)
+    _refuse_interleaved_generators(plan, values, ns)
     _refuse_duplicate_labels(plan, ns)
     # a lazy iterable's items are all drawn before any iteration runs (serially
     # each after the iterations before it): what drawing them changes in the
@@ -646,14 +646,16 @@ def _run_loop(
     )
 
 
-def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
+def _refuse_interleaved_generators(
+    plan: Any, values: list[Any], ns: dict[str, Any] | None = None
+) -> None:
     """A generator whose items depend on what the body changes (``yield len(out)``
     while the body appends to ``out``) interleaves with the body serially; here
     its items are all drawn first, so they would differ.  Refused before the
     loop runs (the prelude has run, as it would serially)."""
     import types
 
-    from gpucell.engine.checkin import code_names
+    from gpucell.core.globalreads import generator_reads
     from gpucell.errors import NotParallelizable
 
     changed = set(plan.affected_names) | set(plan.locals)
@@ -661,7 +663,9 @@ def _refuse_interleaved_generators(plan: Any, values: list[Any]) -> None:
         code = getattr(value, "gi_code", None)
         if not isinstance(value, types.GeneratorType) or code is None:
             continue
-        reads = code_names(code) & changed
+        # globals notebook code reads (never attribute names: iterrows reads
+        # `self.index`, no global `index`), and what the generator was given
+        reads = {r.name for r in generator_reads(value, ns or {}, changed)}
         if reads:
             names = ", ".join(f"`{n}`" for n in sorted(reads))
             raise NotParallelizable(
