@@ -35,6 +35,7 @@ __all__ = [
     "device",
     "last_run",
     "load_ipython_extension",
+    "runs",
     "shard",
     "start_cluster",
     "status",
@@ -53,6 +54,7 @@ _LAZY = {
     "ddp": "gpucell.engine.ddp",
     "shard": "gpucell.engine.ddp",
     "GpuCell": "gpucell.config",
+    "runs": "gpucell.kernel.background",
 }
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from gpucell.core.provenance import LastRun
     from gpucell.engine.ddp import ddp, shard
     from gpucell.engine.runtime import device
+    from gpucell.kernel.background import runs
 
 #: The record of the last ``%%gpu_parallel`` cell (``None`` before the first):
 #: ``gpucell.last_run.timeline()``, ``.table()``, ``.summary()``.

@@ -37,6 +37,7 @@ class CellRequest:
     quiet: bool = False
     resume: bool = False
     checkpoint: str | None = None
+    background: bool = False  # --background: the cell returns, the run goes on
 
     def asks_for_engines(self) -> bool:
         """Explicit engines, schedule, chunk size, seed or timeout: the cell must
@@ -133,6 +134,12 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
     from gpucell.core.analysis import format_plan
 
     ns = shell.user_ns
+    if not req.dry_run:
+        # one run on the cluster at a time: a pending background run is waited
+        # for (and merged) first, as it would have finished serially
+        from gpucell.kernel import background
+
+        background.wait_for_all(shell, "a new %%gpu_parallel cell runs after it")
     # The magic's own line stays line 1 (as a comment), so every line number we
     # report is the one the notebook editor shows for the cell.
     src = "# %%gpu_parallel\n" + shell.transform_cell(cell)
@@ -171,7 +178,13 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             print(f"engines: {', '.join(map(str, targets))}")
         return
     prep = prepared(False)
+    if req.background and prep.plan.layers:
+        from gpucell.kernel.background import refuse_layers
+
+        refuse_layers(prep.plan)  # before anything runs
     if gc is None:
+        if req.background and _config.settings().serial_fallback:
+            print("gpucell: no cluster, so the cell runs now, not in the background.")
         _run_without_cluster(shell, src, filename)
         return
     from gpucell.core.provenance import LastRun
@@ -213,6 +226,24 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         )
         random_said = _warn_random(prep.plan, req, loop.inputs, ns)
         _warn_set_order(prep)
+        tail = _Tail(
+            shell, gc, prep, loop, record, req, keeping, kept, advice, cost_key
+        )
+        tail.random_said = random_said
+        at_once = _runs_at_once(loop, advice, kept, req) if req.background else None
+        if req.background and at_once is None:
+            from gpucell.kernel import background
+
+            try:
+                started.append(
+                    background.launch(tail, targets, programs, _options(advice, req))
+                )
+            except BaseException as e:
+                keeping.failed(type(e).__name__)
+                raise
+            return
+        if at_once is not None and not req.quiet:
+            print(f"gpucell: the loop runs now, not in the background: {at_once}.")
         try:
             results = _run_loop(
                 shell,
@@ -230,32 +261,9 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
         except BaseException as e:
             keeping.failed(type(e).__name__)
             raise
-        if not random_said and record.drew:
-            _warn_hidden_draws(record.drew)
-        if kept:
-            results = keeping.results()
-            record.resumed = tuple(kept)
-        if record.status == "ok" and loop.chunker.count and not kept:
-            gc.cost_history.learn(
-                cost_key,
-                record,
-                iterations=loop.chunker.count,
-                shapes=loop.shapes,
-                previous=advice,
-            )
-        try:
-            _merge(ns, prep.plan, results, loop)
-            _bind_last_item(ns, prep, loop)
-        except BaseException as e:
-            # every chunk finished: keep them all, so a fixed namespace (the
-            # error says what) merges with --resume without running anything
-            if not kept and results:
-                keeping.failed(type(e).__name__)
-            raise
-        keeping.merged()
-        if not req.quiet:
-            print(record.summary())
+        _conclude(tail, results)
 
+    started: list[Any] = []
     failed: list[BaseException] = []
 
     def guarded() -> None:
@@ -266,6 +274,8 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             raise
 
     _inside_layers(shell, prep, 0, guarded)
+    if started:  # the epilogue runs at the merge
+        return
     if failed:
         # a `with` around the loop swallowed the loop's error: serially the
         # iterations before it would have kept their results, here nothing was
@@ -281,9 +291,79 @@ def run_cell(shell: Any, cell: str, req: CellRequest) -> None:
             "loop body (`try: ... except ...:`), or run the cell without "
             "%%gpu_parallel."
         ) from failed[0]
+    run_epilogue(shell, prep)
+
+
+def run_epilogue(shell: Any, prep: Prepared) -> None:
+    """The cell's statements after its loop, in the kernel (after the merge)."""
     epilogue = prep.code("epilogue", prep.plan.compile_epilogue)
     if epilogue is not None:
         shell.ex(epilogue)
+
+
+@dataclass
+class _Tail:
+    """What finishing a started loop needs: merging its results, the summary,
+    keeping (also when a background run finishes in a later cell)."""
+
+    shell: Any
+    gc: Any
+    prep: Prepared
+    loop: _Loop
+    record: Any
+    req: CellRequest
+    keeping: Any
+    kept: list[tuple[int, int]]
+    advice: Any
+    cost_key: Any
+    random_said: str = ""
+
+
+def _runs_at_once(
+    loop: _Loop, advice: Any, kept: list[tuple[int, int]], req: CellRequest
+) -> str | None:
+    """Why a --background loop finishes now instead: no iteration to send
+    (empty, or all kept), or its last run measured it cheaper than sending it
+    (then it runs in the kernel).  ``None``: it runs in the background."""
+    if loop.chunker.count == 0:
+        return "it has no iteration"
+    if kept and sum(b - a for a, b in kept) >= loop.chunker.count:
+        return "every iteration is kept"
+    if advice.inline and not kept and req.checkpoint is None:
+        return "it costs less than sending it (its last run), so it runs in the kernel"
+    return None
+
+
+def _conclude(t: _Tail, results: list[Any]) -> None:
+    """Every iteration finished: merge (all or nothing), bind the loop's last
+    item, let the kept chunks go, say how it went.  (The epilogue is next.)"""
+    record, keeping, kept, loop = t.record, t.keeping, t.kept, t.loop
+    if not t.random_said and record.drew:
+        _warn_hidden_draws(record.drew)
+    if kept:
+        results = keeping.results()
+        record.resumed = tuple(kept)
+    if record.status == "ok" and loop.chunker.count and not kept:
+        t.gc.cost_history.learn(
+            t.cost_key,
+            record,
+            iterations=loop.chunker.count,
+            shapes=loop.shapes,
+            previous=t.advice,
+        )
+    ns = t.shell.user_ns
+    try:
+        _merge(ns, t.prep.plan, results, loop)
+        _bind_last_item(ns, t.prep, loop)
+    except BaseException as e:
+        # every chunk finished: keep them all, so a fixed namespace (the
+        # error says what) merges with --resume without running anything
+        if not kept and results:
+            keeping.failed(type(e).__name__)
+        raise
+    keeping.merged()
+    if not t.req.quiet:
+        print(record.summary())
 
 
 def _inside_layers(
@@ -539,6 +619,7 @@ class _Loop:
     chunker: Any
     inputs: dict[str, Any]
     shapes: Any  # what its cost scales with (gpucell.core.costmodel.shape_of)
+    values: tuple[Any, ...] = ()  # the iterable's parts, as evaluated
 
 
 def _start_loop(shell: Any, prep: Prepared) -> _Loop:
@@ -575,7 +656,7 @@ def _start_loop(shell: Any, prep: Prepared) -> _Loop:
         tuple(shape_of(v) for v in values),
         tuple((k, shape_of(v)) for k, v in sorted(inputs.items())),
     )
-    return _Loop(chunker, inputs, shapes)
+    return _Loop(chunker, inputs, shapes, tuple(values))
 
 
 def _programs(
@@ -613,7 +694,6 @@ def _run_loop(
 ) -> list[Any]:
     """Every iteration, in the kernel (when advised) or on the engines; with
     ``kept``, only those an earlier run did not finish."""
-    from gpucell.kernel.dispatch import Options
     from gpucell.kernel.inline import run_in_kernel
 
     if loop.chunker.count == 0:
@@ -622,7 +702,25 @@ def _run_loop(
     if advice.inline and not kept and req.checkpoint is None:
         program = prep.code("program", prep.plan.engine_program)
         return run_in_kernel(program, loop.inputs, loop.chunker, record)
-    options = Options(
+    return _run_with_display(
+        shell,
+        gc,
+        targets,
+        programs,
+        loop,
+        _options(advice, req),
+        record,
+        req.quiet,
+        kept=kept or (),
+        on_chunk=keeping.add if keeping is not None else None,
+    )
+
+
+def _options(advice: Any, req: CellRequest) -> Any:
+    """The dispatcher's options for this cell (its line, its last run)."""
+    from gpucell.kernel.dispatch import Options
+
+    return Options(
         cost_hint=advice.per_iteration,
         uniform=advice.uniform,
         profile=advice.profile,
@@ -631,18 +729,6 @@ def _run_loop(
         seed=req.seed,
         timeout=req.timeout,
         retries=req.retries,
-    )
-    return _run_with_display(
-        shell,
-        gc,
-        targets,
-        programs,
-        loop,
-        options,
-        record,
-        req.quiet,
-        kept=kept or (),
-        on_chunk=keeping.add if keeping is not None else None,
     )
 
 
@@ -1162,53 +1248,106 @@ def _run_with_display(
     on_chunk: Any = None,
 ) -> list[Any]:
     """The dispatcher's run, watched by the live display (widget or text line)."""
-    from gpucell.kernel import panel
-    from gpucell.kernel.dispatch import run_chunks
-    from gpucell.kernel.telemetry import for_cluster
-    from gpucell.ui.model import initial_snapshot
-    from gpucell.ui.progress import make_progress
+    watched = Watched(
+        shell, gc, targets, programs, loop, options, record, quiet, kept, on_chunk
+    )
+    try:
+        watched.run.ship_inputs()
+        return list(watched.run.execute())
+    finally:
+        watched.close()
 
-    first = initial_snapshot([gc.engines[e] for e in targets], loop.chunker.count)
-    tele = None if quiet else for_cluster(gc, targets)
-    display = make_progress(shell, first, tele, quiet)
-    last = [first]
-    panel.run_started(tele)
-    panel.run_progress(first)
 
-    def on_progress(snap: Any) -> None:
-        last[0] = snap
-        display.update(snap)
+class Watched:
+    """A dispatcher's :class:`~gpucell.kernel.dispatch.Run` with its live display
+    (widget or text line), its telemetry and the Lab panel's view of it.  The
+    foreground drives it to its end at once; a background run step by step
+    (``relay``/``echo``: where its engine output and notes go; ``display``: a
+    display of its own instead of the usual one)."""
+
+    def __init__(
+        self,
+        shell: Any,
+        gc: Any,
+        targets: list[int],
+        programs: dict[int, Any],
+        loop: _Loop,
+        options: Any,
+        record: Any,
+        quiet: bool,
+        kept: Any = (),
+        on_chunk: Any = None,
+        *,
+        relay: Callable[[str], None] | None = None,
+        echo: Callable[[str], None] = print,
+        display: Any = None,
+    ) -> None:
+        from gpucell.kernel import panel
+        from gpucell.kernel.dispatch import Run
+        from gpucell.kernel.telemetry import for_cluster
+        from gpucell.ui.model import initial_snapshot
+        from gpucell.ui.progress import make_progress
+
+        first = initial_snapshot([gc.engines[e] for e in targets], loop.chunker.count)
+        self.tele = None if quiet else for_cluster(gc, targets)
+        self.display = (
+            display
+            if display is not None
+            else make_progress(shell, first, self.tele, quiet)
+        )
+        self.last = first
+        self._closed = False
+        panel.run_started(self.tele)
+        panel.run_progress(first)
+        try:
+            self.run = Run(
+                gc,
+                targets,
+                programs=programs,
+                inputs=loop.inputs,
+                n=loop.chunker.count,
+                chunk_of=loop.chunker.chunk,
+                options=options,
+                record=record,
+                echo=echo,
+                progress=self.on_progress,
+                telemetry=self.tele,
+                relay=relay or getattr(self.display, "write_above", None),
+                watch=(
+                    record.plan.watched()
+                    if record.plan is not None and _config.settings().check_inputs
+                    else None
+                ),
+                kept=kept,
+                on_chunk=on_chunk,
+                drop_inputs=lambda name: name not in shell.user_ns,
+                cache_bytes=_config.settings().engine_cache_bytes,
+                namespace=shell.user_ns,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def on_progress(self, snap: Any) -> None:
+        from gpucell.kernel import panel
+
+        self.last = snap
+        self.display.update(snap)
         panel.run_progress(snap)
 
-    try:
-        return run_chunks(
-            gc,
-            targets,
-            programs=programs,
-            inputs=loop.inputs,
-            n=loop.chunker.count,
-            chunk_of=loop.chunker.chunk,
-            options=options,
-            record=record,
-            progress=on_progress,
-            telemetry=tele,
-            relay=getattr(display, "write_above", None),
-            watch=(
-                record.plan.watched()
-                if record.plan is not None and _config.settings().check_inputs
-                else None
-            ),
-            kept=kept,
-            on_chunk=on_chunk,
-            drop_inputs=lambda name: name not in shell.user_ns,
-            cache_bytes=_config.settings().engine_cache_bytes,
-            namespace=shell.user_ns,
-        )
-    finally:
-        display.close(last[0])
-        panel.run_ended(last[0])
-        if tele is not None:
-            tele.close()
+    def close(self) -> None:
+        """The display's final figures, the panel told, telemetry stopped (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        from gpucell.kernel import panel
+
+        try:
+            self.display.close(self.last)
+        finally:
+            panel.run_ended(self.last)
+            if self.tele is not None:
+                self.tele.close()
 
 
 @dataclass

@@ -274,6 +274,7 @@ class GpuClusterMagics(Magics):
                 rows = gc.refresh()
                 print(api.format_status(rows, gc.selected))
             elif cmd == "select":
+                _wait_for_background(self.shell, "`%gpu_cluster select` waits for it")
                 self._select(api.current(), args.engines)
             elif cmd == "monitor":
                 from IPython.display import display
@@ -284,6 +285,7 @@ class GpuClusterMagics(Magics):
                 gc = api.current()
                 display(DeviceMonitor(gc, for_cluster(gc)))
             elif cmd == "stop":
+                _wait_for_background(self.shell, "`%gpu_cluster stop` waits for it")
                 api.stop(echo=print)
         except (ClusterError, DeviceSelectionError) as e:
             raise UsageError(f"%gpu_cluster {cmd}: {e}") from None
@@ -315,6 +317,13 @@ class GpuClusterMagics(Magics):
         print(f"gpucell: later cells run on {which}.")
 
 
+def _wait_for_background(shell: Any, why: str) -> None:
+    """Pending ``--background`` runs finish and merge first (kernel/background.py)."""
+    from gpucell.kernel.background import wait_for_all
+
+    wait_for_all(shell, why)
+
+
 def load(ipython: Any) -> None:
     _config.install(ipython)
     ipython.register_magics(GpuClusterMagics)
@@ -335,10 +344,13 @@ def unload(ipython: Any) -> None:
     from gpucell.kernel import panel
 
     panel.uninstall()
+    background = sys.modules.get("gpucell.kernel.background")
+    if background is not None:
+        background.shutdown()  # pending runs' engines stop their work
     cluster = sys.modules.get("gpucell.cluster.lifecycle")
     if cluster is not None:
         cluster.stop()
     mm = ipython.magics_manager
     for kind in ("line", "cell"):
-        for name in ("gpu_cluster", "gpu_parallel", "gpu_distributed"):
+        for name in ("gpu_cluster", "gpu_parallel", "gpu_distributed", "gpu_wait"):
             mm.magics[kind].pop(name, None)

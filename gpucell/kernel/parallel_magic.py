@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpucell.errors import ClusterError, DeviceSelectionError
@@ -119,6 +119,14 @@ class GpuParallelMagics(Magics):
         help="Also keep finished chunks in DIR, so --resume works after a "
         "kernel restart (removed once the results are merged).",
     )
+    @argument(
+        "-b",
+        "--background",
+        action="store_true",
+        help="Return once the loop is under way; its results are merged (and the "
+        "code after the loop runs) before the first later cell that uses its "
+        "names, or at %%gpu_wait.",
+    )
     @argument("--dry-run", action="store_true", help="Show the plan; run nothing.")
     @argument("--quiet", action="store_true", help="No summary line.")
     @cell_magic
@@ -156,6 +164,14 @@ class GpuParallelMagics(Magics):
 
             %%gpu_parallel --resume       # after an interrupt: only the rest
 
+            %%gpu_parallel --background   # the cell returns, the run goes on
+
+        With ``--background`` a later cell that reads, binds or deletes a name
+        the run writes or reads (or another name of one of its objects), or
+        that the code after the loop uses, first waits for the run and merges
+        it; other cells run at once.  ``gpucell.runs`` lists the runs,
+        ``%gpu_wait`` waits for them.
+
         After a run, ``gpucell.last_run`` records where each iteration ran.
         """
         from gpucell.kernel.execute import CellRequest, run_cell
@@ -173,9 +189,25 @@ class GpuParallelMagics(Magics):
             quiet=args.quiet,
             resume=args.resume,
             checkpoint=args.checkpoint,
+            background=args.background,
         )
         try:
             run_cell(self.shell, cell, req)
         except (DeviceSelectionError, ClusterError) as e:
             raise UsageError(f"%%gpu_parallel: {e}") from None
         return None
+
+    @line_magic
+    def gpu_wait(self, line: str) -> None:
+        """Wait for background runs and merge them: ``%gpu_wait`` every pending
+        run, ``%gpu_wait 5`` the run of cell [5] (and the runs started before
+        it).  A run's error is raised here.  An interrupt stops the wait, not
+        the run (``gpucell.runs[-1].cancel()`` stops it).
+
+        Code that runs outside cells (a widget's callback, a comm, a script
+        run with ``%run``) is not checked against pending runs: call
+        ``gpucell.runs.wait()`` first there.
+        """
+        from gpucell.kernel.background import wait_magic
+
+        wait_magic(self.shell, line)
