@@ -209,6 +209,21 @@ def test_interrupting_a_waiting_cell_stops_the_wait_not_the_run(kernel):
     assert kernel.value("late") == list(range(16))
 
 
+def test_an_engine_lost_in_a_background_run_gives_the_serial_result(kernel):
+    import signal
+
+    victim = kernel.value("max(e.pid for e in gpucell.current().engines.values())")
+    kernel.ok(
+        "%%gpu_parallel -b --schedule dynamic --chunksize 2\nlost = []\n"
+        "for v in range(20):\n    time.sleep(0.2)\n    lost.append(v * v)\n"
+    )
+    time.sleep(0.8)
+    os.kill(victim, signal.SIGKILL)
+    text, _ = kernel.ok("print(lost == [v * v for v in range(20)])")
+    assert _waited(text) and "died; re-running its" in text, text
+    assert text.strip().splitlines()[-1] == "True"
+
+
 def test_kernel_shutdown_with_a_pending_run_leaves_nothing_behind(kernel):
     """The last test: shuts the module's kernel down with a run pending."""
     from gpucell.protocol.shm import DEFAULT_DIR, PREFIX

@@ -25,6 +25,7 @@ objects, and which notebook functions a cell names.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +39,10 @@ __all__ = [
     "cell_use",
     "cell_use_of",
     "code_uses",
+    "hot_words",
     "identifiers",
+    "might_wait",
+    "statements_with",
     "why_wait",
     "why_wait_source",
 ]
@@ -185,23 +189,104 @@ def why_wait_source(
     source: str,
     run: Footprint,
     notebook_code: Mapping[str, frozenset[str] | None] | None = None,
+    tree: ast.Module | None = None,
 ) -> str | None:
-    """:func:`why_wait` for a cell's (IPython-transformed) text, parsed only
-    when one of its words could matter: most cells that wait for nothing cost
-    a scan of their text for identifiers and a few set operations."""
+    """:func:`why_wait` for a cell's (IPython-transformed) text.  Most cells
+    that wait for nothing cost a scan of their text for words and a few set
+    operations (:func:`hot_words`); otherwise only the top-level statements
+    holding a word that could matter are analysed, from ``tree`` (the cell
+    as IPython parsed it) or from the text parsed here."""
+    if run.always is not None:
+        return f"runs after it: {run.always}"
+    hot = hot_words(source, run, notebook_code)
+    star = _star_import(source)
+    if not hot and not star:
+        return None
+    if tree is None:
+        try:
+            tree = _parse(source)
+        except (SyntaxError, ValueError):
+            return None  # (Python refuses it before it runs)
+    body = tree.body if star else statements_with(tree, source, hot)
+    return why_wait(cell_use_of(tree, body), run, notebook_code)
+
+
+def might_wait(
+    source: str,
+    run: Footprint,
+    notebook_code: Mapping[str, frozenset[str] | None] | None = None,
+) -> bool:
+    """The quick check of :func:`why_wait_source`: ``False`` when the cell's
+    text shows it cannot touch ``run`` (no analysis needed)."""
+    return (
+        run.always is not None
+        or _star_import(source)
+        or bool(hot_words(source, run, notebook_code))
+    )
+
+
+def hot_words(
+    source: str,
+    run: Footprint,
+    notebook_code: Mapping[str, frozenset[str] | None] | None = None,
+) -> frozenset[str]:
+    """The words of a cell's text that could make it wait for ``run``: the
+    run's names, words that make a cell's effect unknowable, notebook code
+    that uses the run's names (a builtin the epilogue calls only where the
+    text does more than call it)."""
     words = identifiers(source)
-    hits = words & run.triggers
-    if hits and hits <= run.bound_only and all(_only_called(source, w) for w in hits):
-        hits = frozenset()  # print(...) and len(...) bind nothing
-    if run.always is None and not hits and "*" not in source:
-        inner = notebook_code or {}
-        for name in words & inner.keys():
-            uses = inner[name]
-            if uses is None or uses & (run.touched | NAMESPACE_NAMES):
-                break
-        else:
-            return None
-    return why_wait(cell_use(source), run, notebook_code)
+    hot = words & run.triggers
+    called = {w for w in hot & run.bound_only if _only_called(source, w)}
+    hot -= called  # print(...) and len(...) bind nothing
+    inner = notebook_code or {}
+    for name in words & inner.keys():
+        uses = inner[name]
+        if uses is None or uses & (run.touched | NAMESPACE_NAMES):
+            hot |= {name}
+    return hot
+
+
+def statements_with(
+    tree: ast.Module, source: str, words: Iterable[str]
+) -> list[ast.stmt]:
+    """The top-level statements of ``tree`` (parsed from ``source``) whose
+    lines hold one of ``words``: the only ones whose names can matter (a
+    statement's names do not depend on the others'); every statement when
+    the lines cannot be matched."""
+    lines = _lines_with(source, words)
+    found = []
+    for stmt in tree.body:
+        first = min(
+            [stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", ()))]
+        )
+        last = stmt.end_lineno if stmt.end_lineno is not None else stmt.lineno
+        if any(first <= n <= last for n in lines):
+            found.append(stmt)
+    return found if found or not lines else list(tree.body)
+
+
+def _lines_with(source: str, words: Iterable[str]) -> set[int]:
+    alternatives = "|".join(re.escape(w) for w in sorted(words))
+    if not alternatives:
+        return set()
+    breaks = [m.start() for m in re.finditer("\n", source)]
+    return {
+        bisect.bisect_left(breaks, m.start()) + 1
+        for m in re.finditer(rf"\b(?:{alternatives})\b", source)
+    }
+
+
+_STAR_IMPORT = re.compile(r"\bimport\s*\*")
+
+
+def _star_import(source: str) -> bool:
+    """``from m import *`` in the text (binds names the text does not show)."""
+    return "*" in source and _STAR_IMPORT.search(source) is not None
+
+
+@lru_cache(maxsize=64)
+def _parse(source: str) -> ast.Module:
+    return ast.parse(source)
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -251,11 +336,14 @@ def cell_use(source: str) -> CellUse:
     return cell_use_of(tree)
 
 
-def cell_use_of(tree: ast.Module) -> CellUse:
+def cell_use_of(
+    tree: ast.Module, statements: Iterable[ast.stmt] | None = None
+) -> CellUse:
     """What the cell whose (IPython-transformed) code is ``tree`` may do to
-    the notebook's names."""
+    the notebook's names (``statements``: only those of its top-level
+    statements)."""
     v = _Uses()
-    for stmt in tree.body:
+    for stmt in tree.body if statements is None else statements:
         v.visit(stmt)
     return CellUse(frozenset(v.names), frozenset(v.bound), v.unknowable)
 

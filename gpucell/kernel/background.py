@@ -11,15 +11,17 @@ engine output is kept (shown in iteration order at the merge) and results wait
 in kernel memory.
 
 The namespace changes only where a serial run would already have finished:
-before a later cell that could touch the run.  ``pre_run_cell`` decides with
-:func:`gpucell.core.waitrule.why_wait_source` (names, pure) whether the cell
-uses a name the run writes, reads, the epilogue uses, or another name of one of
-the run's objects; if so it drives the run to its end in the main thread,
-merges it, runs the epilogue, and only then lets the cell run.  IPython
-swallows a hook's exceptions, so an error to raise (the run's, the epilogue's,
-an interrupted wait) is kept and an AST transformer replaces that cell's code
-with code that raises it: the cell's own code does not run.  The transformer
-also decides for executions that skip ``pre_run_cell`` (silent ones).
+before a later cell that could touch the run.  ``pre_run_cell`` scans the
+cell's words (:func:`gpucell.core.waitrule.might_wait`): most cells run at
+once.  For the others an AST transformer looks at the cell's code as IPython
+parsed it (:func:`gpucell.core.waitrule.why_wait_source`, names, pure):
+whether it uses a name the run writes, reads, the epilogue uses, or another
+name of one of the run's objects; if so it drives the run to its end in the
+main thread, merges it, runs the epilogue, and only then lets the cell run.
+An error to raise (the run's, the epilogue's, an interrupted wait) replaces
+the cell's code with code that raises it (IPython would swallow it from a
+hook): the cell's own code does not run.  The transformer alone decides for
+executions that skip ``pre_run_cell`` (silent ones).
 
 One run is pending at a time on a cluster: a new ``%%gpu_parallel`` cell (and
 ``%gpu_cluster stop``/``select``) waits for it first; several pending runs,
@@ -232,7 +234,7 @@ class BackgroundRun:
                         f"gpucell: stopped waiting for the background run of cell "
                         f"[{self.cell}]; it goes on ({self.progress}). This "
                         "cell's own code did not run. `%gpu_wait` waits again; "
-                        "`gpucell.runs[-1].cancel()` stops the run."
+                        f"`gpucell.runs.cell({self.cell}).cancel()` stops the run."
                     )
                 self.step(None)
 
@@ -259,7 +261,8 @@ class _LoopDriver:
         if self.stopped or self.bg.state != "running":
             return
         try:
-            self.bg.step(0.0)
+            with _no_interrupt():
+                self.bg.step(0.0)
         finally:  # (step keeps its own errors; the next tick comes regardless)
             if self.bg.state == "running" and not self.stopped:
                 self.handle = self.loop.call_later(TICK, self.tick)
@@ -269,6 +272,22 @@ class _LoopDriver:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+
+@contextlib.contextmanager
+def _no_interrupt() -> Iterator[None]:
+    """A step from the event loop is no place for the stop button: an idle
+    kernel ignores SIGINT anyway; while an async cell awaits, a press landing
+    in a step (a few ms) is dropped rather than cancelling the run."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN or previous is None:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class _ThreadDriver:
@@ -370,7 +389,6 @@ def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> Backgr
     bg = BackgroundRun(tail, _cell_number(shell))
     quiet = tail.req.quiet
     display = None if quiet or has_widget_frontend(shell) else _LaterSummary()
-    tail.keeping.echo = bg._note
     bg.watched = Watched(
         shell,
         tail.gc,
@@ -394,7 +412,6 @@ def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> Backgr
     try:
         run.ship_inputs()
     except BaseException:
-        tail.keeping.echo = print
         bg.watched.close()
         raise
     try:
@@ -403,8 +420,8 @@ def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> Backgr
         try:
             run.abort(e)  # raises what a foreground run would
         finally:
-            tail.keeping.echo = print
             bg.watched.close()
+    tail.keeping.echo = bg._note  # what it says from now on is shown at the merge
     _PENDING.append(bg)
     _RECENT.append(bg)
     del _RECENT[: -max(RECENT, len(_PENDING))]
@@ -646,17 +663,17 @@ def _uses_of(value: Any, ns: Mapping[str, Any], seen: set[int], depth: int) -> A
 
 
 def settle_for(shell: Any, source: str | None, tree: ast.Module | None = None) -> None:
-    """Before a cell (its transformed text, or its code when there is no text)
-    runs: wait for, and merge, every pending run it could touch, and the runs
-    started before those."""
+    """Before a cell (its transformed text, its code as IPython parsed it, or
+    both) runs: wait for, and merge, every pending run it could touch, and the
+    runs started before those."""
     if not _PENDING:
         return
     ns = shell.user_ns
     if source is not None:
-        words = waitrule.identifiers(source)
-        code = _notebook_code(ns, words)
+        code = _notebook_code(ns, waitrule.identifiers(source))
         reasons = [
-            waitrule.why_wait_source(source, bg.footprint, code) for bg in _PENDING
+            waitrule.why_wait_source(source, bg.footprint, code, tree)
+            for bg in _PENDING
         ]
     else:
         assert tree is not None
@@ -667,6 +684,20 @@ def settle_for(shell: Any, source: str | None, tree: ast.Module | None = None) -
     if last >= 0:
         target, why = _PENDING[last], reasons[last]
         _settle_through(shell, target, f"this cell {why}")
+    _note_failures()
+
+
+def might_touch(shell: Any, source: str) -> bool:
+    """The quick check before a cell: could it touch a pending run at all?
+    (A scan of its text's words; ``False`` for most cells.)"""
+    if not _PENDING:
+        return False
+    code = _notebook_code(shell.user_ns, waitrule.identifiers(source))
+    return any(waitrule.might_wait(source, bg.footprint, code) for bg in _PENDING)
+
+
+def _note_failures() -> None:
+    """A run that failed is said once, in the next cell, whether it waits or not."""
     for bg in list(_PENDING):
         if bg.state == "failed" and not bg.said_failed:
             bg.said_failed = True
@@ -808,9 +839,11 @@ def wait_magic(shell: Any, line: str) -> None:
 
 
 class _Gate(ast.NodeTransformer):
-    """Replaces a cell's code with code that raises what settling before it
-    raised (IPython swallows a hook's exceptions); decides by itself for an
-    execution that skipped ``pre_run_cell`` (a silent one)."""
+    """Where a cell that could touch a pending run waits: ``pre_run_cell``
+    found a word of its text that could matter (or did not run: a silent
+    execution), and here the cell's code, as IPython parsed it, says whether
+    it does.  Settling's errors (IPython swallows a hook's exceptions) replace
+    the cell's code with code that raises them."""
 
     def __init__(self, hooks: _Hooks) -> None:
         self.hooks = hooks
@@ -818,8 +851,9 @@ class _Gate(ast.NodeTransformer):
     def visit(self, node: Any) -> Any:
         hooks = self.hooks
         armed, hooks.armed = hooks.armed, None
+        source, hooks.source = hooks.source, None
         if armed is None and isinstance(node, ast.Module):
-            armed = hooks.check(None, node)
+            armed = hooks.check(source, node)
         if armed is None or armed is _CLEAR:
             return node
         _RAISE.append(armed)
@@ -847,6 +881,7 @@ class _Hooks:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.armed: Any = None
+        self.source: str | None = None
         self.executing = _in_cell(shell)  # (installed by a running cell)
         self.gate = _Gate(self)
         shell.events.register("pre_execute", self.pre_execute)
@@ -863,13 +898,22 @@ class _Hooks:
 
     def pre_execute(self) -> None:
         self.armed = None  # (a cell that does not parse never reaches the gate)
+        self.source = None
         self.executing = True
 
     def pre_run_cell(self, info: Any) -> None:
         source = getattr(info, "transformed_cell", None) or getattr(
             info, "raw_cell", ""
         )
-        self.armed = self.check(source, None)
+        try:
+            look = might_touch(self.shell, source)
+        except Exception:
+            look = True  # when unsure, the gate looks
+        if look:
+            self.source = source  # the gate decides, with IPython's parse
+        else:
+            self.armed = _CLEAR
+            _note_failures()
 
     def post_execute(self) -> None:
         self.executing = False
