@@ -59,7 +59,15 @@ from gpucell.protocol import shm, wire
 from gpucell.protocol.conversation import ChunkError, ChunkTask, Reply, Timing
 from gpucell.protocol.program import Watch
 
-__all__ = ["TRIAL_SECONDS", "Flight", "Options", "Run", "run_chunks"]
+__all__ = [
+    "TRIAL_SECONDS",
+    "Flight",
+    "Options",
+    "Run",
+    "run_chunks",
+    "signal_engines",
+    "stop_button",
+]
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,7 @@ def _cheap_to_resend(chunk_of: Callable[[int, int], Any], n: int) -> bool:
     return at_small + per_item * n <= _RESEND_BYTES
 
 
-def _signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
+def signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
     """Interrupt running work: signal local engine pids, ask the nanny otherwise."""
     remote = []
     for eid in eids:
@@ -891,11 +899,11 @@ class Run(InputShipping):
             pass
         running = sorted({f.engine for ar, f in inflight.items() if not ar.done()})
         if running:
-            _signal_engines(gc, running, signal.SIGINT)
+            signal_engines(gc, running, signal.SIGINT)
         concurrent.futures.wait(ars, timeout=grace)
         still = [ar for ar in ars if not ar.done()]
         if still:  # a C extension ignoring SIGINT: signal again once
-            _signal_engines(
+            signal_engines(
                 gc, sorted({inflight[ar].engine for ar in still}), signal.SIGINT
             )
             concurrent.futures.wait(still, timeout=grace)
@@ -939,7 +947,7 @@ class Run(InputShipping):
         """Ship, submit and wait until every iteration is done; the chunk results
         in iteration order.  On an interrupt, a timeout or an error, outstanding
         work is cancelled, engines are left idle and nothing is returned."""
-        with _stop_button() as pressed:
+        with stop_button() as pressed:
             return self._execute(pressed)
 
     def _execute(self, pressed: list[int]) -> list[Any]:
@@ -1063,7 +1071,7 @@ class Run(InputShipping):
 
 
 @contextlib.contextmanager
-def _stop_button() -> Iterator[list[int]]:
+def stop_button() -> Iterator[list[int]]:
     """SIGINT (the stop button) recorded while a run waits, and acted on by its
     wait loop: a KeyboardInterrupt raised wherever the signal lands can be
     swallowed (inside a C finaliser such as pyzmq's ``Frame.__dealloc__``), a
@@ -1226,3 +1234,8 @@ def _robust_seconds(timing: Timing, size: int) -> float:
     if median is not None and size >= 3:
         return float(median) * size
     return float(timing["compute"])
+
+
+# the private names kernel/distributed.py imported, until it uses the public ones
+_signal_engines = signal_engines
+_stop_button = stop_button
