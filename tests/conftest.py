@@ -13,6 +13,10 @@ import pytest
 # the browser tests' fixtures (module-scoped: a Lab server and a browser per module)
 from lab_browser import chromium, lab, page  # noqa: E402, F401
 
+# fails the session when a test leaves a process behind (on import it marks the
+# environment that every process the tests start inherits)
+from process_leftovers import pytest_sessionfinish  # noqa: F401
+
 import gpucell
 import gpucell.cluster.lifecycle as gc_mod
 
