@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from notebook_cells import notebook
 
 TRAIN = (
     "dev = gpucell.device()\n"
@@ -158,15 +158,7 @@ CELLS = [
 
 
 def build() -> nbformat.NotebookNode:
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    for kind, src in CELLS:
-        nb.cells.append(new_markdown_cell(src) if kind == "md" else new_code_cell(src))
-    return nb
+    return notebook(CELLS)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from notebook_cells import notebook
 
 HERE = Path(__file__).parent
 
@@ -318,21 +318,8 @@ NOTEBOOKS = {
 
 def build(name: str) -> nbformat.NotebookNode:
     spec = NOTEBOOKS[name]
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
+    nb = notebook(spec["cells"])
     nb.metadata["gpucell_example"] = {"compare": spec["compare"]}
-    for kind, src, *tags in spec["cells"]:
-        if kind == "md":
-            nb.cells.append(new_markdown_cell(src))
-            continue
-        cell = new_code_cell(src)
-        if tags:
-            cell.metadata["tags"] = list(tags[0])
-        nb.cells.append(cell)
     return nb
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from notebook_cells import notebook
 
 CELLS = [
     (
@@ -186,15 +186,7 @@ CELLS = [
 
 
 def build() -> nbformat.NotebookNode:
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    for kind, src in CELLS:
-        nb.cells.append(new_markdown_cell(src) if kind == "md" else new_code_cell(src))
-    return nb
+    return notebook(CELLS)
 
 
 if __name__ == "__main__":
