@@ -599,7 +599,7 @@ def _first_run(sim, cost, k: int, *, provisional: bool = True, seed: int = 0, **
     chunks stop at their budget, publish their pace, come back with each
     iteration's seconds: ``sim_schedule.simulate``), with or without
     the provisional profile.  Returns (schedule, makespan)."""
-    import gpucell.core.schedule as S
+    import gpucell.core.schedule_cost as S  # where the limit is read
 
     saved = S.PROVISIONAL_MAX
     S.PROVISIONAL_MAX = saved if provisional else 0
@@ -644,7 +644,7 @@ def test_no_estimate_where_the_trials_agree_or_cannot_tell(bench_sim):
     """A uniform loop (trials agree), devices that differ, a fixed chunk size,
     a resumed loop, a real profile or a loop too long to re-estimate: the
     schedule goes on as it would without trials' stamps."""
-    import gpucell.core.schedule as S
+    import gpucell.core.schedule_cost as S  # where the limit is read
 
     sim = bench_sim
     linear = [i * 0.005 for i in range(64)]
