@@ -104,3 +104,18 @@ def test_logging_disable_applies_on_the_engines(ip, cluster, logged):
         line.startswith("ERROR") or not line.startswith(("INFO", "WARNING"))
         for line in lines
     )
+
+
+def test_engine_and_gpucell_records_stay_on_the_engine_but_lookalike_names_travel():
+    """gpucell's own loggers (and the engine process's) are not the loop's: their
+    records are not relayed; a user's logger that merely starts with the same
+    letters (``gpucell_runs``, ``tornadoes``) is the loop's and is."""
+    from gpucell.engine.logs import Capture
+
+    with Capture({"root": logging.INFO, "disable": 0, "named": {}}) as cap:
+        logging.getLogger("gpucell").warning("decision")
+        logging.getLogger("gpucell.kernel.dispatch").warning("decision")
+        logging.getLogger("ipyparallel.engine").warning("engine's own")
+        logging.getLogger("gpucell_runs").warning("the loop's")
+        logging.getLogger("tornadoes").warning("the loop's too")
+    assert [r.name for r in cap.records] == ["gpucell_runs", "tornadoes"]

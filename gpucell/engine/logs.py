@@ -27,7 +27,21 @@ from gpucell.protocol.program import LogLevels
 __all__ = ["Capture"]
 
 #: loggers of the engine's own machinery, never the loop's
-_ENGINE_LOGGERS = ("ipyparallel", "ipykernel", "IPEngine", "traitlets", "tornado")
+#: loggers of the engine process itself (and gpucell's own), not the loop's: their
+#: records are not the serial cell's and their levels stay the engine's
+_ENGINE_LOGGERS = (
+    "ipyparallel",
+    "ipykernel",
+    "IPEngine",
+    "traitlets",
+    "tornado",
+    "gpucell",
+)
+
+
+def _engine_logger(name: str) -> bool:
+    """``name`` is one of those loggers or below one (``gpucell.x``, not ``gpucell_x``)."""
+    return any(name == top or name.startswith(top + ".") for top in _ENGINE_LOGGERS)
 
 #: attributes every LogRecord has (the rest came from ``extra=``)
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -74,7 +88,7 @@ class _Keep(logging.Handler):
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.thread != self.thread or record.name.startswith(_ENGINE_LOGGERS):
+        if record.thread != self.thread or _engine_logger(record.name):
             return
         self.records.append(prepared(record))
 
@@ -102,7 +116,7 @@ class Capture:
             root.level = lv["root"]
             manager.disable = lv["disable"]
             for name, level in lv["named"].items():
-                if name.startswith(_ENGINE_LOGGERS):
+                if _engine_logger(name):
                     continue
                 lg = logging.getLogger(name)
                 if lg.level != level:
