@@ -19,6 +19,7 @@ from IPython.core.error import UsageError
 
 import gpucell
 import gpucell.cluster.lifecycle as gc_mod
+from gpucell.cluster import starting
 from gpucell.errors import ClusterError, DeviceSelectionError
 
 pytestmark = pytest.mark.cluster
@@ -491,11 +492,11 @@ def test_a_start_that_times_out_names_engines_that_exited_and_why(tmp_path):
                 "gpu0": SimpleNamespace(launchers={"0": alive}),
             }
         )
-        said = gc_mod._exited_engines(fake)
+        said = starting.exited_engines(fake)
         assert said.startswith("engine gpu1 exited (")
         assert "Registration timed out after 5.0 seconds" in said
         assert "gpu0" not in said
-        assert gc_mod._exited_engines(SimpleNamespace(engines={})) == ""
+        assert starting.exited_engines(SimpleNamespace(engines={})) == ""
     finally:
         alive.signal(signal.SIGKILL)
 
@@ -509,8 +510,8 @@ def test_a_local_engine_that_never_registers_is_started_again_once(monkeypatch):
 
     saved = gc_mod._current
     gc_mod._current = None
-    monkeypatch.setattr(gc_mod, "REGISTER_AGAIN_AFTER", 3.0)
-    real_env = gc_mod._engine_env
+    monkeypatch.setattr(starting, "REGISTER_AGAIN_AFTER", 3.0)
+    real_env = starting.engine_env
     lost: list[str] = []
 
     def env(spec):
@@ -528,7 +529,7 @@ def test_a_local_engine_that_never_registers_is_started_again_once(monkeypatch):
             e["IPP_CONNECTION_INFO"] = json.dumps(info)
         return e
 
-    monkeypatch.setattr(gc_mod, "_engine_env", env)
+    monkeypatch.setattr(starting, "engine_env", env)
     try:
         c = gpucell.start_cluster(2, gpus="none")
         assert len(c.live_ids()) == 2

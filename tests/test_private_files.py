@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpucell.cluster import lifecycle, shm_channel
+from gpucell.cluster import profiles, shm_channel
 from gpucell.engine import hostcopy
 from gpucell.protocol import private, shm, wire
 
@@ -124,11 +124,11 @@ def test_the_channel_probe_is_0600(tmp_path):
 
 
 def test_the_saved_placement_is_0600_and_not_written_through_a_link(tmp_path, victim):
-    path = tmp_path / lifecycle._PLACEMENT_FILE
+    path = tmp_path / profiles.PLACEMENT_FILE
     os.symlink(victim, str(path) + ".tmp")  # the old temporary name
-    lifecycle._save_placement(str(tmp_path), {"ssh": "h1"})
+    profiles.save_placement(str(tmp_path), {"ssh": "h1"})
     assert untouched(victim) and mode(path) == 0o600
-    assert lifecycle._saved_placement(str(tmp_path)) == {"ssh": "h1"}
+    assert profiles.saved_placement(str(tmp_path)) == {"ssh": "h1"}
 
 
 def test_folders_are_0700_and_a_link_in_their_place_is_refused(tmp_path, victim):

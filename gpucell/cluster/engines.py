@@ -1,10 +1,10 @@
 """The cluster's engines as the kernel knows them: what each one is, how one
 is launched (its environment) and asked to describe itself, and the heavy
-libraries it imports ahead of the first cell.
+libraries it imports ahead of the first cell, and the status table.
 
-Shared by starting and connecting (``lifecycle``) and by restarting a dead
-engine (``restart``), which is why it is apart from both (they imported each
-other's private names before).
+Shared by starting (``starting``), connecting (``connecting``) and restarting a
+dead engine (``restart``), which is why it is apart from all three (lifecycle
+and restart imported each other's private names before).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpucell.errors import ClusterError
 if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
     import ipyparallel as ipp
 
-    from gpucell.cluster.lifecycle import GpuCluster
+    from gpucell.cluster.model import GpuCluster
 
 __all__ = [
     "HEAVY_MODULES",
@@ -32,9 +32,11 @@ __all__ = [
     "describe_async",
     "describe_engines",
     "engine_env",
+    "format_status",
     "heavy_modules_in_kernel",
     "info_from",
     "preimport",
+    "summary",
 ]
 
 
@@ -199,3 +201,45 @@ def info_from(eid: int, d: dict[str, Any]) -> EngineInfo:
         shm=bool(d.get("shm")),
         local=shares_pids(d.get("identity") or {"host": d["host"]}, _KERNEL),
     )
+
+
+def summary(engines: dict[int, EngineInfo]) -> str:
+    """``2 × GPU 0 (A100), CPU``: what a cluster is made of, in one line."""
+    counts: dict[str, int] = {}
+    for e in engines.values():
+        key = f"{e.device} ({e.name})" if e.kind == "gpu" else "CPU"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} × {k}" if n > 1 else k for k, n in counts.items())
+
+
+def format_status(
+    rows: Sequence[EngineInfo], selected: Sequence[int] | None = None
+) -> str:
+    """The status table as text (pure): this host's engines first, then each
+    other host's together."""
+    head = ("engine", "host", "pid", "device", "name", "memory", "threads", "state")
+    body = []
+    for r in sorted(rows, key=lambda r: (not r.local, r.host, r.id)):
+        mem = f"{r.memory_total / 2**30:.1f} GiB" if r.memory_total else "-"
+        mark = "*" if selected is not None and r.id in selected else ""
+        body.append(
+            (
+                f"{r.id}{mark}",
+                r.host,
+                str(r.pid),
+                r.device,
+                r.name,
+                mem,
+                str(r.threads or "-"),
+                r.state
+                + (f" (restarted {r.restarts}x)" if getattr(r, "restarts", 0) else ""),
+            )
+        )
+    widths = [
+        max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+        for i, h in enumerate(head)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    for b in body:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)))
+    return "\n".join(line.rstrip() for line in lines)

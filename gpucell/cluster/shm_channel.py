@@ -8,6 +8,7 @@ the buffer functions are :mod:`gpucell.protocol.shm`.
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 import uuid
@@ -16,7 +17,15 @@ from gpucell.devices.host import pid_running
 from gpucell.protocol import private
 from gpucell.protocol.shm import DEFAULT_DIR, PREFIX, Channel
 
-__all__ = ["STALE_AFTER", "close_channel", "open_channel", "sweep", "sweep_stale"]
+__all__ = [
+    "STALE_AFTER",
+    "close_channel",
+    "open_channel",
+    "open_for_cluster",
+    "release",
+    "sweep",
+    "sweep_stale",
+]
 
 
 def open_channel(directory: str = DEFAULT_DIR) -> Channel | None:
@@ -124,3 +133,28 @@ def sweep_stale(directory: str = DEFAULT_DIR) -> int:
         except OSError:
             pass
     return removed
+
+
+_open_channels: set[Channel] = set()  # closed at exit if their cluster never stops
+
+
+def open_for_cluster() -> Channel | None:
+    """A cluster's channel, closed at exit if the cluster is never stopped."""
+    channel = open_channel()
+    if channel is not None:
+        if not _open_channels:
+            atexit.register(_release_all)
+        _open_channels.add(channel)
+    return channel
+
+
+def release(channel: Channel | None) -> None:
+    """Close a cluster's channel (``None``: nothing to do)."""
+    if channel is not None:
+        close_channel(channel)
+        _open_channels.discard(channel)
+
+
+def _release_all() -> None:
+    for channel in list(_open_channels):
+        release(channel)

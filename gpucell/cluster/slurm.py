@@ -275,21 +275,21 @@ def dry_run(
 ) -> Preview:
     """``%gpu_cluster start --slurm ... --dry-run``: the script and ``sbatch``
     command a start with these options would submit (its engines' arguments
-    as :func:`gpucell.cluster.lifecycle.start_cluster` builds them), for a new
+    as :func:`gpucell.cluster.starting.launch` builds them), for a new
     cluster id; nothing is created, written or submitted."""
     import random
     import string
 
-    from gpucell.cluster import lifecycle
+    from gpucell.cluster import starting
     from gpucell.config import settings
 
     s = settings()
-    cluster_kw, _, engine_args = lifecycle._fast_start_settings(s.fast_start)
+    cluster_kw, _, engine_args = starting.fast_start_settings(s.fast_start)
     engine_args += [f"--IPEngine.log_level={s.cluster_log_level}"]
     ids = "".join(random.choice(string.ascii_lowercase + string.digits) for _ in "1234")
     return preview(
         req,
-        lifecycle._remote_engine_args(engine_args),
+        starting.remote_engine_args(engine_args),
         python,
         _profile_location(profile),
         f"{int(time.time())}-{ids}",  # as ipyparallel names a cluster
