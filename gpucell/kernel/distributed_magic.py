@@ -113,47 +113,59 @@ class GpuDistributedMagics(Magics):
         from gpucell.kernel import distributed as dm
 
         if cell is None:
-            cmd = line.strip()
-            if cmd in ("", "status"):
-                print(dm.status_text())
-            elif cmd == "stop":
-                dm.stop_group()
-            else:
-                raise UsageError(
-                    f"%gpu_distributed {cmd!r}: expected 'status' or 'stop' (the "
-                    "cell magic %%gpu_distributed runs a cell)."
-                )
+            _line_magic(line)
             return None
-        try:
-            args = _parser().parse_args(shlex.split(line))
-        except ValueError as e:
-            raise UsageError(f"%%gpu_distributed: {e}") from None
-        if args.timeout is not None and not (
-            math.isfinite(args.timeout) and args.timeout > 0
-        ):
-            raise UsageError(
-                f"%%gpu_distributed --timeout {args.timeout}: must be a number of "
-                "seconds > 0."
-            )
-        if args.devices and args.targets:
-            raise UsageError(
-                "%%gpu_distributed: give --devices or --targets, not both."
-            )
-        try:
-            out = dm.parse_out(args.out)
-        except ValueError as e:
-            raise UsageError(f"%%gpu_distributed {e}") from None
-        req = dm.DistRequest(
-            devices=args.devices,
-            targets=args.targets,
-            backend=args.backend,
-            out=out,
-            ranks=args.ranks,
-            timeout=args.timeout,
-            quiet=args.quiet,
-        )
+        req = _request(line)
         try:
             dm.run_distributed(self.shell, cell, req)
         except (DeviceSelectionError, ClusterError) as e:
             raise UsageError(f"%%gpu_distributed: {e}") from None
         return None
+
+
+def _line_magic(line: str) -> None:
+    """``%gpu_distributed`` (status) and ``%gpu_distributed stop``."""
+    from gpucell.kernel import distributed as dm
+
+    cmd = line.strip()
+    if cmd in ("", "status"):
+        print(dm.status_text())
+    elif cmd == "stop":
+        dm.stop_group()
+    else:
+        raise UsageError(
+            f"%gpu_distributed {cmd!r}: expected 'status' or 'stop' (the "
+            "cell magic %%gpu_distributed runs a cell)."
+        )
+
+
+def _request(line: str) -> Any:
+    """The cell magic's line, checked, as a ``DistRequest``."""
+    from gpucell.kernel import distributed as dm
+
+    try:
+        args = _parser().parse_args(shlex.split(line))
+    except ValueError as e:
+        raise UsageError(f"%%gpu_distributed: {e}") from None
+    if args.timeout is not None and not (
+        math.isfinite(args.timeout) and args.timeout > 0
+    ):
+        raise UsageError(
+            f"%%gpu_distributed --timeout {args.timeout}: must be a number of "
+            "seconds > 0."
+        )
+    if args.devices and args.targets:
+        raise UsageError("%%gpu_distributed: give --devices or --targets, not both.")
+    try:
+        out = dm.parse_out(args.out)
+    except ValueError as e:
+        raise UsageError(f"%%gpu_distributed {e}") from None
+    return dm.DistRequest(
+        devices=args.devices,
+        targets=args.targets,
+        backend=args.backend,
+        out=out,
+        ranks=args.ranks,
+        timeout=args.timeout,
+        quiet=args.quiet,
+    )
