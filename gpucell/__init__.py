@@ -10,6 +10,8 @@ imported only when an operation needs them.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from gpucell.errors import (
@@ -65,9 +67,29 @@ if TYPE_CHECKING:
     from gpucell.engine.runtime import device
     from gpucell.kernel.background import runs
 
-#: The record of the last ``%%gpu_parallel`` cell (``None`` before the first):
-#: ``gpucell.last_run.timeline()``, ``.table()``, ``.summary()``.
-last_run: LastRun | None = None
+    #: The record of the last ``%%gpu_parallel`` cell (``None`` before the
+    #: first): ``gpucell.last_run.timeline()``, ``.table()``, ``.summary()``.
+    last_run: LastRun | None
+
+
+class _Gpucell(types.ModuleType):
+    """The package, whose ``last_run`` reads and writes the kernel's session
+    (kernel/session.py): a plain attribute would keep a copy of its own."""
+
+    @property
+    def last_run(self) -> LastRun | None:
+        from gpucell.kernel.session import current
+
+        return current().last_run
+
+    @last_run.setter
+    def last_run(self, record: LastRun | None) -> None:
+        from gpucell.kernel.session import current
+
+        current().last_run = record
+
+
+sys.modules[__name__].__class__ = _Gpucell
 
 
 def __getattr__(name: str) -> Any:

@@ -69,13 +69,14 @@ def test_a_new_key_drops_chunks_of_the_old_one(tmp_path):
 
 
 def test_memory_keeps_a_bounded_number_of_cells():
-    keep._KEPT.clear()
-    for i in range(keep.MAX_KEPT_CELLS + 2):
-        keep.remember(f"cell {i}", Kept(None))
-    assert len(keep._KEPT) == keep.MAX_KEPT_CELLS
-    assert keep.kept_for("cell 0") is None
-    assert keep.latest_kept() is keep.kept_for(f"cell {keep.MAX_KEPT_CELLS + 1}")
-    keep._KEPT.clear()
+    from gpucell.kernel.session import using
+
+    with using() as session:  # the kernel's own kept cells stay as they are
+        for i in range(keep.MAX_KEPT_CELLS + 2):
+            keep.remember(f"cell {i}", Kept(None))
+        assert len(session.kept) == keep.MAX_KEPT_CELLS
+        assert keep.kept_for("cell 0") is None
+        assert keep.latest_kept() is keep.kept_for(f"cell {keep.MAX_KEPT_CELLS + 1}")
 
 
 @pytest.mark.parametrize("n", [0, 1])

@@ -437,15 +437,14 @@ def test_gpu_devices_on_a_cpu_cluster_use_the_stand_in_engines(ip, cluster, caps
 
 
 def test_ipythons_own_builtins_are_not_shipped_as_inputs(ip, cluster):
-    from gpucell.kernel.execute import _PLANS
+    from gpucell.kernel.session import using
 
     ip.user_ns["open"] = ip.user_ns_hidden["open"]  # other tests clear the namespace
     cell = "n = []\nfor i in range(3):\n    n.append(open is not None)\n"
-    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    with using() as session:  # a fresh session: its plan cache holds this cell's
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
     assert ip.user_ns["n"] == [True] * 3
-    plans = [
-        p.plan for p in _PLANS._entries.values() if "open is not None" in p.plan.source
-    ]
+    plans = [p for p in session.plans.plans() if "open is not None" in p.source]
     assert plans and all("open" not in p.inputs for p in plans)
 
 

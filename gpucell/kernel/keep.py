@@ -34,7 +34,13 @@ __all__ = ["Checkpoint", "cell_key", "check_folder", "forget", "kept_for", "reme
 #: cells whose unfinished work stays in kernel memory (oldest dropped first)
 MAX_KEPT_CELLS = 4
 
-_KEPT: OrderedDict[str, Kept] = OrderedDict()
+
+def _kept() -> OrderedDict[str, Kept]:
+    """The kept cells: the kernel's session holds them (kernel/session.py)."""
+    from gpucell.kernel.session import current
+
+    return current().kept
+
 
 _MAGIC = b"GPUCELL-CHUNK-3\n"
 _RANGE = struct.Struct("<QQ")  # start, stop: inside the checksummed body
@@ -171,24 +177,24 @@ def cell_key(
 
 
 def kept_for(src: str) -> Kept | None:
-    return _KEPT.get(cell_digest(src))
+    return _kept().get(cell_digest(src))
 
 
 def latest_kept() -> Kept | None:
     """The most recently kept unfinished run, of any cell."""
-    return next(reversed(_KEPT.values()), None)
+    return next(reversed(_kept().values()), None)
 
 
 def remember(src: str, kept: Kept) -> None:
-    d = cell_digest(src)
-    _KEPT.pop(d, None)
-    _KEPT[d] = kept
-    while len(_KEPT) > MAX_KEPT_CELLS:
-        _KEPT.popitem(last=False)
+    d, cells = cell_digest(src), _kept()
+    cells.pop(d, None)
+    cells[d] = kept
+    while len(cells) > MAX_KEPT_CELLS:
+        cells.popitem(last=False)
 
 
 def forget(src: str) -> None:
-    _KEPT.pop(cell_digest(src), None)
+    _kept().pop(cell_digest(src), None)
 
 
 def _write_atomic(path: Path, data: bytes | list[Any]) -> None:

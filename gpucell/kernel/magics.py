@@ -304,7 +304,7 @@ class GpuClusterMagics(Magics):
 
             display(DeviceSelector(gc, for_cluster(gc)))
             return
-        from gpucell.kernel.execute import parse_engine_ids
+        from gpucell.kernel.request import parse_engine_ids
 
         live = gc.live_ids()
         if engines.strip().lower() == "all":

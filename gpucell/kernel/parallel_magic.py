@@ -174,7 +174,8 @@ class GpuParallelMagics(Magics):
 
         After a run, ``gpucell.last_run`` records where each iteration ran.
         """
-        from gpucell.kernel.execute import CellRequest, run_cell
+        from gpucell.kernel.execute import run_cell
+        from gpucell.kernel.request import CellRequest
 
         args = _checked_args(self, line, cell)
         req = CellRequest(

@@ -21,6 +21,7 @@ from gpucell.core.analysis.classify import (
     classify_body,
 )
 from gpucell.core.analysis.diagnostics import Diagnostic, DiagnosticSink, raise_if_any
+from gpucell.core.analysis.facts import loop_facts
 from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
@@ -524,6 +525,13 @@ def analyse(
         watch_items=tuple(cl.watch_items),
         watch_all=cl.watch_all,
         random_calls=tuple(cl.random_calls),
+        facts=loop_facts(
+            source,
+            kind,
+            loop_lines[0],
+            filename,
+            line_span(split.epilogue) if epi_src.strip() else None,
+        ),
         nonempty=nonempty,
         unless_nonempty=unless_nonempty,
         chunk_ast=chunk_ast,

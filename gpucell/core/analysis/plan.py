@@ -18,6 +18,7 @@ from gpucell.core.analysis.classify import (
     WRITE,
 )
 from gpucell.core.analysis.diagnostics import Diagnostic
+from gpucell.core.analysis.facts import LoopFacts
 from gpucell.core.analysis.iterspace import IterSpace
 from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.rewrite import unstamped
@@ -139,6 +140,8 @@ class LoopPlan:
     watch_items: tuple[int, ...] = ()
     watch_all: bool = False
     random_calls: tuple[tuple[int, str], ...] = ()
+    # what the kernel needs at run time about the loop (facts.py): found once
+    facts: LoopFacts = field(default_factory=LoopFacts)
     # (line, iterable) of nested loops over inputs the plan takes to run at
     # least once (`for xb in loader:` then `loss.item()`): the kernel checks
     # each is non-empty after the prelude, and refuses with
