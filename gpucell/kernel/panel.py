@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Any
 
+from gpucell.kernel.session import current
 from gpucell.protocol import panel as schema
 from gpucell.ui import panel_state
 
@@ -32,8 +33,6 @@ __all__ = [
 
 #: seconds between two looks at the state (2 Hz while something changes)
 PERIOD = 0.5
-
-_endpoint: PanelEndpoint | None = None
 
 
 def _cluster() -> Any:
@@ -285,9 +284,9 @@ class PanelEndpoint:
 
 def install(shell: Any) -> PanelEndpoint | None:
     """Start the panel's endpoint in an ipykernel (a no-op in a terminal)."""
-    global _endpoint
-    if _endpoint is not None:
-        return _endpoint
+    session = current()
+    if session.panel is not None:
+        return session.panel
     if getattr(shell, "kernel", None) is None:
         return None
     ep = PanelEndpoint(shell)
@@ -296,27 +295,27 @@ def install(shell: Any) -> PanelEndpoint | None:
     except Exception:  # no comm support: the panel is optional
         ep.close()
         return None
-    _endpoint = ep
+    session.panel = ep
     return ep
 
 
 def uninstall() -> None:
-    global _endpoint
-    ep, _endpoint = _endpoint, None
+    session = current()
+    ep, session.panel = session.panel, None
     if ep is not None:
         ep.close()
 
 
 def run_started(tele: Any) -> None:
-    if _endpoint is not None:
-        _endpoint.run_started(tele)
+    if (ep := current().panel) is not None:
+        ep.run_started(tele)
 
 
 def run_progress(snap: Any) -> None:
-    if _endpoint is not None:
-        _endpoint.run_progress(snap)
+    if (ep := current().panel) is not None:
+        ep.run_progress(snap)
 
 
 def run_ended(snap: Any) -> None:
-    if _endpoint is not None:
-        _endpoint.run_ended(snap)
+    if (ep := current().panel) is not None:
+        ep.run_ended(snap)
