@@ -1442,6 +1442,27 @@ def test_process_wide_state_changed_in_the_body_is_refused(ip, cluster, call):
         )
 
 
+def test_run_time_refusals_are_listed_together(ip, cluster, tmp_path):
+    """Every problem the pre-flight checks find after the prelude is named in
+    one message, as the static analysis names its own, so the cell is fixed
+    in one edit; the prelude ran (as serially), nothing of the loop did."""
+    ip.run_cell(f"import os\nd = {str(tmp_path)!r}")
+    cell = (
+        "out = []\nfor i in range(3):\n    os.chdir(d)\n"
+        "    with open(os.path.join(d, 'log.txt'), 'a') as f:\n"
+        "        f.write(str(i))\n    out.append(i)\n"
+    )
+    with pytest.raises(gpucell.NotParallelizable) as e:
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    msg = str(e.value)
+    assert "(2 problems):" in msg
+    assert "  - line 4: line 4 calls `os.chdir`" in msg
+    assert "  - line 5: line 5 opens `os.path.join(d, 'log.txt')`" in msg
+    assert "Nothing from the loop ran" in msg
+    assert [d.kind for d in e.value.diagnostics] == ["process-state", "shared-file"]
+    assert ip.user_ns["out"] == [] and not (tmp_path / "log.txt").exists()
+
+
 SIZES = (
     "sizes = []\nfor i in range(4):\n    sizes.append(torch.zeros(2).element_size())\n"
 )
