@@ -7,8 +7,9 @@ import io
 import pytest
 import torch
 
-from gpucell.engine.chunk import Where
-from gpucell.engine.worker import _oom_note, _Tagged, describe_oom
+from gpucell.engine.failure import _oom_note, describe_oom
+from gpucell.engine.streams import Tagged as _Tagged
+from gpucell.engine.where import Where
 
 
 def test_oom_note_names_device_memory_request_and_fix():
@@ -49,22 +50,22 @@ def test_tagged_stream_prefixes_every_line():
 def test_each_kernel_has_its_own_state_on_an_engine_and_old_ones_are_dropped():
     """Several notebooks may share engines: programs and cached inputs are kept
     per kernel, and a dead kernel's state cannot grow without bound."""
-    from gpucell.engine import worker
+    from gpucell.engine import sessions, worker
 
     saved = dict(worker._sessions)
     worker._sessions.clear()
     try:
         worker.load("a", "prog-a", ["x"], {"x": "k1"}, wire_frames({"x": 1}), None, "A")
         worker.load("b", "prog-b", ["x"], {"x": "k2"}, wire_frames({"x": 2}), None, "B")
-        a, b = worker._session("A"), worker._session("B")
+        a, b = sessions.session("A"), sessions.session("B")
         assert (a.cell, a.inputs, b.cell, b.inputs) == ("a", {"x": 1}, "b", {"x": 2})
         worker.tidy(["x"], "A")
         assert "x" not in a.cache and b.cache["x"] == ("k2", 2)
         worker.leave("A")
         assert list(worker._sessions) == ["B"]
-        for i in range(worker.MAX_SESSIONS + 3):
-            worker._session(f"k{i}")
-        assert len(worker._sessions) == worker.MAX_SESSIONS
+        for i in range(sessions.MAX_SESSIONS + 3):
+            sessions.session(f"k{i}")
+        assert len(worker._sessions) == sessions.MAX_SESSIONS
         assert "B" not in worker._sessions  # the least recently used went first
     finally:
         worker._sessions.clear()
@@ -155,7 +156,7 @@ def test_seeding_torch_draws_what_torch_manual_seed_draws() -> None:
     every backend: ~70 us per iteration); the numbers are the same."""
     import torch
 
-    from gpucell.engine.worker import _seed_torch
+    from gpucell.engine.reseed import seed_torch as _seed_torch
 
     torch.manual_seed(1234)
     want = torch.rand(5)

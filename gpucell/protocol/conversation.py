@@ -33,6 +33,8 @@ class ChunkTask(NamedTuple):
     budget: float | None  # a trial: start no iteration after this many seconds
     kernel: str  # whose program and inputs (several kernels may share engines)
     stoppable: bool  # may stop early to hand its rest to idle engines
+    # --seed: the generators the loop can reach (core/seeding); None: all
+    reseed: tuple[str, ...] | None = None
 
 
 class Timing(TypedDict):
