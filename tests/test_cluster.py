@@ -237,6 +237,9 @@ def test_started_engines_announce_no_busy_status(cluster):
     session.unpack = client.session.unpack
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
+    if client.curve_serverkey:  # a local cluster's messages are encrypted
+        sub.curve_serverkey = client.curve_serverkey
+        sub.curve_publickey, sub.curve_secretkey = zmq.curve_keypair()
     sub.connect(client._config["iopub"])
     try:
         time.sleep(0.5)  # (a subscription takes a moment to reach the publisher)

@@ -7,6 +7,7 @@ anything fails.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
     from gpucell.devices.nvml import NvmlApi
 
 __all__ = [
+    "LOCAL_CURVE",
     "REGISTER_AGAIN_AFTER",
     "Plan",
     "exited_engines",
@@ -104,7 +106,8 @@ def launch(
     ip = _listen_on(remote, slurm, controller_ip)
     if ip:
         profile_kw["controller_ip"] = ip
-    cluster, engine_args = _new_cluster(s, p.specs, profile_kw)
+    local = remote is None and slurm is None and not ip
+    cluster, engine_args = _new_cluster(s, p.specs, profile_kw, local)
     channel = shm_channel.open_for_cluster()
     try:
         client = _start_and_connect(
@@ -156,11 +159,22 @@ def _listen_on(remote: _Remote | None, slurm: Any, controller_ip: str | None) ->
     return controller_ip or ""
 
 
+#: A local cluster's messages are encrypted (CurveZMQ, ipyparallel's
+#: ``IPController.enable_curve``): without it any local user could subscribe to
+#: the controller's loopback ports and read every cell's output and inputs in
+#: clear.  The server key is only in the 0600 connection files, so another user
+#: cannot complete the handshake.  Cost measured by bench/bench_curve.py.
+LOCAL_CURVE = True
+
+
 def _new_cluster(
-    s: Any, specs: Sequence[EngineSpec], profile_kw: dict[str, Any]
+    s: Any, specs: Sequence[EngineSpec], profile_kw: dict[str, Any], local: bool
 ) -> tuple[ipp.Cluster, list[str]]:
     """ipyparallel's Cluster (nothing started yet) and the engines' arguments."""
     cluster_kw, controller_args, engine_args = fast_start_settings(s.fast_start)
+    if local and LOCAL_CURVE:
+        controller_args.append("--IPController.enable_curve=True")
+        _quiet_unsigned_warning()
     controller_args += [f"--IPController.log_level={s.cluster_log_level}"]
     engine_args += [f"--IPEngine.log_level={s.cluster_log_level}"]
     from gpucell.cluster import private_profile
@@ -183,6 +197,27 @@ def _new_cluster(
         pass
     private_profile.tighten(cluster.profile_dir)
     return cluster, engine_args
+
+
+class _CurveSigns(logging.Filter):
+    """Drops jupyter_client's "Message signing is disabled" warning: with
+    CurveZMQ ipyparallel leaves the HMAC key empty on purpose (every connection
+    is authenticated and encrypted), and the warning would tell the user the
+    opposite of the truth."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Message signing is disabled" not in record.getMessage()
+
+
+def _quiet_unsigned_warning() -> None:
+    from traitlets.log import get_logger
+
+    # the kernel application's logger in a kernel, else "traitlets"
+    for log in {get_logger(), logging.getLogger("traitlets")}:
+        if isinstance(log, logging.Logger) and not any(
+            isinstance(f, _CurveSigns) for f in log.filters
+        ):
+            log.addFilter(_CurveSigns())
 
 
 def _failed_start(cluster: ipp.Cluster, e: BaseException) -> BaseException:
