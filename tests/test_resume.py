@@ -16,7 +16,7 @@ import pytest
 
 import gpucell
 from gpucell.errors import ResumeRefused
-from gpucell.kernel import keep
+from gpucell.kernel.session import current, using
 
 pytestmark = pytest.mark.cluster
 
@@ -29,12 +29,11 @@ SERIAL_OUT = [i * 3 for i in range(40)]
 
 @pytest.fixture
 def fresh(ip, private_cluster):
-    keep._KEPT.clear()
     for k in ("out", "total", "scale"):
         ip.user_ns.pop(k, None)
     ip.user_ns["scale"] = 3
-    yield ip
-    keep._KEPT.clear()
+    with using():  # a session of its own: no cell kept from another test
+        yield ip
 
 
 def _interrupt_after(
@@ -153,7 +152,7 @@ def test_a_checkpoint_survives_losing_kernel_memory_and_is_removed_after(
     assert len(list(folder.glob("chunk-*.bin"))) == len(
         [c for c in gpucell.last_run.chunks if c.state == "done"]
     )
-    keep._KEPT.clear()  # what a kernel restart loses
+    current().kept.clear()  # what a kernel restart loses
     fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
     assert fresh.user_ns["out"] == SERIAL_OUT
     assert _ran(gpucell.last_run) == set(range(40)) - first
@@ -169,7 +168,7 @@ def test_a_damaged_checkpoint_file_is_run_again_never_merged(fresh, tmp_path, ca
     _, a, b = victim.stem.split("-")
     data = victim.read_bytes()
     victim.write_bytes(data[: len(data) // 2])  # a torn write
-    keep._KEPT.clear()
+    current().kept.clear()
     capsys.readouterr()
     fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
     assert f"{victim.name} is damaged" in capsys.readouterr().out
@@ -239,12 +238,12 @@ def test_overlapping_checkpoint_files_of_two_runs_are_merged_once(
     _interrupt_after(fresh, CELL, 5, f"--checkpoint {ckpt}")  # chunks of 2
     (folder,) = ckpt.iterdir()
     saved = {p.name: p.read_bytes() for p in folder.glob("chunk-*.bin")}
-    keep._KEPT.clear()
+    current().kept.clear()
     # a second run with other chunks into the same folder, stopped too
     _interrupt_after(fresh, CELL, 3, f"--checkpoint {ckpt}", chunksize=3)
     for name, data in saved.items():  # the first run's files come back beside them
         (folder / name).write_bytes(data)
-    keep._KEPT.clear()
+    current().kept.clear()
     capsys.readouterr()
     fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
     assert fresh.user_ns["out"] == SERIAL_OUT
@@ -265,7 +264,7 @@ def test_a_checkpoint_file_under_another_range_s_name_is_not_merged(
     victim = files[0]
     moved = folder / "chunk-000000000038-000000000040.bin"
     victim.rename(moved)  # iterations 0-1's results named as 38-39's
-    keep._KEPT.clear()
+    current().kept.clear()
     capsys.readouterr()
     fresh.run_cell_magic("gpu_parallel", f"--quiet --resume --checkpoint {ckpt}", CELL)
     assert "not the iterations its name says" in capsys.readouterr().out
@@ -297,7 +296,7 @@ def test_a_new_run_into_a_checkpoint_folder_drops_the_old_run_s_chunks(fresh, tm
     (folder,) = ckpt.iterdir()
     old = {p.name for p in folder.glob("chunk-*.bin")}
     assert old
-    keep._KEPT.clear()
+    current().kept.clear()
     _interrupt_after(fresh, CELL, 2, f"--checkpoint {ckpt}")  # not --resume
     new = {p.name for p in folder.glob("chunk-*.bin")}
     assert len(new) == len([c for c in gpucell.last_run.chunks if c.state == "done"])
