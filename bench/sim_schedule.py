@@ -52,6 +52,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucell.core.run_events import (
+    Fill,
+    HandBack,
+    Keep,
+    PaceHeard,
+    Record,
+    Replied,
+    Send,
+    Sent,
+    Tick,
+    TrialsHeard,
+    Verdict,
+    VerdictGiven,
+)
+from gpucell.core.run_state import RunState
 from gpucell.core.schedule import Schedule
 
 
@@ -108,12 +123,26 @@ SCHEDULES: dict[str, Callable[[Case], dict[str, Any]]] = {
 }
 
 
-def _reported(its: list[float]) -> float:
-    """A chunk's seconds as the dispatcher reports them (``_robust_seconds``): the
-    median iteration times the count, from 3 iterations on."""
-    if len(its) < 3:
-        return sum(its)
-    return sorted(its)[len(its) // 2] * len(its)
+def _timing(cid: int, start: int, its: list[float], begin: float, handed: bool) -> Any:
+    """A reply's Timing as an engine writes it: each iteration stamped, the
+    median from 3 iterations on, engine-clock start and end."""
+    starts = [begin + sum(its[:j]) for j in range(len(its))]
+    return {
+        "start": begin,
+        "entered": begin,
+        "end": begin + sum(its),
+        "compute": sum(its),
+        "starts": starts,
+        "median": sorted(its)[len(its) // 2] if len(its) >= 3 else None,
+        "done": len(its),
+        "handed_back": handed,
+        "unstamped": False,
+        "host": "sim",
+        "pid": 0,
+        "first": start,
+        "cached": None,
+        "drew": [],
+    }
 
 
 def simulate(
@@ -127,27 +156,31 @@ def simulate(
 ) -> float:
     """Run ``sched`` to the end on simulated engines; return the makespan.
 
+    The kernel side is the real run state (:class:`gpucell.core.run_state.RunState`,
+    every engine on the kernel's host): this loop only plays the engines and
+    the wire, turning what they do into its events (``Fill``/``Sent``, a
+    ``Replied`` with the engine's Timing, ``PaceHeard``, ``Tick``) and
+    carrying out its ``Send``, ``Verdict`` and ``HandBack`` instructions.
     Engines run their chunks in arrival order, iteration by iteration.  Trial
-    chunks (a first run's) run as the dispatcher runs them on the kernel's
-    host: once ``budget`` has passed (after at least one iteration) a trial
-    publishes its median pace (``observe_trial``); if its rest would take
-    over ``EXTEND_MAX_SECONDS`` at that pace, or the schedule was not
-    ``heard``, it stops there; else it runs on, for at most ``VERDICT_WAIT``,
-    until the verdict says run whole (``True``) or stop (``False``).  It
-    completes with the iterations it ran and, when the schedule takes them,
-    each one's seconds.  With ``sched.stealing``, once an engine is idle with
-    nothing left to hand out, a stoppable chunk whose rest would take longer
-    than ``hand_back_seconds()`` at its pace so far stops after its current
-    iteration and hands the rest back (engine/chunk.py's ``_HandBack``)."""
+    chunks (a first run's) run as on the kernel's host: once ``budget`` has
+    passed (after at least one iteration) a trial publishes its median pace;
+    if its rest would take over ``EXTEND_MAX_SECONDS`` at that pace, or the
+    schedule was not ``heard``, it stops there; else it runs on, for at most
+    ``VERDICT_WAIT``, until the verdict says run whole (``True``) or stop
+    (``False``).  While the hand-back flag is raised, a stoppable chunk whose
+    rest would take longer than the flag's threshold at its pace so far stops
+    after its current iteration and hands the rest back (engine/chunk.py's
+    ``_HandBack``)."""
     from gpucell.engine.chunk import EXTEND_MAX_SECONDS, VERDICT_WAIT
 
-    now = 0.0
     k = len(factors)
+    run = RunState(sched, near=set(range(k)), channel=True)
+    now = 0.0
     queue: list[list[int]] = [[] for _ in range(k)]  # chunk ids arrived, waiting
     busy: list[int | None] = [None] * k  # chunk running on each engine
-    arrived: dict[int, float] = {}
     state: dict[int, dict[str, Any]] = {}  # running chunk -> its progress
-    hand_back: list[float | None] = [None]  # the kernel's flag: threshold or None
+    # what the engines read off /dev/shm: the hand-back flag and the verdict
+    flags: dict[str, Any] = {"hand_back": None, "verdict": None}
     # (time, order, kind, chunk id, payload): kind 0 a chunk reaches its engine,
     # 1 an iteration ends, 2 a result reaches the kernel
     events: list[tuple[float, int, int, int, Any]] = []
@@ -157,12 +190,25 @@ def simulate(
         order[0] += 1
         heapq.heappush(events, (t, order[0], kind, cid, payload))
 
+    def do(out: list[Any]) -> None:
+        for ins in out:
+            if isinstance(ins, Verdict):
+                flags["verdict"] = ins.uniform
+                do(run.handle(VerdictGiven()))
+            elif isinstance(ins, HandBack):
+                flags["hand_back"] = ins.threshold
+            elif not isinstance(ins, Record | Keep):
+                raise AssertionError(f"the simulation met {ins}")
+
     def send() -> None:
-        for c in sched.fill():
-            assert c.engine is not None
-            push(now + rtt / 2, 0, c.id)
-        idle = sched.idle_engines()
-        hand_back[0] = sched.hand_back_seconds() if sched.stealing and idle else None
+        out = run.handle(Fill())
+        sends = [i for i in out if isinstance(i, Send)]
+        do([i for i in out if not isinstance(i, Send)])
+        for s in sends:
+            push(now + rtt / 2, 0, s.chunk.id)
+        if sends:
+            run.handle(Sent(tuple(s.chunk.id for s in sends), now))
+        do(run.handle(Tick()))
 
     def start_next(e: int) -> None:
         if busy[e] is not None or not queue[e]:
@@ -177,7 +223,6 @@ def simulate(
             "its": its,
             "done": 0,
             "begin": begin,
-            "waited": arrived[cid] < begin - per_chunk,
             "published": False,
             "give_up": None,
             "whole": not c.trial,
@@ -189,8 +234,40 @@ def simulate(
         st = state.pop(cid)
         assert c.engine is not None
         busy[c.engine] = None
-        push(now + rtt / 2, 2, cid, (st["its"][: st["done"]], st["waited"], handed))
+        its = st["its"][: st["done"]]
+        push(now + rtt / 2, 2, cid, _timing(cid, c.start, its, st["begin"], handed))
         start_next(c.engine)
+
+    def iteration_ended(cid: int) -> None:
+        c, st = sched.chunks[cid], state[cid]
+        st["done"] += 1
+        done, its = st["done"], st["its"]
+        if done == len(its):
+            return finish(cid, False)
+        ran = now - st["begin"]
+        if not st["whole"] and ran >= budget:
+            if not st["published"]:
+                st["published"] = True
+                median = sorted(its[:done])[done // 2]
+                run.handle(PaceHeard(cid, done, median * done, True))
+                do(run.handle(TrialsHeard()))
+                left = (len(its) - done) * ran / done
+                if sched.heard and left <= EXTEND_MAX_SECONDS:
+                    st["give_up"] = now + VERDICT_WAIT
+            said = flags["verdict"] if st["give_up"] is not None else False
+            if said is True:
+                st["whole"] = True
+            elif said is False or now >= st["give_up"]:
+                return finish(cid, False)
+        thr = flags["hand_back"]
+        if (
+            thr is not None
+            and c.stoppable
+            and len(its) - done >= 2
+            and (len(its) - done) * ran / done > thr
+        ):
+            return finish(cid, True)
+        push(now + its[done], 1, cid)
 
     send()
     while events:
@@ -198,54 +275,13 @@ def simulate(
         c = sched.chunks[cid]
         if kind == 0:
             assert c.engine is not None
-            arrived[cid] = now
             queue[c.engine].append(cid)
             start_next(c.engine)
-            continue
-        if kind == 1:
-            st = state[cid]
-            st["done"] += 1
-            done, its = st["done"], st["its"]
-            if done == len(its):
-                finish(cid, False)
-                continue
-            ran = now - st["begin"]
-            if not st["whole"] and ran >= budget:
-                if not st["published"]:
-                    st["published"] = True
-                    median = sorted(its[:done])[done // 2]
-                    sched.observe_trial(cid, done, median * done)
-                    left = (len(its) - done) * ran / done
-                    if sched.heard and left <= EXTEND_MAX_SECONDS:
-                        st["give_up"] = now + VERDICT_WAIT
-                said = sched.verdict if st["give_up"] is not None else False
-                if said is True:
-                    st["whole"] = True
-                elif said is False or now >= st["give_up"]:
-                    finish(cid, False)
-                    continue
-            thr = hand_back[0]
-            if (
-                thr is not None
-                and c.stoppable
-                and len(its) - done >= 2
-                and (len(its) - done) * ran / done > thr
-            ):
-                finish(cid, True)
-                continue
-            push(now + its[done], 1, cid)
-            continue
-        its, waited, handed = payload
-        secs = sum(its) if sched.profiled else _reported(its)
-        if c.trial or handed:
-            costs = its if c.trial and sched.takes_costs else None
-            sched.complete(cid, secs, done=len(its), costs=costs, handed_back=handed)
+        elif kind == 1:
+            iteration_ended(cid)
         else:
-            sched.complete(cid, secs)
-        # as the dispatcher: a round trip minus compute, or for a chunk that
-        # waited behind another, the engine's dead time between the two
-        sched.observe_overhead(per_chunk if waited else rtt + per_chunk)
-        send()
+            do(run.handle(Replied(cid, "ok", None, payload, now)))
+            send()
     assert sched.finished and sched.pending_ranges() == []
     return now
 

@@ -1,0 +1,91 @@
+"""What a run shows and keeps of itself, from its schedule: the progress
+snapshot the display draws and each chunk's provenance record (pure; the
+engines' descriptions are passed in)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpucell.core.provenance import ChunkRecord
+from gpucell.core.runstate import EngineProgress, RunSnapshot
+from gpucell.core.schedule import Schedule
+from gpucell.core.schedule_fields import Chunk
+from gpucell.core.states import (
+    BUSY,
+    DEAD,
+    IDLE,
+    RETRYING,
+    ChunkState,
+    EngineState,
+    RunStatus,
+)
+from gpucell.protocol.conversation import Timing
+
+__all__ = ["chunk_record", "snapshot"]
+
+
+def _engine_state(sched: Schedule, eid: int, status: RunStatus) -> EngineState:
+    running = sched.outstanding(eid)
+    if eid not in sched.alive:
+        return DEAD
+    if any(c.attempt > 0 for c in running):
+        return RETRYING
+    if running and status == "running":
+        return BUSY
+    return IDLE
+
+
+def snapshot(
+    infos: Mapping[int, Any],
+    engines: Sequence[int],
+    sched: Schedule,
+    elapsed: float,
+    status: RunStatus,
+) -> RunSnapshot:
+    """The run as the display shows it (``infos``: engine id -> its
+    description, ``gpucell.cluster`` ``EngineInfo``-shaped)."""
+    rows = []
+    for eid in engines:
+        info = infos.get(eid)
+        done_its, done_secs = sched.engine_progress(eid)
+        rows.append(
+            EngineProgress(
+                engine=eid,
+                host=info.host if info else "",
+                device=info.device if info else "",
+                name=info.name if info else "",
+                pid=info.pid if info else 0,
+                kind=info.kind if info else "cpu",
+                index=info.index if info else -1,
+                done=done_its,
+                busy_seconds=done_secs,
+                state=_engine_state(sched, eid, status),
+            )
+        )
+    return RunSnapshot(
+        total=sched.n,
+        done=sched.done_iterations,
+        elapsed=elapsed,
+        engines=tuple(rows),
+        status=status,
+    )
+
+
+def chunk_record(
+    chunk: Chunk, info: Any, timing: Timing | None, state: ChunkState
+) -> ChunkRecord:
+    """The provenance of ``chunk`` (``info``: its engine's description)."""
+    return ChunkRecord(
+        start=chunk.start,
+        stop=chunk.stop,
+        engine=chunk.engine if chunk.engine is not None else -1,
+        host=timing["host"] if timing else (info.host if info else ""),
+        device=info.device if info else "",
+        t_start=timing["start"] if timing else 0.0,
+        t_end=timing["end"] if timing else 0.0,
+        compute=timing["compute"] if timing else 0.0,
+        attempt=chunk.attempt,
+        state=state,
+        iteration_starts=tuple(timing["starts"]) if timing else (),
+    )

@@ -1,0 +1,315 @@
+"""The dispatcher's hands: how a :class:`gpucell.kernel.dispatch.Run` carries out
+the run state's instructions (:mod:`gpucell.core.run_events`) against the
+cluster, ``/dev/shm``, the engines' processes and the run's record, and lets go
+of what the run held once it ends.  A mixin of ``Run``, whose state it reads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from gpucell.cluster.lifecycle import GpuCluster
+from gpucell.core import run_events as ev
+from gpucell.core.provenance import LastRun
+from gpucell.core.run_events import Flight, Instruction
+from gpucell.core.run_report import chunk_record
+from gpucell.core.run_state import RunState
+from gpucell.core.schedule import Schedule
+from gpucell.core.states import DONE, RunStatus
+from gpucell.devices.host import kernel_key, pid_running
+from gpucell.kernel.chunk_errors import raise_iteration_error
+from gpucell.kernel.feedback import Feedback
+from gpucell.protocol import shm
+
+__all__ = ["Executor", "engine_alive", "live_engines", "signal_engines"]
+
+
+def engine_alive(gc: GpuCluster, eid: int) -> bool:
+    """Local engines by pid (noticed within ~0.2 s); others by registration
+    (the controller's heartbeat)."""
+    info = gc.engines.get(eid)
+    if eid in gc.dead or eid not in gc.client.ids:
+        return False
+    if info is None or not info.local:
+        return True
+    return pid_running(info.pid)
+
+
+def signal_engines(gc: GpuCluster, eids: Sequence[int], sig: int) -> None:
+    """Interrupt running work: signal local engine pids, ask the nanny otherwise."""
+    remote = []
+    for eid in eids:
+        info = gc.engines.get(eid)
+        if info is not None and info.local:
+            try:
+                os.kill(info.pid, sig)
+            except OSError:
+                pass
+        else:
+            remote.append(eid)
+    if remote:
+        try:
+            gc.client.send_signal(sig, targets=remote, block=False)
+        except Exception:
+            pass
+
+
+def live_engines(
+    gc: GpuCluster, targets: Sequence[int], record: LastRun, echo: Callable[[str], None]
+) -> list[int]:
+    """The selected engines alive now; the dead are marked and restarted."""
+    alive = [e for e in targets if engine_alive(gc, e)]
+    gone = [e for e in targets if e not in alive]
+    restarts = getattr(gc, "restarts", None)
+    for eid in gone:
+        gc.mark_dead(eid)  # died since the last cell: status says so now
+        if restarts is not None:
+            restarts.begin(gc, eid)  # joins this cell when it is back
+    if gone and alive:
+        which = ", ".join(map(str, gone))
+        msg = (
+            f"engine{'s' if len(gone) > 1 else ''} {which} died since the last "
+            f"cell; running on {len(alive)} of {len(targets)} selected "
+            "engines (`%gpu_cluster status`)"
+        )
+        record.warnings.append(msg)
+        echo(f"gpucell: warning: {msg}")
+    return alive
+
+
+class Executor:
+    """Carrying out instructions, and the run's end (see ``Run``)."""
+
+    # (filled by Run.__init__; declared for the type checker)
+    gc: Any
+    record: LastRun
+    state: RunState
+    feedback: Feedback
+    tasks: dict[Any, int]
+    _task_of: dict[int, Any]
+    _msg_ids: list[str]
+    output: Any
+    options: Any
+    on_chunk: Callable[[int, int, Any], None] | None
+    echo: Callable[[str], None]
+    channel: Any
+    mapped: dict[tuple[str, ...], list[Any]]
+    leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]]
+    drop_inputs: Callable[[str], bool]
+
+    @property
+    def sched(self) -> Schedule:
+        return self.state.sched
+
+    @property
+    def results(self) -> dict[int, Any]:
+        return self.state.results
+
+    @property
+    def status(self) -> RunStatus:
+        return self.state.status
+
+    @status.setter
+    def status(self, value: RunStatus) -> None:
+        self.state.status = value
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def inflight(self) -> dict[Any, Flight]:
+        """Task -> its flight, for every task still in flight."""
+        flights = self.state.flights
+        return {ar: flights[c] for ar, c in self.tasks.items() if c in flights}
+
+    def _tell(self, event: ev.Event) -> None:
+        """Tell the state ``event`` and carry out what it answers."""
+        self._do(self.state.handle(event))
+
+    def _do(self, instructions: list[Instruction]) -> None:
+        """Carry out ``instructions`` in order (a failure raises)."""
+        for ins in instructions:
+            getattr(self, _EXECUTORS[type(ins)])(ins)
+
+    def _do_verdict(self, ins: ev.Verdict) -> None:
+        if self.feedback.say_verdict(ins.uniform):
+            self._tell(ev.VerdictGiven())
+
+    def _do_hand_back(self, ins: ev.HandBack) -> None:
+        self.feedback.hand_back(ins.threshold)
+
+    def _do_kill(self, ins: ev.Kill) -> None:
+        info = self.gc.engines.get(ins.engine)
+        if info is not None and info.local:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(info.pid, sig)
+                except OSError:
+                    pass
+
+    def _do_mark_dead(self, ins: ev.MarkDead) -> None:
+        self.gc.mark_dead(ins.engine)
+        restarts = self._restarts()
+        if restarts is not None:
+            restarts.begin(self.gc, ins.engine)
+
+    def _do_forget(self, ins: ev.Forget) -> None:
+        ar = self._task_of.pop(ins.chunk, None)
+        if ar is not None:
+            self.tasks.pop(ar, None)
+            if ins.lost:
+                self.output.lost(ar)
+
+    def _do_cancel(self, ins: ev.Cancel) -> None:
+        self.cancel()
+
+    def _do_record(self, ins: ev.Record) -> None:
+        c, timing, record = ins.chunk, ins.timing, self.record
+        rec = chunk_record(c, self.gc.engines.get(c.engine), timing, ins.state)
+        if ins.state == DONE and timing is not None:
+            record.drew.update(timing.get("drew") or ())
+            if timing.get("handed_back", False):
+                record.hand_backs += 1
+            record.add_chunk(rec)
+        else:
+            record.chunks.append(rec)
+
+    def _do_keep(self, ins: ev.Keep) -> None:
+        if self.on_chunk is None:
+            return
+        try:  # kept for --resume (and written to --checkpoint)
+            self.on_chunk(ins.start, ins.stop, ins.payload)
+        except Exception as e:
+            self._do_warn(
+                ev.Warn(f"could not keep iterations {ins.start}-{ins.stop - 1}: {e}")
+            )
+
+    def _do_warn(self, ins: ev.Warn) -> None:
+        self.record.warnings.append(ins.text)
+        self.echo(f"gpucell: warning: {ins.text}")
+
+    def _do_blame(self, ins: ev.Blame) -> None:
+        self.record.errors.append(ins.text)
+
+    def _do_chunk_failed(self, ins: ev.ChunkFailed) -> NoReturn:
+        raise_iteration_error(ins.payload, ins.chunk, self.gc, self.record)
+        raise AssertionError("unreachable")  # (raise_iteration_error raises)
+
+    def _do_fail(self, ins: ev.Fail) -> NoReturn:
+        raise ins.error
+
+    def _do_fail_unless_restarting(self, ins: ev.FailUnlessRestarting) -> None:
+        restarts = self._restarts()
+        if restarts is None or not restarts.pending:
+            raise ins.error
+
+    def cancel(self) -> None:
+        """Abort queued chunk tasks, signal running ones, wait until engines are
+        idle; every chunk still in flight is recorded as cancelled.
+
+        Every engine with an unfinished task is signalled, whether or not its
+        "started" notice has arrived yet: an idle engine ignores SIGINT, and
+        waiting for the notice could leave a running chunk to finish on its own.
+        """
+        inflight, gc = self.inflight, self.gc
+        if not inflight:
+            return
+        grace = self.options.interrupt_grace
+        ars = list(inflight)
+        try:
+            gc.client.abort([m for ar in ars for m in ar.msg_ids], block=False)
+        except Exception:
+            pass
+        running = sorted({f.engine for ar, f in inflight.items() if not ar.done()})
+        if running:
+            signal_engines(gc, running, signal.SIGINT)
+        concurrent.futures.wait(ars, timeout=grace)
+        still = [ar for ar in ars if not ar.done()]
+        if still:  # a C extension ignoring SIGINT: signal again once
+            signal_engines(
+                gc, sorted({inflight[ar].engine for ar in still}), signal.SIGINT
+            )
+            concurrent.futures.wait(still, timeout=grace)
+        self._tell(ev.Cancelled())
+
+    def _restarts(self) -> Any:
+        return getattr(self.gc, "restarts", None)
+
+    def _release(self) -> None:
+        """What the run holds beyond its end, let go (once)."""
+        if getattr(self, "_released", False):
+            return
+        self._released = True
+        self.output.flush(self.inflight)
+        self._forget_tasks()
+        for frames in self.mapped.values():  # every engine maps it by now
+            shm.release(frames)
+        self.feedback.forget(
+            c for c in self.sched.chunks if c.trial and c.engine in self.state.near
+        )
+        if self.channel is not None and (
+            self.status != "running" or self.record.warnings
+        ):
+            self.gc.sweep_results()  # results abandoned by a failure or a loss
+
+    def _tidy_engines(self) -> None:
+        """Engines free what a cell left by themselves once idle
+        (``worker.after_cell``); a message is sent only for what they cannot
+        decide alone: cached inputs whose kernel object is gone, and the
+        /dev/shm files engines on another host published for each other (all
+        of them mapped by now).  The kernel does not wait.  (A tidy task per
+        engine after every cell cost back-to-back cells on 8 engines ~12 ms.)"""
+        from gpucell.engine import worker
+
+        if self.status != "ok":
+            return  # after a failure an engine may still be busy or hung
+        alive = list(self.sched.alive)
+        drops = {e: self.gc.forget_cached(e, self.drop_inputs) for e in alive}
+        targets = alive if self.leaders else [e for e in alive if drops[e]]
+        if not targets:
+            return
+        try:  # one task for all (its message is built once)
+            self.gc.client.direct_view(targets).apply_async(
+                worker.TIDY_EACH, drops, kernel_key()
+            )
+        except Exception:
+            pass
+
+    def _forget_tasks(self) -> None:
+        """The client keeps every task's result and metadata for ever (its
+        history); this cell's are merged or dropped now, so it lets them go."""
+        client = self.gc.client
+        ids = [m for m in self._msg_ids if m in getattr(client, "results", {})]
+        for m in ids:
+            client.results.pop(m, None)
+            client.metadata.pop(m, None)
+        history = getattr(client, "history", None)
+        if isinstance(history, list) and ids:
+            gone = set(ids)
+            history[:] = [m for m in history if m not in gone]
+        self._msg_ids.clear()
+
+
+#: instruction type -> the Run method that carries it out
+_EXECUTORS: dict[type, str] = {
+    ev.Reload: "_do_reload",
+    ev.Verdict: "_do_verdict",
+    ev.HandBack: "_do_hand_back",
+    ev.Kill: "_do_kill",
+    ev.MarkDead: "_do_mark_dead",
+    ev.Forget: "_do_forget",
+    ev.Cancel: "_do_cancel",
+    ev.Record: "_do_record",
+    ev.Keep: "_do_keep",
+    ev.Warn: "_do_warn",
+    ev.Blame: "_do_blame",
+    ev.ChunkFailed: "_do_chunk_failed",
+    ev.Fail: "_do_fail",
+    ev.FailUnlessRestarting: "_do_fail_unless_restarting",
+    ev.Finish: "_do_finish",
+}
