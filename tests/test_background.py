@@ -148,10 +148,32 @@ def test_two_background_runs_merge_in_start_order(kernel):
         "    cu.append(v ** 3)\norder.append('second')\n"
     )
     assert "(this cell uses `%%gpu_parallel`)" in text, text
+    # which run holds the cluster, and how to stop waiting or cancel it
+    assert "one run at a time on a cluster: the background run of cell [" in text
+    assert "The stop button stops this wait, not the run;" in text, text
+    assert ".cancel()` cancels the run" in text, text
     assert "runs in the background (8 iterations" in text
     text, _ = kernel.ok("print(order, sq[-1], cu[-1])")
     assert _waited(text) and "uses `cu`" in text, text
     assert text.strip().splitlines()[-1] == "['first', 'second'] 49 343"
+
+
+def test_engines_are_fed_while_a_foreground_cell_runs(kernel):
+    """The kernel's event loop does not run during a cell: a thread steps the
+    run meanwhile, so it ends during a long cell instead of after it (its
+    engines would otherwise idle once their queued chunks were done)."""
+    kernel.ok(
+        "%%gpu_parallel -b --quiet --schedule dynamic --chunksize 1\nfed = []\n"
+        "for v in range(12):\n    time.sleep(0.2)\n    fed.append(v)\n"
+    )
+    text, _ = kernel.ok(
+        "t0 = time.monotonic()\n"
+        "while gpucell.runs[-1].state == 'running' and time.monotonic() - t0 < 60:\n"
+        "    sum(range(10000))\n"  # a busy cell: the thread still gets its turns
+        "print(gpucell.runs[-1].state)\n"
+    )
+    assert not _waited(text) and text.strip().splitlines()[-1] == "finished", text
+    assert kernel.value("fed") == list(range(12))
 
 
 ERROR_CELL = (

@@ -12,7 +12,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpucell.core.waitrule import Footprint
-from gpucell.kernel import background
+from gpucell.kernel import background, background_wait
 
 pytestmark = pytest.mark.cluster
 
@@ -40,7 +40,7 @@ def test_a_background_cell_in_a_terminal_is_driven_by_a_thread(shell, capsys):
     assert r.success and time.perf_counter() - t0 < 1.0
     bg = background.runs[-1]
     assert bg.state == "running" and bg._driver is not None
-    assert isinstance(bg._driver, background._ThreadDriver)
+    assert isinstance(bg._driver, background.ThreadDriver)
     _cell(shell, "z = 1")
     assert bg.pending and "z" in shell.user_ns
     capsys.readouterr()
@@ -51,7 +51,7 @@ def test_a_background_cell_in_a_terminal_is_driven_by_a_thread(shell, capsys):
     its = [ln for ln in text.splitlines() if "] it " in ln]
     assert [int(ln.split()[-1]) for ln in its] == list(range(8))
     assert bg.state == "merged" and bg.tail is None  # what it held, let go
-    assert background._HOOKS is None  # no run pending: no hooks
+    assert background_wait._HOOKS is None  # no run pending: no hooks
 
 
 def test_cancel_keeps_the_finished_chunks_for_resume(shell, capsys):
@@ -157,7 +157,7 @@ def test_waiting_for_a_later_run_waits_for_every_run_before_it(shell, monkeypatc
         background._PENDING.remove(bg)
         settled.append((bg.cell, why))
 
-    monkeypatch.setattr(background, "_settle", settle)
+    monkeypatch.setattr(background_wait, "_settle", settle)
     one = _Fake(1, Footprint(writes=frozenset({"a"})))
     two = _Fake(2, Footprint(writes=frozenset({"b"})))
     three = _Fake(3, Footprint(writes=frozenset({"c"})))
