@@ -245,9 +245,19 @@ def admit(c: Cell, prep: Prepared, record: LastRun) -> Admitted:
     said = warn_random(prep.plan, req.seed, loop.inputs, ns)
     warn_set_order(prep.plan)
     return Admitted(
-        c.shell, c.gc, prep, loop, record, req, keeping, kept, advice, cost_key,
-        said, programs,
-    )  # fmt: skip
+        shell=c.shell,
+        gc=c.gc,
+        prep=prep,
+        loop=loop,
+        record=record,
+        req=req,
+        keeping=keeping,
+        kept=kept,
+        advice=advice,
+        cost_key=cost_key,
+        random_said=said,
+        programs=programs,
+    )
 
 
 def start_loop(shell: Shell, prep: Prepared) -> Loop:
@@ -329,7 +339,7 @@ def run(c: Cell, a: Admitted) -> list[Any]:
             list(c.targets),
             a.programs,
             a.loop,
-            options(a.advice, c.req),
+            options(a.advice, c.req, a),
             a.record,
             c.req.quiet,
             kept=a.kept,
@@ -345,13 +355,13 @@ def _launch(c: Cell, a: Admitted) -> None:
     from gpucell.kernel import background
 
     try:
-        background.launch(a, list(c.targets), a.programs, options(a.advice, c.req))
+        background.launch(a, list(c.targets), a.programs, options(a.advice, c.req, a))
     except BaseException as e:
         a.keeping.failed(type(e).__name__)
         raise
 
 
-def options(advice: Advice, req: CellRequest) -> Options:
+def options(advice: Advice, req: CellRequest, a: Admitted | None = None) -> Options:
     """The dispatcher's options for this cell (its line, its last run)."""
     from gpucell.kernel.dispatch import Options
 
@@ -362,8 +372,26 @@ def options(advice: Advice, req: CellRequest) -> Options:
         schedule=req.schedule or _config.settings().schedule,
         chunksize=req.chunksize,
         seed=req.seed,
+        reseed=_reseed(req, a),
         timeout=req.timeout,
         retries=req.retries,
+    )
+
+
+def _reseed(req: CellRequest, a: Admitted | None) -> tuple[str, ...] | None:
+    """``--seed``: only the generators the loop can draw from are reseeded on
+    the engines (``core/seeding``; each costs 1-4 us per iteration)."""
+    if req.seed is None or a is None:
+        return None
+    from gpucell.core.seeding import loop_generators
+
+    plan = a.prep.plan
+    return loop_generators(
+        plan.source,
+        plan.prelude_lines,
+        plan.epilogue_lines,
+        a.loop.inputs,
+        a.shell.user_ns,
     )
 
 
