@@ -4,6 +4,7 @@ The one place a stand-in for ipyparallel is used: a fake view whose tasks run th
 real engine code (``gpucell.engine.worker.run``) in this process, or hang, or lose
 their engine, on cue.  The same paths run on real clusters in test_failures.py and
 test_parallel.py; here each transition can be provoked exactly and its state read.
+The run state alone, driven by events, is tested in test_run_state.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one vocabulary of states in a run: chunks, engines and the run itself.
 
-The schedule, the dispatcher's :class:`gpucell.kernel.dispatch.Run`, the record of a
+The schedule, the run state (:class:`gpucell.core.run_state.RunState`), the record of a
 run (:mod:`gpucell.core.provenance`), the progress snapshots
 (:mod:`gpucell.core.runstate`) and the timeline all speak it, so a state one of
 them writes is a state the others know.  Chunk states change only through
