@@ -43,9 +43,17 @@ class LabServer:
         An empty folder the server owns (a pytest ``tmp_path``).
     env
         Extra environment variables for the server and its kernels.
+    app
+        ``"lab"`` (JupyterLab) or ``"notebook"`` (Jupyter Notebook 7, the same
+        server and lab extensions with Notebook's one-document pages).
     """
 
-    def __init__(self, base: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, base: Path, env: dict[str, str] | None = None, app: str = "lab"
+    ) -> None:
+        if app not in ("lab", "notebook"):
+            raise ValueError(f"LabServer app must be 'lab' or 'notebook', not {app!r}")
+        self.app = app
         self.base = Path(base)
         self.root = self.base / "root"
         self.port = free_port()
@@ -115,7 +123,7 @@ class LabServer:
         cmd = [
             sys.executable,
             "-m",
-            "jupyterlab",
+            "jupyterlab" if self.app == "lab" else "notebook",
             "--no-browser",
             "--ip=127.0.0.1",
             f"--port={self.port}",
@@ -124,11 +132,14 @@ class LabServer:
             f"--ServerApp.root_dir={self.root}",
             "--ServerApp.open_browser=False",
             "--ServerApp.allow_remote_access=False",
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--LabApp.extension_manager=readonly",
             "--ServerApp.terminals_enabled=False",
         ]
+        if self.app == "lab":
+            cmd += [
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+            ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")  # CI containers run as root
         self._log = open(self.log_path, "wb")  # closed in stop()
@@ -212,6 +223,10 @@ class LabServer:
     def lab_url(self, path: str) -> str:
         """The Lab URL that opens ``path`` (relative to the root dir)."""
         return f"{self.url}/lab/tree/{quote(path)}?token={self.token}"
+
+    def notebook_url(self, path: str) -> str:
+        """The Notebook 7 URL that opens ``path`` (``app="notebook"``)."""
+        return f"{self.url}/notebooks/{quote(path)}?token={self.token}"
 
     def descendants(self) -> set[int]:
         if self.proc is None:

@@ -15,6 +15,11 @@ checked as a user meets it:
 - with two notebooks open, the panel and the status bar follow the focused tab:
   "no cluster" and the hint for a notebook without gpucell, the cluster again
   when the tab of the notebook that runs it is clicked.
+- a click on the panel's timeline opens it large in a main-area tab;
+- the command palette ("GPU cluster (gpucell)") and the View menu open the panel;
+  with a cluster of 2 fake GPUs (NVML faked through tests/fake_nvml.py, the
+  engines real), its charts of utilisation and memory over the last 5 minutes
+  fill with points, keep them across cells, and go when the cluster stops.
 
 Screenshots go to ``build/browser/lab-panel-*.png`` (gitignored);
 ``lab-panel-running.png`` is the README's picture.
@@ -169,6 +174,26 @@ def test_the_lab_panel_follows_the_kernel(lab, page):
     assert p["run"]["status"] == "ok" and p["run"]["done"] == str(N_ITER), p
     shot(page, "lab-panel-02-summary")
 
+    # ---- the timeline opens large in the main area on a click
+    page.locator(f"{PANEL} img.gpucell-timeline").click()
+    big = page.locator("#gpucell-timeline-view img.gpucell-timeline-large")
+    big.wait_for()
+    size = poll(
+        lambda: big.evaluate(
+            "i => [i.naturalWidth, i.getBoundingClientRect().width,"
+            " document.querySelector('#gpucell-panel img.gpucell-timeline')"
+            ".getBoundingClientRect().width]"
+        ),
+        lambda s: s[0] > 0,
+    )
+    shot(page, "lab-panel-timeline-large")
+    natural, shown, thumb = size
+    assert natural >= 860 and shown >= natural and shown > 2 * thumb, size
+    tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text="timeline")
+    assert "Last run #" in tab.inner_text(), tab.inner_text()
+    page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text=NOTEBOOK).click()
+    cells.cell("short").wait_for()
+
     # ---- untick engine 0 in the panel: the next cell runs on engine 1 only
     tick = '.gpucell-device[data-engine="0"] input.gpucell-select'
     page.locator(f"{PANEL} {tick}").click()
@@ -291,3 +316,135 @@ def test_the_lab_panel_follows_the_focused_notebook(lab, page):
 
     a.run_ok("stop")
     _wait_panel(page, lambda p: p.get("status") == "gpucell: no cluster", "no cluster")
+
+
+# ------------------------------------------------ palette, menu and charts
+
+FAKE_GPUS = {
+    "start": (
+        "import math, sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from fake_nvml import FakeNvml, a100s\n"
+        "from gpucell.devices.nvml import GpuUsage\n"
+        "\n"
+        "class Wavy(FakeNvml):\n"
+        "    '''Fake GPUs whose load moves, as under work (the suite's one mock).'''\n"
+        "    def usage(self, index):\n"
+        "        t = time.monotonic()\n"
+        "        total = 80 * 2**30\n"
+        "        util = 50 + 45 * math.sin(t / 4 + index)\n"
+        "        used = int(total * (0.3 + 0.2 * index + 0.1 * math.cos(t / 6)))\n"
+        "        return GpuUsage(util, used, total, 250.0, 60.0)\n"
+        "\n"
+        "fake = Wavy(a100s(2))\n"
+        "%load_ext gpucell\n"
+        "import gpucell, gpucell.kernel.panel\n"
+        "gpucell.kernel.panel.NVML = fake\n"
+        "gc = gpucell.start_cluster(nvml=fake, gpus='all')\n"
+        "print('ENGINES', sorted(gc.engines))"
+    ),
+    "other": "x = sum(range(10))\nprint('X', x)",
+    "stop": "%gpu_cluster stop",
+}
+
+PROBE_CHARTS = """
+() => {
+  const root = document.querySelector('#gpucell-panel');
+  if (!root) return null;
+  const box = root.querySelector('.gpucell-charts');
+  const imgs = [...root.querySelectorAll('img.gpucell-chart')];
+  return {
+    visible: root.offsetParent !== null,
+    shown: !!box && box.offsetParent !== null,
+    title: box ? box.querySelector('.gpucell-charts-title').textContent : null,
+    charts: imgs.map(i => ({
+      kind: i.getAttribute('data-kind'),
+      points: Number(i.getAttribute('data-points') || 0),
+      loaded: i.complete && i.naturalWidth > 0,
+      width: i.getBoundingClientRect().width,
+    })),
+    legend: [...root.querySelectorAll('.gpucell-legend-entry')]
+      .map(e => e.textContent.trim()),
+  };
+}
+"""
+
+
+def _charts(page) -> dict:
+    return page.evaluate(PROBE_CHARTS) or {}
+
+
+def _points(c: dict) -> dict[str, int]:
+    return {x["kind"]: x["points"] for x in c.get("charts", ()) if x["loaded"]}
+
+
+def test_palette_and_view_menu_open_the_panel_and_its_charts_fill(lab, page):
+    name = "gpucell_charts.ipynb"
+    write_notebook(lab.root / name, FAKE_GPUS)
+
+    def leave(dialog) -> None:
+        dialog.accept()
+
+    page.on("dialog", leave)
+    page.goto(f"{lab.url}/lab/workspaces/charts/tree/{quote(name)}?token={lab.token}")
+    page.remove_listener("dialog", leave)
+    nb = _open_tab(page, name, FAKE_GPUS)
+    assert not (_panel(page).get("visible")), "the panel is open before it is asked"
+
+    # ---- the command palette: Ctrl+Shift+C, its label, Enter
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input").first
+    palette.wait_for()
+    palette.fill("GPU cluster (gpucell)")
+    item = page.locator(".lm-CommandPalette-item", has_text="GPU cluster (gpucell)")
+    item.first.wait_for()
+    shot(page, "lab-panel-20-palette")
+    page.keyboard.press("Enter")
+    p = _wait_panel(page, lambda p: p.get("visible"), "the panel opened by the palette")
+    assert "%load_ext gpucell" in (p.get("hint") or ""), p
+
+    # ---- collapse the side bar, then the View menu opens the panel again
+    page.locator(".jp-SideBar.jp-mod-right .lm-TabBar-tab[data-id='gpucell-panel']").click()
+    _wait_panel(page, lambda p: not p.get("visible"), "the panel collapsed")
+    page.locator(".lm-MenuBar-item", has_text="View").click()
+    entry = page.locator(".lm-Menu-item", has_text="GPU cluster (gpucell)")
+    entry.wait_for()
+    shot(page, "lab-panel-21-view-menu")
+    entry.click()
+    _wait_panel(page, lambda p: p.get("visible"), "the panel opened by the View menu")
+
+    # ---- a cluster of 2 fake GPUs (NVML faked, engines real): the charts fill
+    text = nb.run_ok("start", timeout=120)
+    assert "ENGINES [0, 1]" in text, text
+    c = poll(
+        lambda: _charts(page),
+        lambda c: c.get("shown") and min(_points(c).values() or [0]) >= 2 * 4,
+        60,
+    )
+    shot(page, "lab-panel-22-charts")
+    dump(page.locator(PANEL), "lab-panel-22-charts")
+    # two devices, each point drawn in both charts: >= 4 points a device
+    assert c.get("shown") and set(_points(c)) == {"util", "mem"}, c
+    assert all(v >= 8 for v in _points(c).values()), c
+    assert c["title"] == "last 5 min", c
+    assert len(c["legend"]) == 2 and all("GPU" in x for x in c["legend"]), c
+    assert all(x["width"] >= 200 for x in c["charts"]), c
+
+    # ---- kept across cells: another cell runs, the points only grow
+    before = _points(c)
+    nb.run_ok("other")
+    later = poll(
+        lambda: _charts(page),
+        lambda x: all(_points(x).get(k, 0) > v for k, v in before.items()),
+        30,
+    )
+    assert all(_points(later).get(k, 0) > v for k, v in before.items()), (
+        before,
+        later,
+    )
+
+    nb.run_ok("stop")
+    c = poll(lambda: _charts(page), lambda c: not c.get("shown"), 30)
+    assert not c.get("shown"), f"charts still shown without a cluster: {c}"

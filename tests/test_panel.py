@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpucell.core.runstate import EngineProgress, RunSnapshot
+from gpucell.kernel.telemetry import LoadHistory
 from gpucell.protocol import panel as schema
 from gpucell.protocol.telemetry import DeviceSample
 from gpucell.ui import panel_state
@@ -43,6 +44,74 @@ def test_the_fixture_is_the_schema_python_checks():
 def test_every_request_the_panel_can_send_is_in_the_fixture():
     kinds = {m["type"] for m in _fixture()["valid"]}
     assert {"hello", "state", "reply", *schema.REQUESTS} <= kinds
+
+
+# ------------------------------------------------------------------ history
+
+
+def _load(eid, util, used, total=100, kind="gpu"):
+    return DeviceSample(
+        engine=eid,
+        host="h",
+        kind=kind,
+        index=eid,
+        name="A100",
+        timestamp=0.0,
+        utilization=util,
+        memory_used=used,
+        memory_total=total,
+    )
+
+
+def test_the_history_keeps_a_point_a_period_within_the_window():
+    h = LoadHistory(window=10.0, period=1.0)
+    assert h.view() is None
+    assert h.record(100.0, [_load(0, 50.0, 25), _load(1, None, None)])
+    # the panel looks twice a second: the second look adds nothing
+    assert not h.record(100.5, [_load(0, 99.0, 99)])
+    assert h.record(100.9, [_load(0, 350.0, 50), _load(1, 10.0, 0, total=0)])
+    v = h.view()
+    assert schema.validate({**_NO_CLUSTER_STATE, "history": v}) == []
+    assert v["window"] == 10.0 and v["period"] == 1.0
+    d0, d1 = v["devices"]
+    assert d0 == {
+        "engine": 0,
+        "age": [-0.9, 0.0],
+        "util": [50.0, 100.0],  # a CPU engine's 350 % is one full device
+        "mem": [25.0, 50.0],
+    }
+    assert d1 == {"engine": 1, "age": [-0.9, 0.0], "util": [None, 10.0], "mem": [None, None]}
+
+
+def test_the_history_is_bounded_and_forgets_engines_gone_for_a_window():
+    h = LoadHistory(window=60.0, period=1.0)
+    for t in range(10_000):
+        h.record(float(t), [_load(0, t % 100, 1)] + ([_load(1, 5, 1)] if t < 100 else []))
+    v = h.view()
+    assert [d["engine"] for d in v["devices"]] == [0]
+    (d0,) = v["devices"]
+    assert len(d0["age"]) == h.maxlen == 61
+    assert d0["age"][0] == -60.0 and d0["age"][-1] == 0.0
+    assert len(h) == 61
+    assert len(json.dumps(v)) < 2_000  # one device, 5 minutes at 1 Hz: ~6 KB
+
+
+def test_a_history_needs_a_positive_window_and_period():
+    with pytest.raises(ValueError, match="positive window and period"):
+        LoadHistory(window=0)
+    with pytest.raises(ValueError, match="positive window and period"):
+        LoadHistory(period=-1)
+
+
+_NO_CLUSTER_STATE = {
+    "v": 1,
+    "type": "state",
+    "seq": 1,
+    "status": "gpucell: no cluster",
+    "cluster": None,
+    "run": None,
+    "last": None,
+}
 
 
 # ------------------------------------------------------------------ state
@@ -276,6 +345,14 @@ def test_the_panel_follows_the_kernel_and_acts_through_the_magics(kernel):
     assert [d["engine"] for d in s["cluster"]["devices"]] == [0, 1]
     assert s["cluster"]["connection"]["kind"] == "local"
     assert s["status"].startswith("gpucell: 2 CPU engines · 1 host · ")
+    # the charts' history: a point a second per engine, kept across cells
+    h = kernel.wait(
+        lambda s: s.get("history") is not None
+        and all(len(d["age"]) >= 2 for d in s["history"]["devices"]),
+        what="two history points per engine",
+    )["history"]
+    assert [d["engine"] for d in h["devices"]] == [0, 1]
+    assert h["window"] == 300.0 and h["period"] == 1.0
 
     # a tick in the panel is the magic's selection; the magic's shows in the panel
     kernel.send({"v": 1, "type": "select", "engines": [1]})
@@ -301,6 +378,8 @@ def test_the_panel_follows_the_kernel_and_acts_through_the_magics(kernel):
     ]
     assert len({x["run"]["done"] for x in running}) >= 2, running
     assert s["last"]["status"] == "ok"
+    later = kernel.states[-1]["history"]["devices"]
+    assert len(later[0]["age"]) > len(h["devices"][0]["age"]), "history lost"
     assert s["last"]["timeline_svg"].lstrip().startswith("<svg")
     assert any("12 iterations on 2 engines" in ln for ln in s["last"]["lines"])
 

@@ -3,9 +3,10 @@
 ``%load_ext gpucell`` registers the comm target (the panel opens a comm when it
 attaches to this kernel) and opens one itself (for a panel that attached before
 gpucell was loaded).  A daemon thread builds the panel's state twice a second
-(:mod:`gpucell.ui.panel_state`) and sends it only when it changed, so an idle
-notebook sends nothing; it never touches the ipyparallel client, which belongs
-to the main thread.  Requests (select, start, stop) run in the main thread, as
+(:mod:`gpucell.ui.panel_state`) and sends it only when it changed, so a
+notebook without a cluster sends nothing (with one, the charts' history gains a
+point a second); it never touches the ipyparallel client, which belongs to the
+main thread.  Requests (select, start, stop) run in the main thread, as
 comm messages are handled there, through the code the magics use.
 """
 
@@ -16,6 +17,7 @@ import io
 import json
 import sys
 import threading
+import time
 from typing import Any
 
 from gpucell.kernel.session import current
@@ -33,6 +35,11 @@ __all__ = [
 
 #: seconds between two looks at the state (2 Hz while something changes)
 PERIOD = 0.5
+#: the charts over time: seconds kept, and seconds between two points
+HISTORY_WINDOW, HISTORY_PERIOD = 300.0, 1.0
+#: NVML for this host's GPU engines: None, the real one; tests put a fake
+#: (tests/fake_nvml.py) here before they start a cluster of fake GPUs
+NVML: Any = None
 
 
 def _cluster() -> Any:
@@ -72,6 +79,9 @@ class PanelEndpoint:
         self._run_tele: Any = None
         self._tele: Any = None  # between cells: the cluster's own telemetry
         self._tele_of: Any = None
+        # the charts' points, kept across cells while the cluster lives
+        self.history: Any = None
+        self._history_of: Any = None
         self._last: tuple[Any, ...] = ()
         self._last_view: dict[str, Any] | None = None
         self._runs = 0
@@ -138,7 +148,7 @@ class PanelEndpoint:
             self._close_tele()
             from gpucell.kernel.telemetry import for_cluster
 
-            self._tele, self._tele_of = for_cluster(gc), key
+            self._tele, self._tele_of = for_cluster(gc, nvml=NVML), key
         run_tele = self._run_tele
         remote = run_tele.remote if run_tele is not None else self._tele.remote
         return sorted(
@@ -168,22 +178,42 @@ class PanelEndpoint:
         """The whole state now, as one ``state`` message (seq not yet set)."""
         gc = _cluster()
         snap = self._run_snap
-        cluster = run = None
+        cluster = run = history = None
         if gc is not None and not getattr(gc, "stopping", False):
             samples: list[Any] = []
             try:
                 samples = self._samples(gc)
             except Exception:  # telemetry never breaks the panel
                 self.errors += 1
+            history = self._record(gc, samples)
             engines = list(gc.engines.values())
             cluster = panel_state.cluster_view(
                 engines, _connection(gc), gc.selected, samples, snap
             )
-        elif self._tele is not None:
-            self._close_tele()
+        else:
+            if self._tele is not None:
+                self._close_tele()
+            self.history = self._history_of = None
         if snap is not None:
             run = panel_state.run_view(snap)
-        return panel_state.state_message(self.seq, cluster, run, self._last_run_view())
+        msg = panel_state.state_message(self.seq, cluster, run, self._last_run_view())
+        msg["history"] = history
+        return msg
+
+    def _record(self, gc: Any, samples: list[Any]) -> dict[str, Any] | None:
+        """Add the samples to the charts' history (a new cluster: a new one)."""
+        from gpucell.kernel.telemetry import LoadHistory
+
+        if self._history_of != id(gc) or self.history is None:
+            self.history = LoadHistory(HISTORY_WINDOW, HISTORY_PERIOD)
+            self._history_of = id(gc)
+        try:
+            self.history.record(time.monotonic(), samples)
+            view: dict[str, Any] | None = self.history.view()
+        except Exception:  # a chart never breaks the panel
+            self.errors += 1
+            view = None
+        return view
 
     def _first_state(self) -> dict[str, Any]:
         with self._lock:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from gpucell.cluster.lifecycle import GpuCluster
     from gpucell.devices.nvml import NvmlApi
 
-__all__ = ["ClusterTelemetry", "RemoteTelemetry", "for_cluster"]
+__all__ = ["ClusterTelemetry", "LoadHistory", "RemoteTelemetry", "for_cluster"]
 
 
 class RemoteTelemetry:
@@ -231,3 +231,91 @@ def for_cluster(
         period=period,
         window=window,
     )
+
+
+class LoadHistory:
+    """Each engine's utilisation and memory over the last ``window`` seconds.
+
+    The Lab panel draws it as charts over time (as jupyterlab-nvdashboard does),
+    kept across cells.  At most one point per ``period``: ``record`` may be called
+    as often as the panel looks (2 Hz), memory stays bounded (``window /
+    period + 1`` points per engine; an engine unseen for a whole window is
+    dropped).  Pure: callers pass the clock.
+
+    Parameters
+    ----------
+    window
+        Seconds of history kept (5 minutes by default).
+    period
+        Seconds between two points of one engine.
+    """
+
+    def __init__(self, window: float = 300.0, period: float = 1.0) -> None:
+        if not (window > 0 and period > 0):
+            raise ValueError(
+                f"LoadHistory needs a positive window and period, not {window}, {period}"
+            )
+        self.window = float(window)
+        self.period = float(period)
+        self.maxlen = int(window / period) + 1
+        # engine -> (time, util %, memory %) points, oldest first
+        self._points: dict[int, deque[tuple[float, float | None, float | None]]] = {}
+        self._last: float | None = None
+
+    def record(self, now: float, samples: Iterable[DeviceSample]) -> bool:
+        """Add a point per sampled engine, unless the last one is under
+        ``period`` old (then nothing: the caller looks more often than we keep).
+        Returns whether points were added."""
+        # 10 % slack: a 2 Hz caller's jitter must not halve the rate
+        if self._last is not None and now - self._last < 0.9 * self.period:
+            return False
+        self._last = now
+        for s in samples:
+            h = self._points.get(s.engine)
+            if h is None:
+                h = self._points[s.engine] = deque(maxlen=self.maxlen)
+            h.append((now, _util(s), _mem(s)))
+        for eid in [e for e, h in self._points.items() if h[-1][0] < now - self.window]:
+            del self._points[eid]
+        return True
+
+    def view(self) -> dict[str, Any] | None:
+        """The history as the state's ``history`` JSON (:mod:`gpucell.protocol.
+        panel`), ages in seconds before the last point (so it only changes when
+        a point is added), figures rounded to 0.1; ``None`` before any point."""
+        last = self._last
+        if last is None or not self._points:
+            return None
+        devices = []
+        for eid in sorted(self._points):
+            pts = [p for p in self._points[eid] if p[0] >= last - self.window]
+            devices.append(
+                {
+                    "engine": eid,
+                    "age": [round(t - last, 1) for t, _, _ in pts],
+                    "util": [_round(u) for _, u, _ in pts],
+                    "mem": [_round(m) for _, _, m in pts],
+                }
+            )
+        return {"window": self.window, "period": self.period, "devices": devices}
+
+    def __len__(self) -> int:
+        """Points held, all engines together."""
+        return sum(len(h) for h in self._points.values())
+
+
+def _util(s: DeviceSample) -> float | None:
+    u = s.utilization
+    # a CPU engine may use several cores (350 %): the chart's scale is one device
+    return None if u is None else min(100.0, max(0.0, float(u)))
+
+
+def _mem(s: DeviceSample) -> float | None:
+    used, total = s.memory_used, s.memory_total
+    if used is None or not total:
+        return None
+    return min(100.0, max(0.0, 100.0 * used / total))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)

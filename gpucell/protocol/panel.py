@@ -31,7 +31,13 @@ Kernel -> panel::
                               | "interrupted",
                     "text": "12/64 · 0:03 · ETA 0:14"},
      "last": null | {"id": 3, "status": "ok", "lines": ["..."],
-                     "timeline_svg": "<svg ...>" | null}}
+                     "timeline_svg": "<svg ...>" | null},
+     # optional (a kernel before the charts sends none): the charts over time
+     "history": null | {"window": 300.0, "period": 1.0,   # seconds kept, between points
+                        "devices": [{"engine": 0,
+                                     "age": [-2.0, -1.0, 0.0],  # s before the last point
+                                     "util": [12.5, null, 97.0],   # percent 0-100
+                                     "mem": [25.0, 25.0, 30.1]}]}}  # percent 0-100
 
     {"v": 1, "type": "reply", "request": "select" | "start" | "stop",
      "ok": true, "text": "later cells run on engines [1]"}
@@ -140,6 +146,22 @@ _LAST: dict[str, _Check] = {
 }
 
 
+_PERCENTS: _Check = (
+    lambda x: isinstance(x, list)
+    and all(i is None or (_is_num(i) and 0.0 <= i <= 100.0) for i in x),
+    "a list of numbers in [0, 100] or nulls",
+)
+_HISTORY_DEVICE: dict[str, _Check] = {
+    "engine": _INT,
+    "age": (
+        lambda x: isinstance(x, list) and all(_is_num(i) and i <= 0 for i in x),
+        "a list of numbers <= 0",
+    ),
+    "util": _PERCENTS,
+    "mem": _PERCENTS,
+}
+
+
 def _fields(obj: Any, spec: Mapping[str, _Check], where: str) -> list[str]:
     if not isinstance(obj, Mapping):
         return [f"{where} must be an object"]
@@ -167,6 +189,28 @@ def _cluster(c: Any) -> list[str]:
     problems += _fields(c["connection"], _CONNECTION, "cluster.connection")
     for i, d in enumerate(c["devices"]):
         problems += _fields(d, _DEVICE, f"cluster.devices[{i}]")
+    return problems
+
+
+def _history(h: Any) -> list[str]:
+    positive: _Check = (lambda x: _is_num(x) and x > 0, "a number > 0")
+    problems = _fields(
+        h,
+        {
+            "window": positive,
+            "period": positive,
+            "devices": (lambda x: isinstance(x, list), "a list"),
+        },
+        "history",
+    )
+    if problems:
+        return problems
+    for i, d in enumerate(h["devices"]):
+        where = f"history.devices[{i}]"
+        found = _fields(d, _HISTORY_DEVICE, where)
+        if not found and not len(d["age"]) == len(d["util"]) == len(d["mem"]):
+            found = [f"{where}: age, util and mem must be as long as each other"]
+        problems += found
     return problems
 
 
@@ -201,6 +245,8 @@ def validate(msg: Any) -> list[str]:
             problems += _fields(msg["run"], _RUN, "run")
         if msg["last"] is not None:
             problems += _fields(msg["last"], _LAST, "last")
+        if msg.get("history") is not None:
+            problems += _history(msg["history"])
         return problems
     if kind == "reply":
         return _fields(

@@ -77,6 +77,24 @@ export interface Last {
   timeline_svg: string | null;
 }
 
+/** One device's points over time (the three lists are as long as each other). */
+export interface HistoryDevice {
+  engine: number;
+  /** seconds before the last point (<= 0), oldest first */
+  age: number[];
+  /** percent 0-100, null: not measured then */
+  util: Array<number | null>;
+  /** percent 0-100, null: not measured then */
+  mem: Array<number | null>;
+}
+
+/** The charts over time: the last `window` seconds, a point per `period`. */
+export interface History {
+  window: number;
+  period: number;
+  devices: HistoryDevice[];
+}
+
 /** Kernel -> panel: the whole state (seq grows with every state sent). */
 export interface StateMessage {
   v: 1;
@@ -87,6 +105,8 @@ export interface StateMessage {
   cluster: Cluster | null;
   run: Run | null;
   last: Last | null;
+  /** absent from a kernel older than the charts */
+  history?: History | null;
 }
 
 /** Kernel -> panel: the answer to a request. */
@@ -230,6 +250,23 @@ const LAST: Record<string, Check> = {
   timeline_svg: nullable(STR)
 };
 
+const PERCENTS: Check = [
+  x =>
+    Array.isArray(x) &&
+    x.every(i => i === null || (isNum(i) && i >= 0 && i <= 100)),
+  'a list of numbers in [0, 100] or nulls'
+];
+const HISTORY_DEVICE: Record<string, Check> = {
+  engine: INT,
+  age: [
+    x => Array.isArray(x) && x.every(i => isNum(i) && i <= 0),
+    'a list of numbers <= 0'
+  ],
+  util: PERCENTS,
+  mem: PERCENTS
+};
+const POSITIVE: Check = [x => isNum(x) && x > 0, 'a number > 0'];
+
 function repr(x: unknown): string {
   try {
     return JSON.stringify(x) ?? String(x);
@@ -274,6 +311,30 @@ function cluster(c: unknown): string[] {
   return problems;
 }
 
+function history(h: unknown): string[] {
+  const problems = fields(
+    h,
+    { window: POSITIVE, period: POSITIVE, devices: LIST },
+    'history'
+  );
+  if (problems.length) {
+    return problems;
+  }
+  ((h as Obj).devices as unknown[]).forEach((d, i) => {
+    const where = `history.devices[${i}]`;
+    const found = fields(d, HISTORY_DEVICE, where);
+    const dev = d as HistoryDevice;
+    if (
+      !found.length &&
+      !(dev.age.length === dev.util.length && dev.age.length === dev.mem.length)
+    ) {
+      found.push(`${where}: age, util and mem must be as long as each other`);
+    }
+    problems.push(...found);
+  });
+  return problems;
+}
+
 /**
  * What is wrong with `msg` as a panel message (`[]`: nothing).
  *
@@ -314,6 +375,9 @@ export function validate(msg: unknown): string[] {
       }
       if (msg.last !== null) {
         problems.push(...fields(msg.last, LAST, 'last'));
+      }
+      if (msg.history !== undefined && msg.history !== null) {
+        problems.push(...history(msg.history));
       }
       return problems;
     }

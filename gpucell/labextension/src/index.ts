@@ -1,24 +1,31 @@
 /**
  * gpucell's JupyterLab extension: a status-bar item and a "GPU cluster" side
- * panel for the active notebook's kernel, fed by one comm (`api.ts`).
+ * panel for the active notebook's kernel, fed by one comm (`api.ts`), opened
+ * from the status bar, the side bar, the command palette or the View menu.
+ * It needs only tokens Notebook 7 also provides (the status bar, palette and
+ * menu are optional), so the same build runs there.
  */
 
 import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import type { ISessionContext } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  MainAreaWidget,
+  type ISessionContext
+} from '@jupyterlab/apputils';
+import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import type { Kernel } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { start, stop } from './api';
+import { OPEN_COMMAND, registerOpenCommand } from './commands';
 import { PanelLink } from './link';
-import { GpucellPanel, PANEL_ID, PANEL_TITLE, StatusItem } from './panel';
+import { GpucellPanel, PANEL_ID, StatusItem, TimelineView } from './panel';
 import { Snapshot, viewModel } from './view';
-
-const OPEN_COMMAND = 'gpucell:open-panel';
 
 const gpuIcon = new LabIcon({
   name: 'gpucell:gpu',
@@ -81,17 +88,37 @@ const plugin: JupyterFrontEndPlugin<void> = {
     "gpucell's status-bar item and GPU cluster panel for the active notebook's kernel",
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar],
+  optional: [IStatusBar, ICommandPalette, IMainMenu],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
-    statusBar: IStatusBar | null
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    mainMenu: IMainMenu | null
   ) => {
     let link: PanelLink | null = null;
+    let timeline: MainAreaWidget<TimelineView> | null = null;
+    const openTimeline = (src: string, title: string) => {
+      let tab = timeline;
+      if (!tab || tab.isDisposed) {
+        const content = new TimelineView();
+        tab = timeline = new MainAreaWidget({ content });
+        tab.id = `${content.id}-tab`;
+        tab.title.icon = gpuIcon;
+        tab.title.closable = true;
+      }
+      tab.content.showTimeline(src, title);
+      tab.title.label = tab.content.title.label;
+      if (!tab.isAttached) {
+        app.shell.add(tab, 'main');
+      }
+      app.shell.activateById(tab.id);
+    };
     const panel = new GpucellPanel({
       start: args => void link?.send(start(args)),
       stop: () => void link?.send(stop()),
-      select: ticks => void link?.select(ticks)
+      select: ticks => void link?.select(ticks),
+      openTimeline
     });
     panel.title.icon = gpuIcon;
     const status = new StatusItem(() => {
@@ -106,16 +133,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
     link = new PanelLink(render);
     render(link.snapshot);
 
-    app.commands.addCommand(OPEN_COMMAND, {
-      label: `Show the ${PANEL_TITLE} panel`,
-      execute: () => {
+    registerOpenCommand(
+      app.commands,
+      () => {
         link?.retry();
         if (!panel.isAttached) {
           app.shell.add(panel, 'right', { rank: 1000 });
         }
         app.shell.activateById(PANEL_ID);
-      }
-    });
+      },
+      palette,
+      mainMenu?.viewMenu ?? null,
+      gpuIcon
+    );
     app.shell.add(panel, 'right', { rank: 1000 });
     if (statusBar) {
       statusBar.registerStatusItem('gpucell:status', {

@@ -8,17 +8,20 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { DeviceView, ViewModel } from './view';
+import { ChartsView, DeviceView, ViewModel } from './view';
 
 /** What the panel's controls ask for. */
 export interface PanelActions {
   start(args: string): void;
   stop(): void;
   select(ticks: Array<{ engine: number; checked: boolean }>): void;
+  /** show the last run's timeline large (a main-area tab) */
+  openTimeline(src: string, title: string): void;
 }
 
 export const PANEL_ID = 'gpucell-panel';
 export const PANEL_TITLE = 'GPU cluster';
+export const TIMELINE_ID = 'gpucell-timeline-view';
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -182,6 +185,12 @@ export class GpucellPanel extends Widget {
 
     this._devices = el('div', 'gpucell-devices', this._body);
 
+    this._charts = el('div', 'gpucell-charts', this._body);
+    this._chartsTitle = el('div', 'gpucell-charts-title', this._charts);
+    this._utilChart = this._chart('util', 'utilisation per device, percent');
+    this._memChart = this._chart('mem', 'memory used per device, percent');
+    this._legend = el('div', 'gpucell-legend', this._charts);
+
     this._run = el('div', 'gpucell-run', this._body);
     this._runBar = new Bar('gpucell-run-bar', this._run);
     this._runText = el('div', 'gpucell-run-text', this._run);
@@ -212,6 +221,7 @@ export class GpucellPanel extends Widget {
     this._stop.disabled = !vm.canStop;
 
     this._renderDevices(vm);
+    this._renderCharts(vm.charts);
 
     show(this._run, vm.run !== null);
     if (vm.run) {
@@ -235,7 +245,7 @@ export class GpucellPanel extends Widget {
           })
         );
       }
-      this._renderTimeline(vm.last.timelineSrc);
+      this._renderTimeline(vm.last.timelineSrc, `Last run #${vm.last.id}`);
     }
 
     show(this._reply, vm.reply !== null);
@@ -243,7 +253,45 @@ export class GpucellPanel extends Widget {
     this._reply.classList.toggle('gpucell-reply-error', !!vm.reply?.error);
   }
 
-  private _renderTimeline(src: string | null): void {
+  private _chart(kind: string, alt: string): HTMLImageElement {
+    const img = el('img', 'gpucell-chart', this._charts);
+    img.setAttribute('data-kind', kind);
+    img.alt = alt;
+    return img;
+  }
+
+  private _renderCharts(c: ChartsView | null): void {
+    show(this._charts, c !== null);
+    if (c === null) {
+      return;
+    }
+    setText(this._chartsTitle, c.title);
+    for (const [img, chart] of [
+      [this._utilChart, c.util],
+      [this._memChart, c.mem]
+    ] as const) {
+      if (img.getAttribute('src') !== chart.src) {
+        img.setAttribute('src', chart.src);
+      }
+      setAttr(img, 'data-points', String(chart.points));
+    }
+    const key = JSON.stringify(c.legend);
+    if (key !== this._legendKey) {
+      this._legendKey = key;
+      this._legend.replaceChildren(
+        ...c.legend.map(entry => {
+          const e = el('span', 'gpucell-legend-entry');
+          e.setAttribute('data-engine', String(entry.engine));
+          const swatch = el('span', 'gpucell-legend-swatch', e);
+          swatch.style.background = entry.color;
+          e.appendChild(document.createTextNode(entry.label));
+          return e;
+        })
+      );
+    }
+  }
+
+  private _renderTimeline(src: string | null, title: string): void {
     if (src === null) {
       this._timeline?.remove();
       this._timeline = null;
@@ -252,13 +300,17 @@ export class GpucellPanel extends Widget {
     if (this._timeline === null) {
       const img = el('img', 'gpucell-timeline', this._timelineBox);
       img.alt = 'timeline of the last run: chunks per engine over time';
-      img.title = 'click: full size / fit';
-      // full size scrolls sideways in its box; fitted it is the panel's width
-      img.addEventListener('click', () =>
-        img.classList.toggle('gpucell-mod-full')
-      );
+      img.title = 'click: open it large';
+      // the panel is too narrow to read it: a click opens it in the main area
+      img.addEventListener('click', () => {
+        const at = img.getAttribute('src');
+        if (at) {
+          this._actions.openTimeline(at, this._timelineTitle);
+        }
+      });
       this._timeline = img;
     }
+    this._timelineTitle = title;
     if (this._timeline.getAttribute('src') !== src) {
       this._timeline.setAttribute('src', src);
     }
@@ -349,6 +401,13 @@ export class GpucellPanel extends Widget {
   private _linesKey = '';
   private _timelineBox: HTMLDivElement;
   private _timeline: HTMLImageElement | null = null;
+  private _timelineTitle = '';
+  private _charts: HTMLDivElement;
+  private _chartsTitle: HTMLDivElement;
+  private _utilChart: HTMLImageElement;
+  private _memChart: HTMLImageElement;
+  private _legend: HTMLDivElement;
+  private _legendKey = '';
   private _reply: HTMLDivElement;
 }
 
@@ -357,11 +416,33 @@ export class StatusItem extends Widget {
   constructor(onClick: () => void) {
     super();
     this.addClass('gpucell-status');
-    this.node.title = `Show the ${PANEL_TITLE} panel`;
+    this.node.title = `Show the ${PANEL_TITLE} panel (also in the View menu)`;
     this.node.addEventListener('click', onClick);
   }
 
   render(vm: ViewModel): void {
     setText(this.node, vm.status);
   }
+}
+
+/** The last run's timeline at full size: a main-area tab that scrolls. */
+export class TimelineView extends Widget {
+  constructor() {
+    super();
+    this.id = TIMELINE_ID;
+    this.addClass('gpucell-timeline-view');
+    this.title.closable = true;
+    this._img = el('img', 'gpucell-timeline-large', this.node);
+    this._img.alt = 'timeline of the last run: chunks per engine over time';
+  }
+
+  showTimeline(src: string, title: string): void {
+    this.title.label = `${title}: timeline`;
+    this.title.caption = this.title.label;
+    if (this._img.getAttribute('src') !== src) {
+      this._img.setAttribute('src', src);
+    }
+  }
+
+  private _img: HTMLImageElement;
 }

@@ -13,6 +13,7 @@ import {
   StateMessage,
   select
 } from './api';
+import { LegendEntry, historyCharts } from './charts';
 
 /** The status-bar text whenever there is no gpucell cluster to describe. */
 export const NO_CLUSTER = 'gpucell: no cluster';
@@ -90,6 +91,21 @@ export interface LastView {
   timelineSrc: string | null;
 }
 
+export interface ChartView {
+  /** a `data:image/svg+xml;base64,...` URI */
+  src: string;
+  /** measured points drawn */
+  points: number;
+}
+
+export interface ChartsView {
+  /** "last 5 min" */
+  title: string;
+  util: ChartView;
+  mem: ChartView;
+  legend: LegendEntry[];
+}
+
 export interface ReplyView {
   request: string;
   text: string;
@@ -111,6 +127,8 @@ export interface ViewModel {
   hosts: HostGroup[];
   run: RunView | null;
   last: LastView | null;
+  /** utilisation and memory over time; null without a cluster or history */
+  charts: ChartsView | null;
   reply: ReplyView | null;
 }
 
@@ -214,6 +232,25 @@ export function svgDataUri(svg: string): string {
   return 'data:image/svg+xml;base64,' + base64Utf8(svg);
 }
 
+/** The charts of a state with a cluster and a history (else null). */
+export function chartsView(state: StateMessage | null): ChartsView | null {
+  const h = state?.history ?? null;
+  if (!state?.cluster || !h || h.devices.length === 0) {
+    return null;
+  }
+  const labels = new Map(state.cluster.devices.map(d => [d.engine, d.label]));
+  const c = historyCharts(h, labels);
+  const minutes = h.window / 60;
+  return {
+    title: Number.isInteger(minutes)
+      ? `last ${minutes} min`
+      : `last ${Math.round(h.window)} s`,
+    util: { src: svgDataUri(c.util.svg), points: c.util.points },
+    mem: { src: svgDataUri(c.mem.svg), points: c.mem.points },
+    legend: c.legend
+  };
+}
+
 /** The whole view from a snapshot. */
 export function viewModel(s: Snapshot): ViewModel {
   const loaded = s.phase === 'loaded' && s.state !== null;
@@ -259,6 +296,7 @@ export function viewModel(s: Snapshot): ViewModel {
           timelineSrc: last.timeline_svg ? svgDataUri(last.timeline_svg) : null
         }
       : null,
+    charts: chartsView(state),
     reply:
       loaded && s.reply
         ? { request: s.reply.request, text: s.reply.text, error: !s.reply.ok }
