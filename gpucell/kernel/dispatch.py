@@ -91,6 +91,8 @@ class Options:
     cost_hint: float | None = None  # seconds per iteration, from an earlier run
     uniform: bool = False  # that run's iterations all took the same time
     profile: tuple[float, ...] | None = None  # that run's seconds per iteration
+    # --seed: the generators the loop can draw from (core/seeding); None: all
+    reseed: tuple[str, ...] | None = None
 
 
 class _Interrupted(Exception):
@@ -298,6 +300,7 @@ class Run(InputShipping, Executor):
             send.budget,
             kernel_key(),
             send.stoppable,
+            self.options.reseed,
         )
 
     def _take_ready(self, wait: float) -> list[Any]:

@@ -339,7 +339,7 @@ def run(c: Cell, a: Admitted) -> list[Any]:
             list(c.targets),
             a.programs,
             a.loop,
-            options(a.advice, c.req),
+            options(a.advice, c.req, a),
             a.record,
             c.req.quiet,
             kept=a.kept,
@@ -355,13 +355,13 @@ def _launch(c: Cell, a: Admitted) -> None:
     from gpucell.kernel import background
 
     try:
-        background.launch(a, list(c.targets), a.programs, options(a.advice, c.req))
+        background.launch(a, list(c.targets), a.programs, options(a.advice, c.req, a))
     except BaseException as e:
         a.keeping.failed(type(e).__name__)
         raise
 
 
-def options(advice: Advice, req: CellRequest) -> Options:
+def options(advice: Advice, req: CellRequest, a: Admitted | None = None) -> Options:
     """The dispatcher's options for this cell (its line, its last run)."""
     from gpucell.kernel.dispatch import Options
 
@@ -372,8 +372,26 @@ def options(advice: Advice, req: CellRequest) -> Options:
         schedule=req.schedule or _config.settings().schedule,
         chunksize=req.chunksize,
         seed=req.seed,
+        reseed=_reseed(req, a),
         timeout=req.timeout,
         retries=req.retries,
+    )
+
+
+def _reseed(req: CellRequest, a: Admitted | None) -> tuple[str, ...] | None:
+    """``--seed``: only the generators the loop can draw from are reseeded on
+    the engines (``core/seeding``; each costs 1-4 us per iteration)."""
+    if req.seed is None or a is None:
+        return None
+    from gpucell.core.seeding import loop_generators
+
+    plan = a.prep.plan
+    return loop_generators(
+        plan.source,
+        plan.prelude_lines,
+        plan.epilogue_lines,
+        a.loop.inputs,
+        a.shell.user_ns,
     )
 
 

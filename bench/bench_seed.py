@@ -1,0 +1,220 @@
+"""``--seed`` cost benchmark (issue 34): a numpy-only loop, torch loaded on the
+engines, with and without ``--seed``.
+
+Why.  ``--seed S`` reseeds the process-wide generators before every iteration
+(so iteration ``i``'s draws depend only on ``(S, i)``).  Once torch was loaded on
+the engines that cost 0.4-0.5 ms per iteration, even for a loop that never
+touches torch: a cheap loop became ~100 times slower with ``--seed``.  The
+engines now reseed only the generators the loop can reach
+(``gpucell.core.seeding``); this bench says what ``--seed`` costs.
+
+The loop (``--n`` N, 20,000 by default), on 2 CPU engines that imported torch::
+
+    out = []
+    for i in range(N):
+        out.append(np.random.random())
+
+Rows, in one run: the cell's wall time (``ip.run_cell``, median of ``--runs``
+rounds after an untimed first one; the three ways interleaved, so a change in
+the host's load hits them alike) and the engines' compute seconds summed over
+chunks (``gpucell.last_run``): without ``--seed``; with ``--seed 7`` reseeding
+every generator (what the engines did before: the kernel's decision replaced
+by "all"); with ``--seed 7`` reseeding what the kernel decided.  Then the chunk
+program alone in this process (no messages, no other engine): microseconds per
+iteration each way.  Every seeded run is checked against the serial loop
+seeded per iteration as the engines seed it.
+
+Usage:  python bench/bench_seed.py [--n 20000] [--runs 5] [--label after]
+Results: a table on stdout and ``bench/results/seed-<label>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+CELL = (
+    "# bench_seed {tag}\nout = []\nfor i in range({n}):\n"
+    "    out.append(np.random.random())\n"
+)
+
+
+def _import_torch() -> bool:
+    import torch  # noqa: F401
+
+    return True
+
+
+def _serial_seeded(n: int, seed: int) -> list[float]:
+    """The serial loop, each iteration seeded as the engines seed it."""
+    import numpy as np
+
+    from gpucell.engine.worker import _seeder
+
+    seed_fn = _seeder(seed)
+    out = []
+    for i in range(n):
+        seed_fn(i)
+        out.append(np.random.random())
+    return out
+
+
+def _run(ip, cell: str, line: str) -> dict:
+    import gpucell
+
+    t = time.perf_counter()
+    res = ip.run_cell(f"%%gpu_parallel --quiet {line}\n" + cell)
+    wall = time.perf_counter() - t
+    res.raise_error()
+    lr = gpucell.last_run
+    done = [c for c in lr.chunks if c.state == "done"]
+    return {
+        "wall": wall,
+        "compute": sum(c.compute for c in done),
+        "chunks": len(done),
+        "inline": lr.inline,
+    }
+
+
+def _engine_only(n: int, rounds: int) -> dict[str, float]:
+    """Microseconds per iteration of the chunk program alone, in this process
+    with torch imported (no messages, no other engine): what each way of
+    seeding adds to the loop's own cost."""
+    import numpy as np
+    import torch  # noqa: F401 - loaded, as on the engines
+
+    from gpucell.core.analysis.driver import analyse
+    from gpucell.engine.chunk import Where, run_chunk
+    from gpucell.engine.reseed import seeder
+
+    cell = CELL.format(tag="engine", n=n)
+    prog = analyse(cell, known_names=["out", "np"]).engine_program()
+    ways = {
+        "no --seed": lambda: None,
+        "--seed, every generator (before)": lambda: seeder(7),
+        "--seed, numpy only (after)": lambda: seeder(7, ["numpy"]),
+    }
+    times: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(rounds):
+        for name, make in ways.items():
+            t = time.perf_counter()
+            run_chunk(
+                prog,
+                {"np": np},
+                ("range", range(n)),
+                0,
+                where=Where({}, 0),
+                seed_fn=make(),
+                cheap=True,
+            )
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) / n * 1e6 for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=20_000)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--label", default="now")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from IPython.testing.globalipapp import start_ipython
+
+    import gpucell
+    import gpucell.core.seeding as seeding
+
+    decide = seeding.loop_generators
+    every = tuple(sorted(seeding.ALL))
+    engine = _engine_only(args.n // 2, args.runs)
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "gpucell")
+    ip.run_line_magic("gpu_cluster", "start -n 2 --gpus none")
+    ip.run_cell("import numpy as np")
+    ways = {  # (the magic's line, what the kernel decides to reseed)
+        "no --seed": ("", decide),
+        "--seed, every generator (before)": ("--seed 7", lambda *a: every),
+        "--seed, decided (after)": ("--seed 7", decide),
+    }
+    runs: dict[str, list[dict]] = {k: [] for k in ways}
+    try:
+        gpucell.current().client[:].apply_sync(_import_torch)
+        expect = _serial_seeded(args.n, 7)
+        cell = CELL.format(tag=f"cluster {time.time_ns()}", n=args.n)
+        for r in range(args.runs + 1):  # interleaved: load changes alike
+            for name, (line, decision) in ways.items():
+                seeding.loop_generators = decision
+                got = _run(ip, cell, line)
+                if line and ip.user_ns["out"] != expect:
+                    raise AssertionError(f"{name}: not the serial seeded numbers")
+                if r:  # the first round plans, warms and learns the cost
+                    runs[name].append(got)
+    finally:
+        seeding.loop_generators = decide
+        ip.run_line_magic("gpu_cluster", "stop")
+    reseeds = decide(
+        CELL.format(tag="", n=args.n), (1, 2), None, {"np": np_module()}, {"out": []}
+    )
+    rows = {
+        k: {
+            "wall": statistics.median(x["wall"] for x in v),
+            "compute": statistics.median(x["compute"] for x in v),
+            "runs": v,
+        }
+        for k, v in runs.items()
+    }
+    report(args, rows, engine, reseeds)
+
+
+def np_module() -> object:
+    import numpy
+
+    return numpy
+
+
+def report(args: argparse.Namespace, rows: dict, engine: dict, reseeds: tuple) -> None:
+    base = rows["no --seed"]
+    print(
+        f"N = {args.n}; 2 CPU engines with torch loaded; median of {args.runs} "
+        f"interleaved runs; the kernel reseeds {reseeds} for this loop"
+    )
+    print(f"{'':34}{'wall s':>9}{'x':>6}{'compute s':>11}{'+us/it':>8}")
+    for name, r in rows.items():
+        extra = (r["compute"] - base["compute"]) / args.n * 1e6
+        print(
+            f"{name:34}{r['wall']:>9.4f}{r['wall'] / base['wall']:>6.2f}"
+            f"{r['compute']:>11.4f}{extra:>8.2f}"
+        )
+    print(f"engine program alone, {args.n // 2} iterations, in this process:")
+    for name, us in engine.items():
+        print(f"{name:34}{us:>6.2f} us/iteration (+{us - engine['no --seed']:.2f})")
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"seed-{args.label}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "n": args.n,
+                "git": head,
+                "load": os.getloadavg(),
+                "reseeds": reseeds,
+                "rows": rows,
+                "engine_us_per_iteration": engine,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
