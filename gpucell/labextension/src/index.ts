@@ -11,8 +11,10 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import {
+  Dialog,
   ICommandPalette,
   MainAreaWidget,
+  showDialog,
   type ISessionContext
 } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
@@ -112,7 +114,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
       if (!tab.isAttached) {
         app.shell.add(tab, 'main');
       }
-      app.shell.activateById(tab.id);
+      if (tab.isAttached) {
+        app.shell.activateById(tab.id);
+        return;
+      }
+      // Notebook 7's main area holds its one document and takes no other
+      // widget: a dialog instead
+      tab.dispose();
+      timeline = null;
+      const body = new TimelineView();
+      body.showTimeline(src, title);
+      void showDialog({
+        title: body.title.label,
+        body,
+        buttons: [Dialog.okButton({ label: 'Close' })]
+      });
     };
     const panel = new GpucellPanel({
       start: args => void link?.send(start(args)),
