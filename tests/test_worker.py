@@ -163,3 +163,31 @@ def test_seeding_torch_draws_what_torch_manual_seed_draws() -> None:
     torch.manual_seed(99)
     _seed_torch(torch, 1234)
     assert torch.equal(torch.rand(5), want)
+
+
+def test_the_envelope_puts_streams_cwd_and_filters_back_however_a_chunk_ends(
+    tmp_path,
+):
+    """Output tagged, the kernel's directory and warnings filters while the
+    chunk runs; the engine's own back after an error and after an interrupt."""
+    import os
+    import sys
+    import warnings
+
+    from gpucell.engine.envelope import Envelope
+    from gpucell.engine.sessions import Session
+    from gpucell.protocol.conversation import ChunkTask
+
+    st = Session(cwd=str(tmp_path), warning_filters=[])
+    task = ChunkTask("c", [], 0, 1, None, None, None, None, None, "k", False)
+    out, err, here = sys.stdout, sys.stderr, os.getcwd()
+    filters = list(warnings.filters)
+    for exc in (ValueError("x"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with Envelope(st, task, ("range", range(3)), Where({}, 0), "cpu") as env:
+                assert os.getcwd() == str(tmp_path)
+                assert isinstance(sys.stdout, _Tagged) and warnings.filters == []
+                raise exc
+        assert (sys.stdout, sys.stderr, os.getcwd()) == (out, err, here)
+        assert warnings.filters == filters and env.compute >= 0
+        assert env.drew() == []  # no --seed: generators watched, none drawn from
