@@ -10,8 +10,6 @@ imported only when an operation needs them.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from gpucell.errors import (
@@ -72,27 +70,11 @@ if TYPE_CHECKING:
     last_run: LastRun | None
 
 
-class _Gpucell(types.ModuleType):
-    """The package, whose ``last_run`` reads and writes the kernel's session
-    (kernel/session.py): a plain attribute would keep a copy of its own."""
-
-    @property
-    def last_run(self) -> LastRun | None:
+def __getattr__(name: str) -> Any:
+    if name == "last_run":  # the kernel's session holds it (never copied here)
         from gpucell.kernel.session import current
 
         return current().last_run
-
-    @last_run.setter
-    def last_run(self, record: LastRun | None) -> None:
-        from gpucell.kernel.session import current
-
-        current().last_run = record
-
-
-sys.modules[__name__].__class__ = _Gpucell
-
-
-def __getattr__(name: str) -> Any:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'gpucell' has no attribute {name!r}")

@@ -303,9 +303,9 @@ def _start_ranks(c: _Cell, g: Group, req: DistRequest) -> list[Rank]:
 
 
 def _set_last_run(record: Any) -> None:
-    import gpucell
+    from gpucell.kernel.session import current  # (gpucell.last_run reads it)
 
-    gpucell.last_run = record
+    current().last_run = record
 
 
 def _warn_missing(

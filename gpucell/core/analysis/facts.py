@@ -20,6 +20,7 @@ from gpucell.core.lastitem import (
     process_state_calls,
     set_orders,
     shared_file_writes,
+    uses_autograd,
 )
 
 __all__ = ["LoopFacts", "loop_facts"]
@@ -42,6 +43,8 @@ class LoopFacts:
     top_expressions: tuple[int, ...] = ()
     # (line, call) of the first draw from a global generator after the loop
     epilogue_draw: tuple[int, str] | None = None
+    # the body runs autograd itself (loss.backward()): engines check every input
+    uses_autograd: bool = False
 
 
 def loop_facts(
@@ -68,6 +71,7 @@ def loop_facts(
         set_orders=tuple(set_orders(source, loop_line)),
         top_expressions=top,
         epilogue_draw=draw,
+        uses_autograd=uses_autograd(source, loop_line),
     )
 
 

@@ -23,7 +23,6 @@ from gpucell.core.analysis.iterspace import IterSpace
 from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.rewrite import unstamped
 from gpucell.core.analysis.split import Layer
-from gpucell.core.lastitem import uses_autograd
 from gpucell.protocol.program import Watch
 
 __all__ = ["LoopPlan", "NameInfo", "Reduction", "EngineProgram"]
@@ -163,11 +162,7 @@ class LoopPlan:
         """What the engines check before and after each chunk (inputs are
         read-only to iterations): the inputs a call could change in place, and
         the loop's items when an item is a receiver or an argument."""
-        every = self.watch_all or (
-            self.kind == "for"
-            and self.loop_lines is not None
-            and uses_autograd(self.source, self.loop_lines[0])
-        )
+        every = self.watch_all or self.facts.uses_autograd
         names = self.inputs if every else tuple(n for n, _ in self.watch)
         return {"names": list(names), "items": bool(self.watch_items) or every}
 
