@@ -19,6 +19,13 @@ path with a check that can fail:
   mixed engines   GPU engines beside --cpu-engines 2 on an uneven loop: busy
                   times within 10%
   scaling         1, 2, 4 engines on one GPU vs the serial cell
+  distributed     %%gpu_distributed (issue 31) in a kernel that used CUDA: a DDP
+                  model trained with nccl, one rank per GPU, comes back to the
+                  notebook on the CPU with the serial run's weights; then two
+                  ranks on one GPU (--per-gpu 2): nccl is tried (NCCL refuses
+                  two ranks of a communicator on one device, "Duplicate GPU
+                  detected": accepted, said in the figure) and gloo on CUDA
+                  tensors must give the serial weights
 
 Prints a table (path, check, figure, status) and writes OUTDIR/gpu_proof.json and
 OUTDIR/gpu_proof.md (rewritten after every check, so a run cut short keeps what
@@ -1240,6 +1247,119 @@ def check_scaling(r: Result) -> Result:
     return r.judge(problems)
 
 
+# ---- 8. one torch.distributed job across the engines (%%gpu_distributed) -----------
+
+DIST_SETUP = """\
+import copy
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+X, Y = torch.randn(384, 32), torch.randn(384, 1)
+loader = DataLoader(TensorDataset(X, Y), batch_size={batch})
+"""
+
+#: the single-GPU training cell; on the ranks the same text (gpucell.ddp and
+#: gpucell.shard pass through in the kernel, which has no process group)
+DIST_TRAIN = """\
+model = gpucell.ddp(copy.deepcopy(net).cuda())
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+history = []
+for epoch in range(3):
+    for xb, yb in gpucell.shard(loader):
+        xb, yb = xb.cuda(), yb.cuda()
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+        history.append(loss.item())
+"""
+
+#: two ranks on one GPU with nccl: NCCL refuses one communicator with two ranks
+#: on the same device ("Duplicate GPU detected"), so this may fail by design
+DIST_NCCL_PAIR = """\
+import torch.distributed as dist
+t = torch.ones(1, device="cuda") * (dist.get_rank() + 1)
+dist.all_reduce(t)
+"""
+
+
+def _train_distributed(
+    ip: Any, world: int, line: str, label: str, problems: list[str]
+) -> str:
+    """The training cell serially in the kernel (on its own GPU: the kernel
+    uses CUDA before the distributed cell) and under ``%%gpu_distributed``;
+    the model back in the notebook must be the serial one (CPU tensors)."""
+    import torch
+
+    _kernel(ip, "import gpucell\n" + DIST_SETUP.format(batch=8 * world))
+    _kernel(ip, DIST_TRAIN)
+    serial = {k: v.detach().cpu() for k, v in ip.user_ns["model"].state_dict().items()}
+    ip.user_ns["model"] = None
+    t0 = time.perf_counter()
+    ip.run_cell_magic(
+        "gpu_distributed", f"--quiet --out model,history@all {line}", DIST_TRAIN
+    )
+    wall = time.perf_counter() - t0
+    rec = _last_run()
+    model = ip.user_ns["model"]
+    for k, v in model.state_dict().items():
+        if v.device.type != "cpu":
+            problems.append(f"{label}: {k} came back on {v.device}, not the CPU")
+        elif not torch.allclose(v, serial[k], rtol=1e-4, atol=1e-5):
+            err = float((v - serial[k]).abs().max())
+            problems.append(f"{label}: {k} differs from serial (max {err:.2e})")
+    if len(ip.user_ns["history"]) != world:
+        problems.append(f"{label}: history@all has {len(ip.user_ns['history'])} ranks")
+    formed = f", group {rec.formed_seconds:.1f} s" if rec.formed else ""
+    return f"{label} ({rec.backend}, {world} ranks) = serial, {wall:.1f} s{formed}"
+
+
+def check_distributed(r: Result) -> Result:
+    """Issue 31 on GPUs: nccl with one rank per GPU; then two ranks on one GPU
+    (``--per-gpu 2``): nccl there is tried and its refusal accepted (NCCL
+    allows one rank per device in a communicator), and gloo on CUDA tensors
+    must train to the serial weights."""
+    from gpucell.errors import RankFailed
+
+    ip = _shell()
+    gpus = _gpus()
+    problems: list[str] = []
+    figures: list[str] = []
+    with _scratch(ip):
+        with _cluster(gpucell_start()) as gc:
+            _on_all(gc, _warm_cuda)
+            world = len(gc.ids)
+            figures.append(_train_distributed(ip, world, "", "1 rank/GPU", problems))
+            if _last_run().backend != "nccl":
+                problems.append(f"GPU engines ran {_last_run().backend}, not nccl")
+        with _cluster(gpucell_start(gpus=[gpus[0].index], per_gpu=2)) as gc:
+            _on_all(gc, _warm_cuda)
+            try:
+                ip.run_cell_magic(
+                    "gpu_distributed",
+                    "--quiet --backend nccl --timeout 60 --out t",
+                    DIST_NCCL_PAIR,
+                )
+                if float(ip.user_ns["t"][0]) != 3.0:
+                    problems.append(f"nccl pair: all_reduce gave {ip.user_ns['t']}")
+                figures.append("nccl 2 ranks/GPU ran")
+            except RankFailed as e:
+                text = str(e).lower()  # (torch words it per version)
+                dup = any(w in text for w in ("duplicate gpu", "invalid usage"))
+                r.details["nccl_pair_error"] = str(e)[:2000]
+                if not dup:
+                    problems.append(f"nccl pair failed: {_short(e)}")
+                figures.append("nccl 2 ranks/GPU refused by NCCL (duplicate GPU)")
+            figures.append(
+                _train_distributed(ip, 2, "--backend gloo", "2 ranks/GPU", problems)
+            )
+    r.details["figures"] = figures
+    r.figure = "; ".join(figures)
+    return r.judge(problems)
+
+
 # ---- running ------------------------------------------------------------------------
 
 CHECKS: tuple[Check, ...] = (
@@ -1262,6 +1382,11 @@ CHECKS: tuple[Check, ...] = (
         check_mixed_engines,
     ),
     Check("scaling", "1, 2, 4 engines on one GPU vs the serial cell", check_scaling),
+    Check(
+        "distributed",
+        "%%gpu_distributed: nccl 1 rank/GPU, 2/GPU (gloo; nccl tried) = serial",
+        check_distributed,
+    ),
 )
 BY_PATH = {c.path: c for c in CHECKS}
 

@@ -292,6 +292,45 @@ def test_an_exception_on_rank_1_stops_rank_0_and_names_it(ip, private_cluster, c
     assert ip.user_ns["result"] == 0
 
 
+def test_a_rank_failing_mid_epoch_names_it_and_changes_nothing(ip, private_cluster):
+    """DDP training where rank 1 raises in the second epoch, between steps:
+    rank 0 (in DDP's all_reduce) stops, the error names rank 1 and its line,
+    the notebook's names are as before the cell, and the next cell trains on a
+    re-formed group to the serial weights."""
+    import re
+
+    failing = TRAIN.replace(
+        "        history.append(loss.item())\n",
+        "        history.append(loss.item())\n"
+        "        if epoch == 1 and len(history) == 6 "
+        "and torch.distributed.get_rank() == 1:\n"
+        "            raise RuntimeError('bad batch on rank 1')\n",
+    )
+    ip.run_cell("import gpucell")
+    ip.run_cell(SETUP)
+    ip.run_cell(TRAIN)  # the serial reference
+    serial = {k: v.clone() for k, v in ip.user_ns["model"].state_dict().items()}
+    ip.user_ns["model"] = ip.user_ns["history"] = "untouched"
+    host = private_cluster.engines[private_cluster.ids[1]].host
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed) as err:
+        ip.run_cell_magic("gpu_distributed", "--quiet --out model,history", failing)
+    assert time.monotonic() - t0 < 20  # not the collective timeout
+    msg = str(err.value)
+    assert (
+        f"rank 1 (engine {private_cluster.ids[1]} on {host}) raised RuntimeError" in msg
+    )
+    assert re.search(r"at line \d+: `raise RuntimeError\('bad batch on rank 1'\)`", msg)
+    assert "RuntimeError: bad batch on rank 1" in msg
+    assert "The other ranks: rank 0 " in msg
+    assert "Nothing in the notebook changed" in msg
+    assert ip.user_ns["model"] == "untouched" and ip.user_ns["history"] == "untouched"
+    assert gpucell.last_run.status == "error"
+    ip.run_cell_magic("gpu_distributed", "--out model", TRAIN)
+    for k, v in ip.user_ns["model"].state_dict().items():
+        torch.testing.assert_close(v, serial[k], rtol=1e-5, atol=1e-6)
+
+
 def test_a_rank_busy_outside_any_collective_is_interrupted(ip, private_cluster):
     """Rank 0 computes (no collective to fail) when rank 1 raises: the kernel
     interrupts it, and the cell ends within seconds."""

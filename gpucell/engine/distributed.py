@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import io
 import linecache
 import os
@@ -53,6 +54,7 @@ class _Group:
     backend: str
     timeout: float
     broken: str | None = None  # why it cannot be used any more
+    sockets: frozenset[str] = frozenset()  # gloo's, made by init_process_group
 
 
 _GROUP: _Group | None = None
@@ -155,6 +157,7 @@ def join(spec: dict[str, Any]) -> dict[str, Any]:
         if backend == "nccl":
             os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
     timeout = datetime.timedelta(seconds=float(spec["timeout"]))
+    before = _socket_inodes()
     dist.init_process_group(
         backend, rank=spec["rank"], world_size=spec["world"], timeout=timeout
     )
@@ -165,6 +168,7 @@ def join(spec: dict[str, Any]) -> dict[str, Any]:
         world=spec["world"],
         backend=backend,
         timeout=float(spec["timeout"]),
+        sockets=_socket_inodes() - before if backend == "gloo" else frozenset(),
     )
     rewrapped = _rewrap(namespace(spec["owner"])) if spec.get("rewrap") else []
     return {
@@ -225,6 +229,7 @@ def _abort(why: str) -> None:
     global _GROUP
     if _GROUP is not None:
         _GROUP.broken = why
+        _cut(_GROUP.sockets)
     dist = _dist()
     if dist is None or not dist.is_initialized():
         return
@@ -239,6 +244,39 @@ def _abort(why: str) -> None:
     if dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def _socket_inodes() -> frozenset[str]:
+    """This process's sockets (``socket:[inode]``, as /proc/self/fd shows)."""
+    out = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{fd}")
+                if link.startswith("socket:"):
+                    out.add(link)
+    return frozenset(out)
+
+
+def _cut(sockets: frozenset[str]) -> None:
+    """Half-close (``SHUT_WR``) the group's gloo connections, so every peer
+    waiting on this rank fails at once.  Aborting or destroying a gloo group
+    closes nothing while a DistributedDataParallel model still holds it (a
+    peer would wait for the whole --timeout, deaf to SIGINT); a full shutdown
+    would make this process's gloo thread read EOF and abort the engine."""
+    if not sockets:
+        return
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") not in sockets:
+                    continue
+                s = socket.socket(fileno=os.dup(int(fd)))
+            except (OSError, ValueError):
+                continue
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_WR)
+            s.close()
 
 
 def state(owner: str) -> dict[str, Any] | None:
@@ -348,7 +386,8 @@ def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
     ``task``: owner, epoch, code (the cell's AST, CUDA selections already
     rewritten on CPU engines), filename, source (for tracebacks), device (bind
     the device names the rewrite uses), timeout, show ("0" or "all"), out
-    (names this rank sends back), cwd (the kernel's working directory).
+    (names this rank sends back), cwd (the kernel's working directory),
+    imports (``{name: module}``: the modules the cell reads, imported here).
     ``frames``: the notebook's names this rank lacks, as
     :func:`gpucell.protocol.wire.dumps` made them.
     """
@@ -368,9 +407,7 @@ def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
         from gpucell.engine.runtime import device
 
         dev = device() if "torch" in sys.modules or task.get("device") else None
-        if frames:
-            cuda_to = dev if dev is not None and dev.type == "cuda" else None
-            ns.update(wire.loads(frames, cuda_to=cuda_to, cell_globals=ns))
+        _load_inputs(ns, task, frames, dev)
         if task.get("device"):
             from gpucell.engine.chunk import as_device
 
@@ -419,6 +456,18 @@ def run(task: dict[str, Any], frames: list[Any]) -> list[Any]:
             f"back ({type(e).__name__}: {e})"
         )
         return wire.dumps({"report": report, "values": {}})
+
+
+def _load_inputs(
+    ns: dict[str, Any], task: dict[str, Any], frames: list[Any], dev: Any
+) -> None:
+    """The notebook's names into the rank's namespace: modules imported here
+    by name, values from their frames (CUDA tensors onto this rank's GPU)."""
+    for name, module in task.get("imports", {}).items():
+        ns[name] = importlib.import_module(module)
+    if frames:
+        cuda_to = dev if dev is not None and dev.type == "cuda" else None
+        ns.update(wire.loads(frames, cuda_to=cuda_to, cell_globals=ns))
 
 
 def _plain(value: Any) -> Any:

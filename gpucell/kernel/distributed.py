@@ -52,6 +52,7 @@ from gpucell.kernel.distributed_inputs import (
     Synced,
     for_cpu,
     inputs_of,
+    modules_of,
     names_read,
     rank_frames,
 )
@@ -156,6 +157,7 @@ class _Cell:
     synced: Synced
     wanted: dict[int, list[str]]
     payloads: dict[int, list[Any]]
+    imports: dict[str, str]  # modules the cell reads: {name: module}, by name
 
 
 def run_distributed(
@@ -205,7 +207,7 @@ def _prepare(
     """Parse the cell, choose its ranks, serialise what each lacks; raises
     (a syntax error, no engine, a name that cannot travel) before anything ran."""
     from gpucell.cluster.lifecycle import current
-    from gpucell.kernel.execute import CellRequest, select_targets
+    from gpucell.kernel.request import CellRequest, select_targets
 
     ns = shell.user_ns
     src = "# %%gpu_distributed\n" + shell.transform_cell(cell)
@@ -232,6 +234,8 @@ def _prepare(
         n for n, v in getattr(shell, "user_ns_hidden", {}).items() if ns.get(n) is v
     }
     names = inputs_of(tree, ns, hidden)
+    imports = modules_of(names, ns)
+    names = [n for n in names if n not in imports]
     procs = {e: (gc.engines[e].host, gc.engines[e].pid) for e in order}
     synced = _STATE.synced
     if _STATE.group is not None and _STATE.group.cluster is not gc:
@@ -250,6 +254,7 @@ def _prepare(
         synced=synced,
         wanted=wanted,
         payloads=rank_frames(wanted, ns),  # refuses what cannot travel
+        imports=imports,
     )
 
 
@@ -296,6 +301,7 @@ def _start_ranks(c: _Cell, g: Group, req: DistRequest) -> list[Rank]:
             "show": req.ranks,
             "out": out_of[r],
             "cwd": os.getcwd(),
+            "imports": c.imports,
         }
         ar = c.gc.view(eid).apply_async(run, task, c.payloads[eid])
         ranks.append(Rank(r, eid, ar))

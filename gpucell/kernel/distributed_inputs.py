@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Synced", "for_cpu", "inputs_of", "names_read", "rank_frames"]
+__all__ = [
+    "Synced",
+    "for_cpu",
+    "inputs_of",
+    "modules_of",
+    "names_read",
+    "rank_frames",
+]
 
 
 # -- which names the cell reads ----------------------------------------------------
@@ -100,6 +107,23 @@ def inputs_of(tree: ast.Module, ns: dict[str, Any], hidden: Iterable[str]) -> li
                 seen.add(n)
                 want.append(n)
     return [n for n in want if not (n.startswith("__") and n.endswith("__"))]
+
+
+def modules_of(names: Iterable[str], ns: dict[str, Any]) -> dict[str, str]:
+    """``{name: module name}`` for the names bound to an importable module:
+    a rank imports those itself (a module is not data; the ``gpucell``
+    package, a ``ModuleType`` subclass, cannot be pickled by reference)."""
+    import sys
+    import types
+
+    out = {}
+    for n in names:
+        value = ns.get(n)
+        if isinstance(value, types.ModuleType):
+            name = getattr(value, "__name__", None)
+            if isinstance(name, str) and sys.modules.get(name) is value:
+                out[n] = name
+    return out
 
 
 # -- what each rank's namespace holds of the notebook's ------------------------------
