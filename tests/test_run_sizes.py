@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "gpucell"
 MODULES = [
     "core/run_events.py",
+    "core/run_errors.py",
     "core/run_report.py",
     "core/run_state.py",
     "core/schedule.py",

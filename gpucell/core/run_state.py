@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucell.core import run_errors as errors
 from gpucell.core.provenance import iteration_seconds
 from gpucell.core.run_events import (
     Blame,
@@ -60,11 +61,7 @@ from gpucell.core.schedule import Schedule
 from gpucell.core.schedule_fields import Chunk
 from gpucell.core.states import CANCELLED, DONE, FAILED, LOST, RUNNING, RunStatus
 from gpucell.errors import (
-    CellTimeout,
     ClusterError,
-    ClusterStopped,
-    EnginesLost,
-    IterationError,
 )
 from gpucell.protocol.conversation import Timing
 
@@ -198,7 +195,7 @@ class RunState:
             eid = c.engine
             assert eid is not None
             if c.attempt > self.retries:
-                return [Fail(_lost_too_often(c))]
+                return [Fail(errors.lost_too_often(c))]
             # a chunk queued behind another waits on the engine, and an engine's
             # first chunk also loads the program and inputs (and the imports they
             # need): neither round trip says what dispatching a chunk costs
@@ -228,7 +225,7 @@ class RunState:
         if timing.get("first", c.start) != c.start:
             # a reply matched to the wrong chunk would merge its values at the
             # wrong iterations: the cell fails, nothing merged
-            return [Fail(_misplaced(c, timing))]
+            return [Fail(errors.misplaced(c, timing))]
         if ev.status == "error":
             if ev.payload.get("oom"):
                 retry = self._retry_out_of_memory(c, ev.payload, ev.free_memory)
@@ -246,14 +243,7 @@ class RunState:
         self.sched.end(c.id, FAILED)
         return [
             Record(c, None, FAILED),
-            Fail(
-                _quiet(
-                    IterationError(
-                        f"gpucell: engine {c.engine} failed running iterations "
-                        f"{c.start}-{c.stop - 1}: {ev.text}"
-                    )
-                )
-            ),
+            Fail(errors.task_raised(c, ev.text)),
         ]
 
     def _finished(
@@ -350,16 +340,8 @@ class RunState:
             )
         )
         if not self.sched.alive:
-            ranges = ", ".join(f"{a}-{b - 1}" for a, b in self.sched.pending_ranges())
-            out.append(
-                FailUnlessRestarting(
-                    EnginesLost(
-                        f"Every engine died; iterations {ranges} never completed. "
-                        "Nothing was merged. Restart the cluster (`%gpu_cluster "
-                        "stop` then `start`)."
-                    )
-                )
-            )
+            ranges = self.sched.pending_ranges()
+            out.append(FailUnlessRestarting(errors.every_engine_died(ranges)))
         return out
 
     def _killer(self, lost: list[Chunk], eid: int) -> list[Instruction]:
@@ -374,7 +356,7 @@ class RunState:
             if before:
                 return [
                     Blame(f"iteration {c.start} ended its engines"),
-                    Fail(_a_killer(c.start, before[0], eid)),
+                    Fail(errors.a_killer(c.start, before[0], eid)),
                 ]
         return []
 
@@ -446,21 +428,13 @@ class RunState:
     def _stop(self, ev: Stop) -> list[Instruction]:
         """The stop button or the timeout: cancel, nothing merged."""
         done, n = self.sched.done_iterations, self.n
-        error: BaseException
         if ev.reason == "timeout":
             self.status = "timeout"
-            error = CellTimeout(
-                f"%%gpu_parallel --timeout {ev.timeout:g} s reached after {done} "
-                f"of {n} iterations; outstanding work was cancelled and nothing "
-                "was merged."
-            )
+            error = errors.timed_out(ev.timeout, done, n)
         else:
             self.status = "interrupted"
-            error = KeyboardInterrupt(
-                f"gpucell: interrupted after {done} of {n} iterations; engines "
-                "stopped their work, nothing was merged"
-            )
-        return [Cancel(), Finish(self.status), Fail(_quiet(error))]
+            error = errors.interrupted(done, n)
+        return [Cancel(), Finish(self.status), Fail(error)]
 
     def _failed(self, ev: Failed) -> list[Instruction]:
         self.status = "error"
@@ -481,12 +455,7 @@ class RunState:
     def _stopping(self, ev: Stopping) -> list[Instruction]:
         forgotten: list[Instruction] = [Forget(k, lost=False) for k in self.flights]
         self.flights.clear()  # the cluster's tasks went with it
-        error = ClusterStopped(
-            "%%gpu_parallel: the cluster was stopped while the cell ran "
-            f"(after {self.sched.done_iterations} of {self.n} iterations): "
-            "nothing was merged. Start a cluster and run the cell again "
-            "(`--resume` runs only the iterations that did not finish)."
-        )
+        error = errors.cluster_stopped(self.sched.done_iterations, self.n)
         return [*forgotten, Fail(error)]
 
     def _completed(self, ev: Completed) -> list[Instruction]:
@@ -515,13 +484,6 @@ _HANDLERS: dict[type, str] = {
 }
 
 
-def _quiet(error: BaseException) -> BaseException:
-    """``error`` shown without the exception it was raised while handling
-    (``raise ... from None``): the dispatcher's own control flow."""
-    error.__suppress_context__ = True
-    return error
-
-
 def _most_free(engines: list[int], free: Mapping[int, float]) -> int:
     """The engine whose device has the most free memory, else the first."""
     best, most = engines[0], -1.0
@@ -530,34 +492,6 @@ def _most_free(engines: list[int], free: Mapping[int, float]) -> int:
         if f is not None and f > most:
             best, most = eid, float(f)
     return best
-
-
-def _lost_too_often(c: Chunk) -> EnginesLost:
-    return EnginesLost(
-        f"Iterations {c.start}-{c.stop - 1} were lost {c.attempt} times "
-        "(the engines running them died). Nothing was merged. If an "
-        "iteration kills its engine (out of memory, a crash), fix it, or "
-        "raise --retries."
-    )
-
-
-def _misplaced(c: Chunk, timing: Timing) -> ClusterError:
-    return ClusterError(
-        f"gpucell: engine {c.engine} answered for iterations from "
-        f"{timing['first']} where iterations {c.start}-{c.stop - 1} "
-        "were sent; nothing was merged. Please report this."
-    )
-
-
-def _a_killer(iteration: int, first: int, then: int) -> EnginesLost:
-    return EnginesLost(
-        f"iteration {iteration} ended engine {first} and then engine "
-        f"{then}: it is not retried again (it would end the next one). "
-        "Nothing was merged; the chunks that finished are kept, so "
-        "`%%gpu_parallel --resume` runs only the rest once it is "
-        "fixed. Run that iteration alone (serially) to see why: out of "
-        "memory, a crash in a library, os._exit..."
-    )
 
 
 def trial_costs(timing: Timing, done: int) -> list[float] | None:
