@@ -230,3 +230,60 @@ def test_big_containers_of_plain_values_are_data_and_odd_subclasses_are_not():
     ns = _ns(k=Odd(3), many=[object()] * 20_000)
     assert generators(LOOP.format("k + i"), {}, ns) == ALL
     assert generators(LOOP.format("many[i]"), {}, ns) == ALL
+
+
+def _run_chunk_on_this_engine(cell: str, names: list[str], inputs, reseed):
+    """``worker.run`` in this process (the engine's code, no cluster), with
+    ``--seed 1`` and ``reseed`` as the kernel decided."""
+    from gpucell.core.analysis.driver import analyse
+    from gpucell.engine import worker
+    from gpucell.protocol import wire
+
+    setup = {
+        "program": analyse(cell, known_names=names).engine_program(),
+        "names": list(inputs),
+        "keys": {n: None for n in inputs},
+        "watch": {"names": [], "items": False},
+        "warnings": [],
+        "logging": None,
+        "state": {},
+        "cache_bytes": None,
+        "cwd": "",
+    }
+    kernel = "seed-test-kernel"
+    chunk = wire.dumps(("range", range(4)))
+    try:
+        frames = worker.run(
+            "c",
+            chunk,
+            0,
+            0,
+            1,
+            setup,
+            wire.dumps(inputs),
+            None,
+            None,
+            kernel,
+            False,
+            reseed,
+        )
+        return wire.loads(frames)
+    finally:
+        worker.clear(kernel)
+
+
+def test_a_draw_from_a_generator_left_unseeded_fails_the_chunk_loudly():
+    """The safety net under the decision: were it ever wrong, the engines see
+    a generator they did not reseed change and fail the run (nothing merged)
+    rather than return numbers that differ from the serial seeded ones."""
+    cell = "out = []\nfor i in range(4):\n    out.append(random.random())\n"
+    inputs = {"random": random}
+    status, payload, _ = _run_chunk_on_this_engine(
+        cell, ["out", "random"], inputs, ("numpy",)
+    )
+    assert status == "error" and "did not reseed" in payload["message"]
+    assert "`random`" in payload["message"]
+    status, payload, _ = _run_chunk_on_this_engine(
+        cell, ["out", "random"], inputs, ("random",)
+    )
+    assert status == "ok"

@@ -99,9 +99,17 @@ class Envelope:
             self.behind = writebehind.start(task.results_to, self.tag)
             if self.behind is not None:
                 self.to_host.sink = self.behind.add
-        # without --seed, which process-wide generators the chunk drew from
+        # which process-wide generators the chunk drew from: without --seed
+        # every one (the kernel warns); with it, those not reseeded (the loop
+        # was found unable to reach them: a draw would be a gpucell bug)
         if task.seed is None:
             self._rng_before = runtime.generator_states()
+        elif task.reseed is not None:
+            self._rng_before = {
+                k: v
+                for k, v in runtime.generator_states().items()
+                if k not in task.reseed
+            }
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         if kind is not None and issubclass(kind, KeyboardInterrupt):
@@ -134,7 +142,7 @@ class Envelope:
             yield logged
 
     def drew(self) -> list[str]:
-        """The generators whose state the chunk changed (none when seeded)."""
+        """The generators watched whose state the chunk changed."""
         return _drew(self._rng_before)
 
     def check_out(self, result: ChunkResult) -> list[tuple[str, str]]:

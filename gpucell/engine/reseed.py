@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["GENERATORS", "seeder"]
+__all__ = ["GENERATORS", "seeder", "unreseeded_draw"]
 
 #: what ``--seed`` knows how to reseed (``gpucell.core.seeding.ALL``)
 GENERATORS = frozenset({"random", "numpy", "torch"})
@@ -116,3 +116,16 @@ def seeder(seed: int, generators: Iterable[str] | None = None) -> Callable[[int]
             step(x)
 
     return seed_all
+
+
+def unreseeded_draw(drew: list[str]) -> RuntimeError:
+    """The chunk drew from generators the kernel found the loop cannot reach,
+    so they were not reseeded: its numbers would not be the serial seeded
+    ones.  Failing the run (nothing merged) keeps that from passing silently."""
+    names = ", ".join(f"`{d}`" for d in drew)
+    return RuntimeError(
+        f"gpucell: --seed: the loop drew from {names}'s global generator, which "
+        "gpucell did not expect it to reach and so did not reseed: its numbers "
+        "would differ from the serial ones. Nothing was merged. Please report "
+        "this loop; meanwhile seed that generator at the top of the loop body."
+    )

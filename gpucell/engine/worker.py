@@ -28,7 +28,7 @@ from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.envelope import Envelope
 from gpucell.engine.failure import error_payload, mark_unsendable, release_cuda_cache
 from gpucell.engine.feedback import ShmHandBack, median_iteration
-from gpucell.engine.reseed import seeder
+from gpucell.engine.reseed import seeder, unreseeded_draw
 from gpucell.engine.runtime import collect
 from gpucell.engine.sessions import (
     Session,
@@ -299,6 +299,8 @@ def _iterations(
             )
         result.logs = logged.records
         drew = env.drew()
+        if task.seed is not None and drew:
+            raise unreseeded_draw(drew)
         changed = env.check_out(result)
         if changed:
             for name, _what in changed:
