@@ -59,7 +59,7 @@ def connect_to(
     check_request(profile, cluster_id, file, ssh, ssh_key)
     timeout = timeout if timeout is not None else _config.settings().connect_timeout
     t0 = time.perf_counter()
-    client = _client(profile, cluster_id, file, ssh, ssh_key, timeout)
+    client, url_file = _client(profile, cluster_id, file, ssh, ssh_key, timeout)
     try:
         try:
             client.wait_for_engines(min_engines, timeout=timeout, interactive=False)
@@ -89,12 +89,37 @@ def connect_to(
         _channel=channel,
     )
     gc.description = f"{len(engines)} engines ({summary(engines)})"
+    gc.watched_pid = _local_controller_pid(client, url_file)
     preimport(client, ids)
     if echo:
         echo(f"gpucell: connected to {gc.description} in {elapsed:.1f} s")
         for w in gc.warnings:
             echo(f"gpucell: warning: {w}")
     return gc
+
+
+def _local_controller_pid(client: ipp.Client, url_file: str | None) -> int | None:
+    """The controller's pid when it runs on this host and its cluster file is
+    beside the connection file (a cluster another kernel here started): a dead
+    owner's controller is then noticed at once instead of hanging the next
+    request (``%gpu_cluster status`` waited for ever)."""
+    import json
+    import re
+    import socket
+
+    cfg = getattr(client, "_config", None) or {}
+    if cfg.get("location") != socket.gethostname() or not url_file:
+        return None
+    m = re.fullmatch(r"ipcontroller-(.+)-client\.json", os.path.basename(url_file))
+    if not m:
+        return None
+    cluster_file = os.path.join(os.path.dirname(url_file), f"cluster-{m[1]}.json")
+    try:
+        with open(cluster_file) as f:
+            pid = json.load(f)["controller"]["state"]["pid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
 
 
 def _client(
@@ -104,8 +129,9 @@ def _client(
     ssh: str | None,
     ssh_key: str | None,
     timeout: float,
-) -> ipp.Client:
-    """ipyparallel's client of the cluster named, or a ClusterError saying why not."""
+) -> tuple[ipp.Client, str | None]:
+    """ipyparallel's client of the cluster named, and its connection file (when
+    known), or a ClusterError saying why not."""
     kw: dict[str, Any] = {"timeout": timeout}
     args: list[Any] = []
     if file:
@@ -122,6 +148,10 @@ def _client(
             cluster_id = profiles.running_cluster_id(kw["profile_dir"], profile)
     if cluster_id:
         kw["cluster_id"] = cluster_id
+    url_file = args[0] if args else None
+    if url_file is None and "profile_dir" in kw:
+        name = f"ipcontroller-{cluster_id}-client.json" if cluster_id else ""
+        url_file = os.path.join(kw["profile_dir"], "security", name) if name else None
     if ssh:
         kw["sshserver"] = ssh
         if ssh_key:
@@ -130,7 +160,7 @@ def _client(
 
     try:
         with _tunnels_survive_hangup(bool(ssh)):
-            return ipp.Client(*args, **kw)
+            return ipp.Client(*args, **kw), url_file
     except Exception as e:
         if ssh and _is_ssh_failure(e):
             raise ClusterError(_ssh_advice(ssh, ssh_key, e)) from e

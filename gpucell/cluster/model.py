@@ -52,6 +52,9 @@ class GpuCluster:
     # the kernel's shared-memory channel (shm.Channel), opened before the engines
     # were described so each could say whether it sees it (EngineInfo.shm)
     _channel: Any = field(default=None, repr=False)
+    # the controller's pid when it runs on this host but another kernel started
+    # it (connect): watched so a dead owner's cluster fails at once, not hangs
+    watched_pid: int | None = None
 
     def results_channel(self) -> Any:
         """Where engines on this host put big results (``None``: nowhere, or off)."""
@@ -71,14 +74,16 @@ class GpuCluster:
 
     @property
     def controller_pid(self) -> int | None:
-        """The controller's pid when this kernel started it (on this host)."""
-        ctl = getattr(self.cluster, "controller", None) if self.owned else None
-        pid = getattr(ctl, "pid", None)
+        """The controller's pid on this host: started by this kernel, or watched
+        (``watched_pid``) when another kernel of this host started it."""
+        if not self.owned:
+            return self.watched_pid
+        pid = getattr(getattr(self.cluster, "controller", None), "pid", None)
         return pid if isinstance(pid, int) and pid > 0 else None
 
     def controller_alive(self) -> bool:
-        """False once the controller this kernel started has exited (one /proc
-        read).  A controller elsewhere is not watched here."""
+        """False once the controller (this kernel's, or a watched one of this
+        host) has exited (one /proc read).  One elsewhere is not watched here."""
         from gpucell.devices.host import pid_running
 
         pid = self.controller_pid
@@ -90,11 +95,16 @@ class GpuCluster:
         if not self.controller_alive():
             from gpucell.errors import ControllerLost
 
+            again = (
+                "`%gpu_cluster stop` then `%gpu_cluster start` starts a new cluster"
+                if self.owned
+                else "the kernel that started it is likely gone too: "
+                "`%gpu_cluster stop` leaves it, then start or connect to another"
+            )
             raise ControllerLost(
                 f"the cluster's controller (pid {self.controller_pid}) is gone, so "
-                "no engine can be reached. `%gpu_cluster stop` then "
-                "`%gpu_cluster start` starts a new cluster (a cell's finished "
-                "chunks are kept: `%%gpu_parallel --resume`)."
+                f"no engine can be reached. {again} (a cell's finished chunks are "
+                "kept: `%%gpu_parallel --resume`)."
             )
 
     @property

@@ -6,23 +6,44 @@ Through ipyparallel's own engine sets (``Cluster.start_engines``), with the
 dead engine's spec (device, environment, CPU affinity), a new engine is launched;
 the kernel notices it registering, describes it, and hands it to whoever asks
 (the running cell's scheduling, ``%gpu_cluster status``).  Never blocking: each
-:meth:`Restarts.step` does what is ready and returns.  Attempts are bounded,
-with a growing pause between them.
+:meth:`Restarts.step` does what is ready and returns.
+
+Restarts converge:
+- a new engine is matched to the restart of the device it describes itself as
+  (its label), never to whichever restart looks first: two engines restarted at
+  the same moment are two engines, and an engine no restart wants (a late one of
+  an attempt given up) is shut down, not left running unused;
+- each device has a budget over time: its engine restarted ``BUDGET`` times
+  within ``BUDGET_WINDOW`` seconds and dead again is not restarted any more (an
+  engine that dies a few seconds after every start would be restarted without
+  bound);
+- a launch whose process exits is a failed attempt at once (not after the start
+  timeout), and every way a restart ends unsuccessfully is said at once, through
+  ``Restarts.echo``, as well as kept in the cluster's warnings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_ATTEMPTS", "Restart", "Restarts"]
+__all__ = ["BUDGET", "BUDGET_WINDOW", "MAX_ATTEMPTS", "Restart", "Restarts"]
 
 #: launches per dead engine before gpucell gives up on its device
 MAX_ATTEMPTS = 3
 #: seconds before the first attempt; doubled after each failed one
 BACKOFF = 0.5
+#: restarts of one device within BUDGET_WINDOW seconds; dead once more, it stays dead
+BUDGET = 3
+BUDGET_WINDOW = 120.0
+
+
+def _say(text: str) -> None:
+    print(f"gpucell: {text}", flush=True)
 
 
 @dataclass
@@ -35,30 +56,63 @@ class Restart:
     attempt: int = 0
     next_at: float = 0.0
     deadline: float = 0.0
-    known: frozenset[int] = frozenset()  # engine ids registered before the launch
     launched: bool = False
+    engine_set: str = ""  # ipyparallel's engine set of the current attempt
     new_id: int | None = None
-    describing: Any = None  # the describe task of the new engine
+    info: Any = None  # the new engine's EngineInfo, once it described itself
     gave_up: str | None = None
 
 
 @dataclass
 class Restarts:
-    """The restarts under way for one cluster (``GpuCluster.restarts``)."""
+    """The restarts under way for one cluster (``GpuCluster.restarts``), and
+    what the cluster remembers of its devices' deaths."""
 
     pending: list[Restart] = field(default_factory=list)
+    # device label -> when its engine died (time.monotonic), within the window
+    deaths: dict[str, list[float]] = field(default_factory=dict)
+    # devices whose engine is not restarted any more, and why
+    retired: dict[str, str] = field(default_factory=dict)
+    # engines registered but not yet matched to a restart -> their describe task
+    arrivals: dict[int, Any] = field(default_factory=dict)
+    # engines that died: the controller lists them until their heart is missed
+    gone: set[int] = field(default_factory=set)
+    # where an unsuccessful end is said at once (the cell's output, in a kernel)
+    echo: Callable[[str], None] = _say
+
+    def restarting(self, eid: int) -> bool:
+        """Whether engine ``eid`` is dead and being restarted now."""
+        return any(r.dead == eid for r in self.pending)
 
     def begin(self, gc: Any, eid: int) -> Restart | None:
-        """Start bringing engine ``eid`` back, if this kernel started it."""
+        """Start bringing engine ``eid`` back, if this kernel started it and its
+        device is within its restart budget."""
         info = gc.engines.get(eid)
         spec = _spec_for(gc, info)
-        if spec is None or gc.stopping or any(r.dead == eid for r in self.pending):
+        self.gone.add(eid)
+        if spec is None or gc.stopping or self.restarting(eid):
+            return None
+        if spec.label in self.retired:
+            return None
+        now = time.monotonic()
+        times = [t for t in self.deaths.get(spec.label, []) if now - t < BUDGET_WINDOW]
+        times.append(now)
+        self.deaths[spec.label] = times
+        if len(times) > BUDGET:
+            why = (
+                f"engine {eid} ({spec.label}) died {len(times)} times within "
+                f"{BUDGET_WINDOW:.0f} s of being started; gpucell stops restarting "
+                "it and the cluster goes on without it (its log is in "
+                f"{_log_dir(gc)}; `%gpu_cluster stop` then `start` tries again)"
+            )
+            self.retired[spec.label] = why
+            self._tell(gc, why)
             return None
         r = Restart(
             label=spec.label,
             dead=eid,
             restarts=getattr(info, "restarts", 0),
-            next_at=time.monotonic() + BACKOFF,
+            next_at=now + BACKOFF,
         )
         self.pending.append(r)
         return r
@@ -66,6 +120,8 @@ class Restarts:
     def step(self, gc: Any) -> list[tuple[Restart, Any]]:
         """Advance every restart; the ``(restart, EngineInfo)`` of each engine
         that is back now (already in ``gc.engines``)."""
+        if self.pending or self.arrivals:
+            self._match_arrivals(gc)
         back = []
         for r in list(self.pending):
             try:
@@ -78,67 +134,143 @@ class Restarts:
                 back.append((r, info))
             elif r.gave_up is not None:
                 self.pending.remove(r)
-                gc.warnings.append(r.gave_up)
+                if not gc.stopping:
+                    self._tell(gc, r.gave_up)
         return back
 
-    def _step(self, gc: Any, r: Restart) -> Any:
-        from gpucell import config
-        from gpucell.cluster import engines
+    def _tell(self, gc: Any, text: str) -> None:
+        gc.warnings.append(text)
+        with contextlib.suppress(Exception):
+            self.echo(text)
 
+    def _step(self, gc: Any, r: Restart) -> Any:
         now = time.monotonic()
         if gc.stopping:
             r.gave_up = "the cluster stopped"
             return None
         if not r.launched:
-            if now < r.next_at:
-                return None
-            spec = _spec_for(gc, gc.engines.get(r.dead))
-            if spec is None:
-                r.gave_up = f"no spec for engine {r.dead}"
-                return None
-            r.known = frozenset(gc.client.ids) | frozenset(gc.engines)
-            r.attempt += 1
-            gc.cluster.start_engines_sync(
-                1,
-                engine_set_id=f"{spec.label}-r{r.restarts + 1}-{r.attempt}",
-                environment=engines.engine_env(spec),
-                engine_args=list(gc.engine_args),
+            if now >= r.next_at:
+                self._launch(gc, r, now)
+            return None
+        if r.info is not None:
+            return self._join(gc, r)
+        if r.new_id is None and (why := _exited(gc, r.engine_set)) is not None:
+            self._failed(gc, r, why)
+        elif now > r.deadline:
+            self._failed(gc, r, "it did not register and describe itself in time")
+        return None
+
+    def _launch(self, gc: Any, r: Restart, now: float) -> None:
+        from gpucell import config
+        from gpucell.cluster import engines
+
+        spec = _spec_for(gc, gc.engines.get(r.dead))
+        if spec is None:
+            r.gave_up = f"engine {r.dead} ({r.label}) has no spec to restart it from"
+            return
+        r.attempt += 1
+        r.engine_set = f"{spec.label}-r{r.restarts + 1}-{r.attempt}"
+        gc.cluster.start_engines_sync(
+            1,
+            engine_set_id=r.engine_set,
+            environment=engines.engine_env(spec),
+            engine_args=list(gc.engine_args),
+        )
+        r.launched = True
+        r.deadline = now + config.settings().start_timeout
+
+    def _match_arrivals(self, gc: Any) -> None:
+        """Describe every newly registered engine once, and hand each to the
+        restart of the device it says it is (its label)."""
+        from gpucell.cluster import engines
+
+        claimed = {r.new_id for r in self.pending if r.new_id is not None}
+        known = set(gc.engines) | claimed | self.gone
+        for eid in sorted(set(gc.client.ids) - known):
+            if eid not in self.arrivals:
+                self.arrivals[eid] = engines.describe_async(gc, eid)
+        for eid, task in list(self.arrivals.items()):
+            if not task.ready():
+                continue
+            del self.arrivals[eid]
+            try:
+                (d,) = task.get(timeout=0)
+            except Exception:
+                continue  # it died while describing itself: gone already
+            r = next(
+                (
+                    r
+                    for r in self.pending
+                    if r.label == d.get("label") and r.launched and r.new_id is None
+                ),
+                None,
             )
-            timeout = config.settings().start_timeout
-            r.launched, r.deadline = True, now + timeout
-            return None
-        if r.new_id is None:
-            fresh = sorted(set(gc.client.ids) - r.known)
-            if fresh:
-                r.new_id = fresh[0]
-                r.describing = engines.describe_async(gc, r.new_id)
-            elif now > r.deadline:
-                self._failed(gc, r, "it did not register in time")
-            return None
-        if not r.describing.ready():
-            if now > r.deadline:
-                self._failed(gc, r, "it did not answer in time")
-            return None
-        (d,) = r.describing.get(timeout=0)
-        info = engines.info_from(r.new_id, d)
-        info = dataclasses.replace(info, restarts=r.restarts + 1)
+            if r is None:  # a late engine of an attempt given up: not wanted
+                self.gone.add(eid)
+                self._shut_down(gc, eid)
+                continue
+            r.new_id = eid
+            r.info = dataclasses.replace(
+                engines.info_from(eid, d), restarts=r.restarts + 1
+            )
+
+    def _join(self, gc: Any, r: Restart) -> Any:
+        """The new engine takes the dead one's place (id, selection, caches)."""
+        from gpucell.cluster import engines
+
+        assert r.new_id is not None
         gc.engines.pop(r.dead, None)
         gc.input_cache.pop(r.dead, None)
-        gc.engines[r.new_id] = info
+        gc.engines[r.new_id] = r.info
         if gc.selected is not None and r.dead in gc.selected:
             gc.selected = tuple(r.new_id if e == r.dead else e for e in gc.selected)
         engines.preimport(gc.client, [r.new_id])
-        return info
+        return r.info
 
     def _failed(self, gc: Any, r: Restart, why: str) -> None:
+        if r.engine_set:  # nothing of a failed attempt may register later
+            with contextlib.suppress(Exception):
+                gc.cluster.stop_engines_sync(engine_set_id=r.engine_set)
+        if r.new_id is not None:
+            self._shut_down(gc, r.new_id)
         if r.attempt >= MAX_ATTEMPTS:
             r.gave_up = (
                 f"engine {r.dead} ({r.label}) could not be restarted after "
                 f"{r.attempt} attempts ({why}); the cluster goes on without it"
             )
             return
-        r.launched, r.new_id, r.describing = False, None, None
+        r.launched, r.new_id, r.info = False, None, None
         r.next_at = time.monotonic() + BACKOFF * 2**r.attempt
+
+    def _shut_down(self, gc: Any, eid: int) -> None:
+        self.gone.add(eid)
+        with contextlib.suppress(Exception):
+            gc.client.shutdown(targets=[eid], block=False)
+
+
+def _exited(gc: Any, engine_set: str) -> str | None:
+    """Why the launched engine of ``engine_set`` is gone (its process exited,
+    with the last line it wrote), or ``None`` while it runs.  Read from its
+    pid: the launcher's own state changes only when ipyparallel's event loop
+    runs, which nothing does between cells."""
+    from gpucell.devices.host import pid_running
+
+    es = getattr(gc.cluster, "engines", {}).get(engine_set)
+    launchers = list(getattr(es, "launchers", {}).values()) if es else []
+    pids = [getattr(x, "pid", None) for x in launchers]
+    if not pids or any(not isinstance(p, int) or pid_running(p) for p in pids):
+        return None
+    try:
+        lines = [x for x in launchers[0].get_output().splitlines() if x.strip()]
+    except Exception:
+        lines = []
+    errors = [x for x in lines if "rror" in x]  # Python's own last words first
+    tail = (errors or lines or ["no output"])[-1].strip()[:200]
+    return f"its process exited: {tail}"
+
+
+def _log_dir(gc: Any) -> str:
+    return f"{getattr(gc.cluster, 'profile_dir', '?')}/log"
 
 
 def _spec_for(gc: Any, info: Any) -> Any:
