@@ -4299,3 +4299,218 @@ for v in upto():
     limit = 5
 """,
 )
+
+
+# ------------------------------------------- own items changed in the loop's text
+# (issue 28 §3: each iteration changes only its own item; the kernel writes
+# the new state back into its own object, in place, in iteration order)
+
+case(
+    "own-accounts-interest",
+    "safe",
+    """
+accounts = [{"id": 1, "balance": 100.0}, {"id": 2, "balance": 250.5},
+            {"id": 3, "balance": 0.0}]
+by_id = {a["id"]: a for a in accounts}
+""",
+    """
+for acct in accounts:
+    acct["balance"] *= 1.05
+    acct["tier"] = "gold" if acct["balance"] > 200 else "basic"
+""",
+    note="by_id names the same dicts: it sees the change, as serially",
+)
+
+case(
+    "own-queues-reversed",
+    "safe",
+    """
+queues = [[1, 2, 3], ["a", "b"], [], [[0], [1]]]
+inner = queues[3][0]
+""",
+    """
+for q in queues:
+    q.reverse()
+    q.append(len(q))
+still_there = any(x is inner for x in queues[3])
+""",
+    note="an element moved by reverse() keeps its identity",
+)
+
+case(
+    "own-images-clipped-out",
+    "safe",
+    """
+import numpy as np
+_r = np.random.default_rng(3)
+frames = [_r.normal(size=(3, 4)) for _ in range(5)]
+""",
+    """
+for img in frames:
+    np.clip(img, -0.5, 0.5, out=img)
+    img *= 2
+""",
+)
+
+case(
+    "own-series-fillna-inplace",
+    "safe",
+    """
+import numpy as np
+import pandas as pd
+cols = [pd.Series([1.0, np.nan, 3.0]), pd.Series([np.nan, np.nan]), pd.Series([5.0])]
+""",
+    """
+for s in cols:
+    s.fillna(s.mean() if s.notna().any() else 0.0, inplace=True)
+""",
+)
+
+case(
+    "own-records-dataclass-score",
+    "safe",
+    """
+from dataclasses import dataclass, field
+@dataclass
+class Doc:
+    text: str
+    tags: list = field(default_factory=list)
+docs = [Doc("a b c"), Doc("hello"), Doc("x y")]
+""",
+    """
+for d in docs:
+    d.n_words = len(d.text.split())
+    d.tags = d.tags + ["short" if d.n_words < 3 else "long"]
+""",
+)
+
+case(
+    "own-configs-setdefault",
+    "safe",
+    """
+configs = {"small": {"lr": 0.01}, "big": {"layers": 4}, "tiny": {}}
+""",
+    """
+for name, cfg in configs.items():
+    cfg.setdefault("lr", 0.1)
+    cfg["name"] = name.upper()
+""",
+)
+
+case(
+    "own-torch-weights-clamped",
+    "safe",
+    """
+import torch
+torch.manual_seed(2)
+weights = [torch.randn(3, 2) * 3 for _ in range(4)]
+""",
+    """
+for w in weights:
+    w.clamp_(-1.0, 1.0)
+""",
+)
+
+case(
+    "own-torch-layers-zero-bias",
+    "safe",
+    """
+import torch
+from torch import nn
+torch.manual_seed(4)
+layers = [nn.Linear(3, 2) for _ in range(3)]
+""",
+    """
+for layer in layers:
+    nn.init.zeros_(layer.bias)
+    layer.tag = "zeroed"
+""",
+)
+
+case(
+    "own-matrix-rows-standardised",
+    "safe",
+    """
+import numpy as np
+G = np.arange(1.0, 21.0).reshape(5, 4) ** 1.5
+""",
+    """
+for r in G:
+    r -= r.mean()
+    r /= r.std()
+""",
+    note="each row, a view of G, changed in place: G changes as serially",
+)
+
+case(
+    "own-same-dict-repeated",
+    "unsafe",
+    """
+tallies = [{}] * 3
+""",
+    """
+for t in tallies:
+    t["n"] = t.get("n", 0) + 1
+""",
+    note="one dict three times: serially n is 3",
+)
+
+case(
+    "own-item-also-a-global-read",
+    "unsafe",
+    """
+rows2 = [{"v": 1}, {"v": 2}, {"v": 3}]
+head = rows2[0]
+""",
+    """
+seen = []
+for r in rows2:
+    r["v"] *= 10
+    seen.append(head["v"])
+""",
+    note="head is the first item: serially later iterations see it changed",
+)
+
+case(
+    "own-rows-read-whole-matrix",
+    "unsafe",
+    """
+import numpy as np
+Q = np.arange(1.0, 13.0).reshape(4, 3)
+""",
+    """
+for q in Q:
+    q /= Q.sum()
+""",
+    note="the body reads Q, which earlier iterations changed",
+)
+
+case(
+    "own-nested-shared-child",
+    "unsafe",
+    """
+log = []
+jobs = [{"name": "a", "log": log}, {"name": "b", "log": log}]
+""",
+    """
+for job in jobs:
+    job["log"].append(job["name"])
+    job["n"] = len(job["log"])
+""",
+    note="both items hold one list: serially n is 1 then 2",
+)
+
+case(
+    "own-overlapping-windows",
+    "unsafe",
+    """
+import numpy as np
+base = np.arange(10.0)
+wins = [base[0:6], base[4:10]]
+""",
+    """
+for w in wins:
+    w += w.sum()
+""",
+    note="the windows share base[4:6]",
+)

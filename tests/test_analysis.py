@@ -552,13 +552,32 @@ def test_iterating_over_mutated_container_refused() -> None:
     assert ("out", "iterable-mutated", 1) in r
 
 
-def test_in_place_change_of_loop_item_refused() -> None:
-    r = refusals("for row in data:\n    row += 1\n")
-    assert ("row", "outer-mutation", 2) in r
-    r = refusals("for row in data:\n    row.append(0)\n")
-    assert ("row", "outer-mutation", 2) in r
+def test_in_place_change_of_loop_item_written_back() -> None:
+    """The loop variable's own item changed in place is accepted, the engines
+    watching the items (their new state written back, or the run fails
+    unmerged); the same change through any other name is refused."""
+    for body, line in [
+        ("row += 1", 2),
+        ("row.append(0)", 2),
+        ("row['t'] = row['a'] + 1", 2),
+        ("row.x = 1", 2),
+        ("del row['a']", 2),
+        ("np.clip(row, 0, 1, out=row)", 2),
+    ]:
+        p = plan(f"for row in data:\n    {body}\n")
+        assert p.ok and line in p.watch_items, body
+    p = plan("for k, lst in groups.items():\n    lst.sort()\n")
+    assert p.ok and p.watch_items == (2,)
+    # an alias of an element, a rebound loop variable, a comprehension's
+    # variable: not surely the iteration's own item
     r = refusals("for i in range(n):\n    r = data[i]\n    r[0] = 1\n")
     assert ("r", "outer-mutation", 3) in r
+    r = refusals("for row in data:\n    row = template\n    row[0] = 1\n")
+    assert ("row", "outer-mutation", 3) in r
+    r = refusals("for row in data:\n    [x.append(1) for x in row]\n")
+    assert ("x", "outer-mutation", 2) in r
+    r = refusals("for row in data:\n    for cell in row:\n        cell.v = 1\n")
+    assert ("cell", "outer-mutation", 3) in r
 
 
 def test_range_loop_target_can_be_rebound() -> None:

@@ -86,7 +86,11 @@ def test_fitting_the_items_of_an_input_list_writes_them_back(nb):
 
 
 def test_an_item_that_cannot_be_written_back_fails_naming_its_line(nb):
-    nb.run_cell("rows = [[1], [2], [3]]\ndef grow(r):\n    r.append(0)\n    return r")
+    # (a list's own elements can be written back; one changed in place
+    # inside it cannot: the kernel's element might be shared)
+    nb.run_cell(
+        "rows = [[[1]], [[2]], [[3]]]\ndef grow(r):\n    r[0].append(0)\n    return r"
+    )
     _fails_atomically(
         nb,
         "n = []\nfor r in rows:\n    n.append(len(grow(r)))\n",

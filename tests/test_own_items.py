@@ -227,17 +227,32 @@ def test_a_scaler_fitted_per_item_and_zip(ip, cluster):
             "attribute `log`, which",
         ),
         (
-            "def grow(xs):\n    xs.append(0)\n    return xs\nlists = [[1], [2], [3]]\n",
-            "out = []\nfor xs in lists:\n    out.append(len(grow(xs)))\n",
+            "d = {}\nrows = [d, d]\n",
+            "seen = []\nfor i, row in enumerate(rows):\n    if i == 0:\n"
+            "        row['x'] = 1\n    seen.append(row.get('x'))\n",
+            NotParallelizable,
+            "are one object",
+        ),
+        (
+            "inner = []\nlists = [[inner, 1], [inner, 2]]\n",
+            "for xs in lists:\n    xs[0].append(xs[1])\n",
             InputChanged,
-            "a list, changed in place",
+            "changed in place; only elements replaced",
+        ),
+        (
+            "base = np.arange(12.0)\nlists = [base[:6], base[6:]]\nother = base[3:9]\n",
+            "out = []\nfor a in lists:\n    a *= 2\n    out.append(other.sum())\n",
+            NotParallelizable,
+            "shares its memory",
         ),
     ],
     ids=[
         "items are one object",
         "an input holds an item",
         "a shared attribute",
-        "a list item",
+        "one dict twice, changed by the first only",
+        "nested lists sharing a child",
+        "a view of a changed item in another input",
     ],
 )
 def test_what_cannot_be_written_back_fails_atomically(
@@ -273,3 +288,53 @@ def test_an_attribute_rebound_from_a_shared_value_is_written_back(ip, cluster):
 
     serial, par = _both(ip, setup, cell, probe)
     assert par == serial == ([[0, 0], [0, 1], [0, 2], [0, 3]], [0])
+
+
+def test_containers_arrays_and_flags_written_back_in_place(ip, cluster):
+    """Dicts, lists (elements keep their identity), arrays (a view's base
+    sees it), torch tensors' requires_grad and a module's own attribute."""
+    setup = (
+        "rows = [{'a': i, 'keep': [i]} for i in range(4)]\n"
+        "alias = rows[2]\n"
+        "kept = rows[1]['keep']\n"
+        "lists = [[[3], [1], [2]], [[9], [7]]]\n"
+        "moved = lists[0][0]\n"
+        "P = np.arange(1.0, 13.0).reshape(4, 3)\n"
+        "nets = [nn.Linear(2, 2) for _ in range(3)]\n"
+    )
+    cell = (
+        "for row in rows:\n    row['total'] = row['a'] * 2\n    del row['a']\n"
+        "for xs in lists:\n    xs.sort()\n"
+        "for r in P:\n    r /= r.sum()\n"
+        "for net in nets:\n    net.requires_grad_(False)\n    net.note = 'frozen'\n"
+    )
+    # (only the last loop is parallel: the others run in its prelude)
+    cell_par = cell.split("for net in nets")[0]
+
+    def probe(ns):
+        return (
+            ns["rows"],
+            ns["alias"] is ns["rows"][2],
+            ns["kept"] is ns["rows"][1]["keep"],
+            any(x is ns["moved"] for x in ns["lists"][0]),
+            ns["lists"],
+            ns["P"].round(12).tolist(),
+        )
+
+    for loop in cell_par.split("for ")[1:]:
+        serial, par = _both(ip, setup, "for " + loop, probe)
+        assert par == serial
+
+    def flags(ns):
+        return [([p.requires_grad for p in n.parameters()], n.note) for n in ns["nets"]]
+
+    loop = "for net in nets:\n    net.requires_grad_(False)\n    net.note = 'frozen'\n"
+    serial, par = _both(ip, setup, loop, flags)
+    assert par == serial == [([False, False], "frozen")] * 3
+
+
+def test_a_list_item_grown_by_a_function_is_written_back(ip, cluster):
+    setup = "def grow(xs):\n    xs.append(0)\n    return xs\nlists = [[1], [2], [3]]\n"
+    cell = "out = []\nfor xs in lists:\n    out.append(len(grow(xs)))\n"
+    serial, par = _both(ip, setup, cell, lambda ns: (ns["lists"], ns["out"]))
+    assert par == serial == ([[1, 0], [2, 0], [3, 0]], [2, 2, 2])

@@ -132,11 +132,6 @@ KNOWN: dict[str, str] = {
         "changes an object in place; `balances` exists before the loop, and "
         "each engine would change only its own copy, so the cha..."
     ),
-    "np-normalise-rows-in-place-item": (
-        "false refusal (own item changed in the loop's text): line 3: `row /= "
-        "...` on an alias changes an object in place; `row` refers to an "
-        "element of the loop's data or to an object that exists before the l..."
-    ),
     "np-argmin-running-best": (
         "false refusal (running argmin/argmax (by design)): line 5: `best_d` is"
         " read here before the iteration assigns it, so it would see the value "
@@ -205,71 +200,9 @@ KNOWN: dict[str, str] = {
     "edge-identity-through-index": (
         "SILENT (documented exception with a visible effect): people; flagged"
     ),
-    "edge-dict-items-mutated": (
-        "false refusal (own item changed in the loop's text): line 3: "
-        "`row['total'] = ...` changes an object in place; `row` refers to an "
-        "element of the loop's data or to an object that exists before the "
-        "loop,..."
-    ),
-    "edge-records-title-names": (
-        "false refusal (own item changed in the loop's text): line 3: "
-        "`user['name'] = ...` changes an object in place; `user` refers to an "
-        "element of the loop's data or to an object that exists before the "
-        "loop..."
-    ),
-    "edge-group-lists-sorted-in-place": (
-        "false refusal (own item changed in the loop's text): line 3: "
-        "`lst.sort(...)` changes an object in place; `lst` refers to an element"
-        " of the loop's data or to an object that exists before the loop, and "
-        "..."
-    ),
-    "edge-list-rows-first-upper": (
-        "false refusal (own item changed in the loop's text): line 3: `row[0] ="
-        " ...` changes an object in place; `row` refers to an element of the "
-        "loop's data or to an object that exists before the loop, and e..."
-    ),
-    "edge-numpy-items-in-place": (
-        "false refusal (own item changed in the loop's text): line 3: `a[:] = "
-        "...` changes an object in place; `a` refers to an element of the "
-        "loop's data or to an object that exists before the loop, and each ..."
-    ),
-    "edge-frames-new-column": (
-        "false refusal (own item changed in the loop's text): line 3: `df['x2']"
-        " = ...` changes an object in place; `df` refers to an element of the "
-        "loop's data or to an object that exists before the loop, and ..."
-    ),
-    "edge-torch-items-mul-inplace": (
-        "false refusal (own item changed in the loop's text): line 3: "
-        "`t.mul_(...)` changes an object in place; `t` refers to an element of "
-        "the loop's data or to an object that exists before the loop, and "
-        "each..."
-    ),
-    "edge-torch-items-freeze": (
-        "false refusal (own item changed in the loop's text): line 3: "
-        "`bb.requires_grad_(...)` changes an object in place; `bb` refers to an"
-        " element of the loop's data or to an object that exists before the "
-        "lo..."
-    ),
-    "edge-torch-item-custom-attr": (
-        "false refusal (own item changed in the loop's text): line 4: "
-        "`net.val_loss = ...` (attribute assignment) changes an object in "
-        "place; `net` refers to an element of the loop's data or to an object "
-        "that ..."
-    ),
-    "edge-torch-params-of-outer-model": (
-        "false refusal (own item changed in the loop's text): line 4: "
-        "`p.mul_(...)` changes an object in place; `p` refers to an element of "
-        "the loop's data or to an object that exists before the loop, and "
-        "each..."
-    ),
     "edge-pil-thumbnail-items": (
         "false refusal (own item changed, fails at run time): TypeError: cannot"
         " pickle 'ImagingCore' object"
-    ),
-    "edge-slots-items": (
-        "false refusal (own item changed in the loop's text): line 3: `p.x += "
-        "...` (attribute assignment) changes an object in place; `p` refers to "
-        "an element of the loop's data or to an object that exists bef..."
     ),
     "edge-normalise-view-via-helper": (
         "false refusal (own item changed, fails at run time): ValueError: "

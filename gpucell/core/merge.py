@@ -351,7 +351,7 @@ def prepare(
                 "gpucell: the loop changed its own items, and this merge cannot "
                 "reach the kernel's items to write them back. Nothing was merged."
             )
-        targets = writeback.resolve(own, item_of, inputs or {})
+        targets = writeback.resolve(own, item_of, inputs or {}, up.iterations)
         up.mutations.append(
             Mutation(
                 "(own items)",

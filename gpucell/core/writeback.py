@@ -17,6 +17,8 @@ shared with another item or an input.  torch is recognised, never imported.
 
 from __future__ import annotations
 
+import bisect
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +54,7 @@ def _children(value: Any) -> Iterator[Any]:
         items: Any = value
     elif isinstance(value, dict):
         items = value.values()
-    elif not isinstance(value, type) and isinstance(
+    elif not isinstance(value, (type, types.ModuleType)) and isinstance(
         getattr(value, "__dict__", None), dict
     ):
         items = vars(value).values()
@@ -66,7 +68,9 @@ def _children(value: Any) -> Iterator[Any]:
 
 def _mutable(v: Any) -> bool:
     return not isinstance(
-        v, (type(None), bool, int, float, complex, str, bytes, range, tuple, type)
+        v,
+        (type(None), bool, int, float, complex, str, bytes, range, tuple, type)
+        + (types.ModuleType, types.FunctionType, types.BuiltinFunctionType),
     )
 
 
@@ -74,28 +78,76 @@ def resolve(
     updates: Sequence[Update],
     item_of: Callable[[int], Any],
     inputs: Mapping[str, Any],
+    count: int | None = None,
 ) -> list[Target]:
     """The kernel's objects the updates go to, checked; raises
-    ``NotParallelizable`` (nothing written) where a serial run could differ."""
+    ``NotParallelizable`` (nothing written) where a serial run could differ.
+    ``count``: the loop's iterations, whose every item is looked at (an item
+    no iteration changed may still be, or hold, or share memory with, one
+    that another iteration changed)."""
     targets: list[Target] = []
     owner: dict[int, int] = {}
+    at: set[tuple[int, tuple[int, ...]]] = set()
     for iteration, path, update in sorted(updates, key=lambda u: (u[0], u[1])):
+        at.add((iteration, tuple(path)))
         obj = item_of(iteration)
         for j in path:
             obj = obj[j]
         other = owner.setdefault(id(obj), iteration)
         if other != iteration:
-            raise NotParallelizable(
-                f"gpucell: the items of iterations {other} and {iteration} are one "
-                f"object (a {type(obj).__name__}) and the loop changes it: serially "
-                "the second iteration would see the first one's change, each engine "
-                "changed its own copy. Nothing was merged. Make the items distinct "
-                "objects (`[make() for _ in range(n)]`, not `[m] * n`)."
-            )
+            _one_object(other, iteration, obj)
+        update = _as_slots(obj, update)
         _check_shape(obj, update, iteration)
         targets.append(Target(iteration, obj, update))
-    _check_reach(targets, inputs)
+    changed = {id(t.obj): t for t in targets}
+    others: list[tuple[str, Any]] = []
+    for i in range(count or 0):
+        for path, leaf in _leaves(item_of(i)):
+            if (i, path) in at:
+                continue  # (the changed leaf itself, a view made anew maybe)
+            hit = changed.get(id(leaf))
+            if hit is not None and hit.iteration != i:
+                _one_object(min(i, hit.iteration), max(i, hit.iteration), leaf)
+            if hit is None:
+                others.append((f"the item of iteration {i}", leaf))
+    _check_reach(targets, inputs, others)
+    _check_memory(targets, inputs, others)
     return targets
+
+
+def _as_slots(obj: Any, update: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An object with ``__slots__`` whose engine copy had a ``__dict__`` (a
+    notebook class rebuilt by cloudpickle keeps no slots): its attributes are
+    set as slots, where they all are some."""
+    if update[0] != "attrs" or isinstance(getattr(obj, "__dict__", None), dict):
+        return update
+    slots: set[str] = set()
+    for cls in type(obj).__mro__:
+        names = vars(cls).get("__slots__", ())
+        slots |= {names} if isinstance(names, str) else set(names)
+    if set(update[1]) | set(update[2]) <= slots:
+        return ("slots", *update[1:])
+    return update
+
+
+def _leaves(item: Any, depth: int = 0) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """An item's parts as ``engine/checkout`` splits it (a tuple, 2 levels)."""
+    if type(item) is tuple and depth < 2:
+        for j, x in enumerate(item):
+            for path, leaf in _leaves(x, depth + 1):
+                yield (j, *path), leaf
+    else:
+        yield (), item
+
+
+def _one_object(first: int, second: int, obj: Any) -> None:
+    raise NotParallelizable(
+        f"gpucell: the items of iterations {first} and {second} are one "
+        f"object (a {type(obj).__name__}) and the loop changes it: serially "
+        "the second iteration would see the first one's change, each engine "
+        "changed its own copy. Nothing was merged. Make the items distinct "
+        "objects (`[make() for _ in range(n)]`, not `[m] * n`)."
+    )
 
 
 def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
@@ -119,6 +171,27 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
     elif kind == "tensor":
         if tuple(obj.shape) != tuple(update[1].shape) or obj.dtype != update[1].dtype:
             problem = "its shape or dtype changed"
+    elif kind == "array":
+        new = update[1]
+        if type(obj).__name__ != "ndarray" or obj.shape != new.shape:
+            problem = "its shape changed, or it is not the array the engine had"
+        elif obj.dtype != new.dtype:
+            problem = "its dtype changed"
+        elif not obj.flags.writeable:
+            problem = "the kernel's array is read-only"
+    elif kind in ("dict", "list"):
+        if kind == "dict" and not (
+            isinstance(obj, dict) and list(obj.keys()) == update[1]
+        ):
+            problem = "its keys are not the ones the engine's copy had"
+        elif kind == "list" and not (isinstance(obj, list) and len(obj) == update[1]):
+            problem = "its length is not the engine copy's"
+    elif kind == "frame":
+        if type(obj) is not type(update[1]) or not hasattr(obj, "_update_inplace"):
+            problem = "it is not the frame the engine had"
+    elif kind == "slots":
+        if isinstance(getattr(obj, "__dict__", None), dict):
+            problem = "it is not the object the engine had"
     elif not isinstance(getattr(obj, "__dict__", None), dict):
         problem = "it has no attributes to set"
     if problem:
@@ -130,8 +203,59 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
         )
 
 
-def _check_reach(targets: list[Target], inputs: Mapping[str, Any]) -> None:
-    """No input and no other item may hold a changed item, nor a mutable
+#: objects looked at (through containers and attributes) when checking who
+#: holds a changed item, at most: past it the check refuses, never guesses
+_REACH_MAX = 2_000_000
+
+
+def _reachable(value: Any, budget: list[int], depth: int = 3) -> Iterator[Any]:
+    """``value`` and what it holds, ``depth`` levels down (elements, dict
+    values, instance attributes); arrays, tensors and frames are leaves."""
+    yield value
+    if depth <= 0 or not _mutable(value):
+        return
+    for x in _children(value):
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise NotParallelizable(
+                "gpucell: the loop changed its own items, and the objects the "
+                "loop reads are too many to check that none of them holds an "
+                "item (a serial run would see the change through it). Nothing "
+                "was merged. Run the cell serially."
+            )
+        if _mutable(x):
+            yield from _reachable(x, budget, depth - 1)
+
+
+def _attrs_old(t: Target) -> dict[str, Any]:
+    """A changed object's attributes as the kernel holds them (before)."""
+    kind = t.update[0]
+    if kind == "attrs":
+        return dict(vars(t.obj))
+    if kind == "slots":
+        return {n: getattr(t.obj, n) for n in t.update[1] if hasattr(t.obj, n)}
+    if kind == "module":
+        return {
+            n: getattr(t.obj, n) for n in t.update[1]["attrs"][0] if n in vars(t.obj)
+        }
+    return {}
+
+
+def _inplace(t: Target) -> list[str]:
+    kind = t.update[0]
+    if kind in ("attrs", "slots"):
+        return list(t.update[3])
+    if kind == "module":
+        return list(t.update[1]["attrs"][2])
+    return []
+
+
+def _check_reach(
+    targets: list[Target],
+    inputs: Mapping[str, Any],
+    others: Sequence[tuple[str, Any]] = (),
+) -> None:
+    """No input and no other item may be or hold a changed item, nor a mutable
     attribute the iteration replaced (serially other iterations would see the
     change through it)."""
     changed = {id(t.obj): t for t in targets}
@@ -139,28 +263,37 @@ def _check_reach(targets: list[Target], inputs: Mapping[str, Any]) -> None:
     # the attribute's object, which other holders see; here it is replaced
     replaced: dict[int, tuple[Target, str]] = {}
     for t in targets:
-        if t.update[0] == "attrs":
-            old = vars(t.obj)
-            for n in t.update[3]:
-                if n in old and _mutable(old[n]):
-                    replaced[id(old[n])] = (t, n)
-    # an input may not be or hold one; an item may hold only its own parts
-    looked: list[tuple[str, Any, list[Any]]] = [
-        (f"`{n}`", None, [v, *_children(v)]) for n, v in inputs.items()
+        old = _attrs_old(t)
+        for n in _inplace(t):
+            if n in old and _mutable(old[n]):
+                replaced[id(old[n])] = (t, n)
+    budget = [_REACH_MAX]
+    looked: list[tuple[str, Any, Iterator[Any]]] = [
+        (f"`{n}`", None, _reachable(v, budget)) for n, v in inputs.items()
     ]
-    looked += [(t.label, t.obj, list(_children(t.obj))) for t in targets]
+    looked += [(what, None, _reachable(v, budget)) for what, v in others]
+    looked += [
+        (
+            t.label,
+            t.obj,
+            (y for x in _children(t.obj) for y in _reachable(x, budget, 2)),
+        )
+        for t in targets
+    ]
     for what, holder, seen in looked:
+        first = True
         for x in seen:
             hit = changed.get(id(x))
             if hit is not None and hit.obj is not holder:
                 raise NotParallelizable(
                     f"gpucell: {hit.label} changed in place, and {what} "
-                    f"{'is' if x is seen[0] and holder is None else 'holds'} it: "
+                    f"{'is' if first and holder is None else 'holds'} it: "
                     "serially other "
                     "iterations would see the change through it, each engine "
                     "changed its own copy. Nothing was merged. Give each "
                     "iteration an object nothing else refers to."
                 )
+            first = False
             shared = replaced.get(id(x))
             if shared is not None and shared[0].obj is not holder:
                 t, n = shared
@@ -172,6 +305,74 @@ def _check_reach(targets: list[Target], inputs: Mapping[str, Any]) -> None:
                 )
 
 
+def _span(x: Any) -> tuple[int, int] | None:
+    """The bytes an array or tensor covers in memory, ``[lo, hi)``."""
+    try:
+        if type(x).__name__ == "ndarray" and hasattr(x, "__array_interface__"):
+            face = x.__array_interface__
+            ptr, shape = face["data"][0], x.shape
+            strides, size = x.strides, x.itemsize
+        elif type(x).__name__ in ("Tensor", "Parameter") and hasattr(x, "data_ptr"):
+            if str(x.layout) != "torch.strided":
+                return None
+            ptr, shape = x.data_ptr(), tuple(x.shape)
+            size = x.element_size()
+            strides = tuple(st * size for st in x.stride())
+        else:
+            return None
+    except Exception:
+        return None
+    if any(n == 0 for n in shape):
+        return None
+    lo = ptr + sum(min(0, (n - 1) * st) for n, st in zip(shape, strides, strict=True))
+    hi = ptr + sum(max(0, (n - 1) * st) for n, st in zip(shape, strides, strict=True))
+    return lo, hi + size
+
+
+def _check_memory(
+    targets: list[Target],
+    inputs: Mapping[str, Any],
+    others: Sequence[tuple[str, Any]],
+) -> None:
+    """No other item and no input may share memory with a changed array or
+    tensor (a view of it, or of what it is a view of: ``for row in P`` while
+    the body reads ``P``); serially the change would be seen there."""
+    spans = sorted(
+        ((s, t) for t in targets if (s := _span(t.obj)) is not None),
+        key=lambda st: st[0],
+    )
+    if not spans:
+        return
+    for (a, t), (b, u) in zip(spans, spans[1:], strict=False):
+        if b[0] < a[1]:  # two changed windows overlap
+            _shares(t, u.label)
+    # disjoint and sorted: the first whose end is past a span's start is the
+    # only one that could overlap it first
+    ends = [hi for (_lo, hi), _t in spans]
+    mine = {id(t.obj) for t in targets}
+    budget = [_REACH_MAX]
+    candidates = [(f"`{n}`", v) for n, v in inputs.items()] + list(others)
+    for what, v in candidates:
+        for x in _reachable(v, budget):
+            span = _span(x) if id(x) not in mine else None
+            if span is None:
+                continue
+            j = bisect.bisect_right(ends, span[0])
+            if j < len(spans) and spans[j][0][0] < span[1]:
+                _shares(spans[j][1], what)
+
+
+def _shares(t: Target, what: str) -> None:
+    raise NotParallelizable(
+        f"gpucell: {t.label} changed in place, and {what} "
+        "shares its memory (a view of it, or of the same "
+        "array): serially other iterations would see the "
+        "change there, each engine changed its own copy. "
+        "Nothing was merged. Change a copy (`x = x.copy()`) "
+        "and collect it, or run the cell serially."
+    )
+
+
 def apply(targets: Sequence[Target]) -> None:
     """Write every update into its kernel object, in iteration order."""
     for t in targets:
@@ -181,11 +382,37 @@ def apply(targets: Sequence[Target]) -> None:
         elif kind == "tensor":
             obj.data.copy_(t.update[1])
             _grad(obj, t.update[2])
+            if obj.is_leaf and len(t.update) > 3:
+                obj.requires_grad_(t.update[3])
+        elif kind == "array":
+            obj[...] = t.update[1]
+        elif kind == "frame":
+            obj._update_inplace(t.update[1])
+        elif kind in ("dict", "list"):
+            _container(obj, kind, t.update[2])
+        elif kind == "slots":
+            for n in t.update[2]:
+                if hasattr(obj, n):
+                    delattr(obj, n)
+            for n, v in t.update[1].items():
+                setattr(obj, n, v)
         else:
             state = vars(obj)
             for n in t.update[2]:
                 state.pop(n, None)
             state.update(t.update[1])
+
+
+def _container(obj: Any, kind: str, entries: Sequence[tuple[Any, str, Any]]) -> None:
+    """A dict's or list's new elements: an old one by its position (the
+    kernel's own object, identity kept), or a new value."""
+    old = list(obj.values()) if kind == "dict" else list(obj)
+    values = [old[v] if tag == "old" else v for _k, tag, v in entries]
+    if kind == "dict":
+        obj.clear()
+        obj.update(zip([k for k, _t, _v in entries], values, strict=True))
+    else:
+        obj[:] = values
 
 
 def _grad(p: Any, g: Any) -> None:
@@ -203,6 +430,10 @@ def _module(m: Any, state: Mapping[str, Any]) -> None:
     for n, p in m.named_parameters():
         p.data.copy_(state["params"][n])
         _grad(p, state["grads"][n])
+    for n, p in m.named_parameters():
+        flag = state.get("requires_grad", {}).get(n)
+        if flag is not None and p.is_leaf:
+            p.requires_grad_(flag)
     for n, b in m.named_buffers():
         if b is not None and n in state["buffers"]:
             b.data.copy_(state["buffers"][n])
@@ -210,3 +441,10 @@ def _module(m: Any, state: Mapping[str, Any]) -> None:
     for n, sub in m.named_modules():
         if n in training:
             sub.training = training[n]
+    if "attrs" in state:
+        set_, gone, _inplace = state["attrs"]
+        for n in gone:
+            if n in vars(m):
+                delattr(m, n)
+        for n, v in set_.items():
+            setattr(m, n, v)

@@ -101,7 +101,9 @@ def _tensor(t: Any) -> Hashable:
         where = (t.data_ptr(), tuple(t.shape))
     except Exception:  # sparse and other layouts without one data pointer
         where = (id(t),)
-    return ("tensor", where, t._version, g, str(t.device), str(t.dtype))
+    # requires_grad too: `bb.requires_grad_(False)` bumps no version counter
+    flag = bool(getattr(t, "requires_grad", False))
+    return ("tensor", where, t._version, g, str(t.device), str(t.dtype), flag)
 
 
 def _same(was: Hashable, now: Hashable) -> bool:
@@ -115,9 +117,9 @@ def _same(was: Hashable, now: Hashable) -> bool:
         return False
     if len(was) != len(now):
         return False
-    if was and was[0] == "tensor" and now[0] == "tensor" and len(was) == 6:
+    if was and was[0] == "tensor" and now[0] == "tensor" and len(was) == 7:
         moved = was[4] != now[4]
-        return moved and was[1][1:] == now[1][1:] and was[5] == now[5]
+        return moved and was[1][1:] == now[1][1:] and was[5:] == now[5:]
     return all(_same(a, b) for a, b in zip(was, now, strict=True))
 
 
@@ -126,7 +128,21 @@ def _torch_module(m: Any, budget: _Budget) -> Hashable:
     buffers = tuple((n, _tensor(b)) for n, b in m.named_buffers())
     training = tuple(bool(getattr(s, "training", False)) for s in m.modules())
     budget.items -= len(params) + len(buffers)
-    return ("module", id(m), params, buffers, training)
+    return ("module", id(m), params, buffers, training, module_attributes(m))
+
+
+def module_attributes(m: Any) -> Hashable:
+    """A module's public attributes other than its parameters, buffers and
+    submodules (``net.val_loss = ...``): part of what an iteration can change."""
+    out = []
+    for k, v in vars(m).items():
+        if k.startswith("_") or k == "training":
+            continue
+        if isinstance(v, _IMMUTABLE):
+            out.append((k, ("=", type(v).__name__, v)))
+        else:
+            out.append((k, (id(v), _pickled(v))))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
 
 
 def code_names(code: types.CodeType) -> set[str]:
@@ -262,16 +278,10 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
 
 
 def freeze(chunk_obj: Any) -> None:
-    """Make the arrays a chunk object slices read-only, so the views its items
-    are (rows of an array) reject in-place writes too."""
-    if isinstance(chunk_obj, tuple):
-        for part in chunk_obj:
-            freeze(part)
-    elif is_numpy(chunk_obj) and chunk_obj.flags.writeable:
-        try:
-            chunk_obj.setflags(write=False)
-        except ValueError:
-            pass
+    """Nothing: the items' arrays (rows of an array included) stay writable.
+    An iteration's own item may change (``for row in P: row /= row.sum()``):
+    the items' token hashes every array item's bytes, so a change is seen
+    and written back (``checkout``) or fails the chunk, never lost."""
 
 
 def token(obj: Any) -> Hashable:
@@ -291,7 +301,27 @@ def snapshot(
 
 def _items(items: Callable[[], Any]) -> Hashable:
     budget, seen = _Budget(), set()
-    return ("items", tuple(_token(x, budget, seen) for x in items()))
+    return ("items", tuple(_item_token(x, budget, seen, 0) for x in items()))
+
+
+def _item_token(x: Any, budget: _Budget, seen: set[int], depth: int) -> Hashable:
+    """An item's token, its arrays (and a tuple item's) left writable and
+    hashed whole: the iteration may change them, and a change must show."""
+    if type(x) is tuple and depth < 2:
+        return ("tuple", tuple(_item_token(p, budget, seen, depth + 1) for p in x))
+    if is_numpy(x) and not _is_numpy_scalar(x) and not x.dtype.hasobject:
+        return ("ndarray", x.shape, x.dtype.str, array_digest(x))
+    return _token(x, budget, seen)
+
+
+def array_digest(a: Any) -> str:
+    """A hash of all of an array's bytes (no budget: a change must show)."""
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        h.update(memoryview(a).cast("B"))
+    except (TypeError, ValueError):  # not contiguous: a copy
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def changes(
@@ -340,8 +370,12 @@ def _what(was: Hashable, now: Hashable) -> str:
             return "its buffers changed (running statistics?)"
         if was[4] != now[4]:
             return "its train/eval mode changed"
+        if was[5:] != now[5:]:
+            return "an attribute set on it changed"
     if kind == "tensor":
         assert isinstance(was, tuple) and isinstance(now, tuple)
+        if was[:6] == now[:6] and was[6:] != now[6:]:
+            return "its requires_grad changed"
         if was[:3] == now[:3] and was[3] != now[3]:
             return "its .grad changed (a backward() reached it)"
         return "it was changed in place"

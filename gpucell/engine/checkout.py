@@ -45,11 +45,54 @@ def _kind(obj: Any) -> str:
         return "module"
     if checkin._is_tensor(obj):
         return "tensor"
-    if is_numpy(obj) or isinstance(obj, (list, dict, set, tuple)):
+    if is_numpy(obj):
+        plain = not checkin._is_numpy_scalar(obj) and not obj.dtype.hasobject
+        return "array" if plain else ""
+    t = type(obj)
+    if t.__module__.startswith("pandas") and t.__name__ in ("DataFrame", "Series"):
+        return "frame"
+    if isinstance(obj, dict) and t.__module__ in ("builtins", "collections"):
+        return "dict"
+    if isinstance(obj, list) and t.__module__ == "builtins":
+        return "list"
+    if isinstance(obj, (set, tuple, frozenset)) or t.__module__ == "builtins":
         return ""
-    if hasattr(obj, "__dict__") and type(obj).__module__ != "builtins":
+    if isinstance(getattr(obj, "__dict__", None), dict):
         return "object"
+    if _slot_names(obj):
+        return "slots"
     return ""
+
+
+def _slot_names(obj: Any) -> list[str]:
+    """The ``__slots__`` of an object's classes (a plain object without a
+    ``__dict__``: ``p.x += 1`` on a ``@dataclass(slots=True)``)."""
+    names: list[str] = []
+    for cls in type(obj).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for n in (slots,) if isinstance(slots, str) else slots:
+            if n not in ("__dict__", "__weakref__") and n not in names:
+                names.append(n)
+    return names
+
+
+def _attributes(kind: str, obj: Any) -> dict[str, Any]:
+    """The attributes an iteration can set on an object of this kind."""
+    if kind == "slots":
+        return {n: getattr(obj, n) for n in _slot_names(obj) if hasattr(obj, n)}
+    if kind == "module":  # its own plain attributes (checkin.module_attributes)
+        return {
+            k: v
+            for k, v in vars(obj).items()
+            if not k.startswith("_") and k != "training"
+        }
+    return dict(vars(obj))
+
+
+def _entries(kind: str, obj: Any) -> list[tuple[Any, int, Hashable]]:
+    """A dict's or list's ``(key, id, token)`` for each element, in order."""
+    pairs = obj.items() if kind == "dict" else ((None, v) for v in obj)
+    return [(k, id(v), _attribute(v)) for k, v in pairs]
 
 
 def _parts(
@@ -73,8 +116,17 @@ def _attribute(v: Any) -> Hashable:
 
 
 def _state(kind: str, obj: Any) -> Any:
-    if kind == "object":  # (identity, value): rebound, or changed in place
-        return {k: (id(v), _attribute(v)) for k, v in vars(obj).items()}
+    if kind in ("object", "slots"):  # (identity, value): rebound, or changed in place
+        return {k: (id(v), _attribute(v)) for k, v in _attributes(kind, obj).items()}
+    if kind == "module":
+        attrs = _attributes(kind, obj).items()
+        return (checkin.token(obj), {k: (id(v), _attribute(v)) for k, v in attrs})
+    if kind in ("dict", "list"):
+        return _entries(kind, obj)
+    if kind == "frame":
+        return checkin._pickled(obj)
+    if kind == "array":
+        return (obj.shape, obj.dtype.str, checkin.array_digest(obj))
     return checkin.token(obj)
 
 
@@ -97,6 +149,7 @@ def _module_state(m: Any) -> dict[str, Any]:
         return None if g is None else g.detach()
 
     return {
+        "requires_grad": {n: bool(p.requires_grad) for n, p in m.named_parameters()},
         "params": {n: p.detach() for n, p in m.named_parameters()},
         "grads": {n: grad(p) for n, p in m.named_parameters()},
         "buffers": {n: b.detach() for n, b in m.named_buffers() if b is not None},
@@ -125,32 +178,107 @@ def changes(
             )
             if kind != now_kind or kind == "":
                 cannot.append(f"{where}, a {type(leaf).__name__}, changed in place")
-            elif kind == "module":
-                updates.append((start + k, path, ("module", _module_state(leaf))))
-            elif kind == "tensor":
-                grad = getattr(leaf, "grad", None) if leaf.is_leaf else None
-                value = leaf.detach().clone()
-                updates.append(
-                    (start + k, path, ("tensor", value, None if grad is None else grad))
-                )
+                continue
+            update, why = _update(kind, leaf, then, now)
+            if why:
+                cannot.append(f"{where}, a {type(leaf).__name__}: {why}")
             else:
-                attrs = vars(leaf)
-                set_ = {
-                    n: v
-                    for n, v in attrs.items()
-                    if n not in then or not _same("", then[n], now[n])
-                }
-                gone = [n for n in then if n not in attrs]
-                # an attribute changed in place (not rebound): the kernel's
-                # object there may be shared, and then cannot be replaced
-                inplace = [n for n in set_ if n in then and then[n][0] == now[n][0]]
-                updates.append((start + k, path, ("attrs", set_, gone, inplace)))
+                updates.append((start + k, path, update))
     return updates, cannot
 
 
+def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[tuple[Any, ...], str]:
+    """What to send for one changed leaf, or why it cannot be written back."""
+    if kind == "module":
+        state = _module_state(leaf)
+        state["attrs"] = _attrs_update(then[1], now[1], _attributes(kind, leaf))
+        return ("module", state), ""
+    if kind == "tensor":
+        grad = getattr(leaf, "grad", None) if leaf.is_leaf else None
+        value = leaf.detach().clone()
+        flag = bool(leaf.requires_grad)
+        return ("tensor", value, None if grad is None else grad, flag), ""
+    if kind in ("object", "slots"):
+        attrs = _attrs_update(then, now, _attributes(kind, leaf))
+        return ("attrs" if kind == "object" else "slots", *attrs), ""
+    if kind in ("dict", "list"):
+        return _container_update(kind, leaf, then, now)
+    if kind == "frame":  # a copy: the item itself would travel as a reference
+        return ("frame", leaf.copy(deep=True)), ""
+    return ("array", leaf.copy()), ""
+
+
+def _attrs_update(
+    then: dict[str, Any], now: dict[str, Any], attrs: dict[str, Any]
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(attributes set or changed, deleted, changed in place, not rebound)."""
+    set_ = {
+        n: v
+        for n, v in attrs.items()
+        if n not in then or not _same("", then[n], now[n])
+    }
+    gone = [n for n in then if n not in attrs]
+    # an attribute changed in place (not rebound): the kernel's object there
+    # may be shared, and then cannot be replaced
+    inplace = [n for n in set_ if n in then and then[n][0] == now[n][0]]
+    return set_, gone, inplace
+
+
+def _container_update(
+    kind: str, leaf: Any, then: list[Any], now: list[Any]
+) -> tuple[tuple[Any, ...], str]:
+    """A dict's or list's new elements: each an old one (kept: the kernel's own
+    object goes back in, identity as serially) or a new value.  An old mutable
+    element changed in place, or held by a new value, cannot be: the kernel's
+    object may be shared (``rows[0]['c'] is rows[1]['c']``)."""
+    old = {i: (j, tok) for j, (_k, i, tok) in enumerate(then)}
+    values = list(leaf.values()) if kind == "dict" else list(leaf)
+    out: list[tuple[Any, str, Any]] = []
+    for (key, i, tok), v in zip(now, values, strict=True):
+        if i in old and not isinstance(v, _VALUES):
+            j, was = old[i]
+            if not _same("", was, tok):
+                what = f"`[{key!r}]`" if kind == "dict" else "an element"
+                return (), (
+                    f"{what} (a {type(v).__name__}) changed in place; only "
+                    "elements replaced (`row[k] = new`) can be written back"
+                )
+            out.append((key, "old", j))
+        else:
+            if not isinstance(v, _VALUES) and _holds(v, old):
+                return (), "a new element holds one of its old elements"
+            out.append((key, "new", v))
+    keys = [k for k, _i, _t in then] if kind == "dict" else len(then)
+    return (kind, keys, out), ""
+
+
+def _holds(v: Any, ids: dict[int, Any], depth: int = 0) -> bool:
+    """Whether ``v`` reaches one of ``ids`` through containers (3 levels)."""
+    if id(v) in ids:
+        return True
+    if depth >= 3:
+        return False
+    if isinstance(v, dict):
+        parts: Iterable[Any] = v.values()
+    elif isinstance(v, (list, tuple, set, frozenset)):
+        parts = v
+    elif isinstance(getattr(v, "__dict__", None), dict) and not isinstance(v, type):
+        parts = vars(v).values()
+    else:
+        return False
+    return any(_holds(x, ids, depth + 1) for x in list(parts)[:10_000])
+
+
 def _same(kind: str, was: Any, now: Any) -> bool:
-    if kind == "object":
+    if kind in ("object", "slots"):
         return was.keys() == now.keys() and all(
             checkin._same(was[n], now[n]) for n in was
+        )
+    if kind == "module":
+        return _same("", was[0], now[0]) and _same("object", was[1], now[1])
+    if kind in ("dict", "list"):
+        return len(was) == len(now) and all(
+            a[0] == b[0] and a[1] == b[1] and checkin._same(a[2], b[2])
+            for a, b in zip(was, now, strict=True)
         )
     return bool(checkin._same(was, now))

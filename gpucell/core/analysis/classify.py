@@ -273,6 +273,9 @@ class _Ctx:
         self.watch_items: list[int] = []
         self.watch_all = False
         self.target_names: set[str] = set()
+        # the loop variable's names that hold the iteration's own item (or a
+        # part of it) everywhere in the body: changes to it are written back
+        self.item_names: set[str] = set()
         # write sinks whose every write and read is its own element `S[i]` (i the
         # loop's distinct index): S -> i
         self.own_elements: dict[str, str] = {}
@@ -428,6 +431,13 @@ class _Flow:
         self, node: ast.AST, root: ast.Name, what: str, fix: str = ""
     ) -> None:
         n = root.id
+        if n in self.c.item_names and not self._shadowed(n):
+            # the iteration's own item, changed in place: the engines check
+            # the items and send back each one's new state, which the kernel
+            # writes into its own object in iteration order (writeback.py),
+            # or the run fails unmerged where that could differ from serial
+            self.c.watch_items.append(getattr(node, "lineno", root.lineno))
+            return
         if n in self.c.tainted or self._shadowed(n):
             owner = (
                 f"`{n}` refers to an element of the loop's data or to an object that "
@@ -1898,6 +1908,38 @@ def _is_range(e: ast.AST, is_builtin: Callable[[str], bool]) -> bool:
     )
 
 
+def _rebound(nodes: Iterable[ast.AST]) -> set[str]:
+    """Names the body binds or deletes anywhere (a loop variable rebound is
+    no longer surely the item: `row = template` then `row[k] = v`)."""
+    out: set[str] = set()
+    for node in nodes:
+        # `row /= s`: in place for the arrays and lists it could change, a
+        # new value (never an outer object) for the rest
+        aug = {id(a.target) for a in ast.walk(node) if isinstance(a, ast.AugAssign)}
+        for sub in ast.walk(node):
+            if id(sub) in aug:
+                continue
+            if isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Load):
+                out.add(sub.id)
+            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(sub.name)
+            elif isinstance(sub, ast.arg):
+                out.add(sub.arg)
+            elif isinstance(sub, ast.ExceptHandler) and sub.name:
+                out.add(sub.name)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                out |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+            elif isinstance(sub, (ast.Global, ast.Nonlocal)):
+                out |= set(sub.names)
+            elif isinstance(sub, ast.MatchAs) and sub.name:
+                out.add(sub.name)
+            elif isinstance(sub, ast.MatchStar) and sub.name:
+                out.add(sub.name)
+            elif isinstance(sub, ast.MatchMapping) and sub.rest:
+                out.add(sub.rest)
+    return out
+
+
 def _target_taint(
     target: ast.expr, it: ast.expr, is_builtin: Callable[[str], bool]
 ) -> tuple[set[str], bool]:
@@ -2119,6 +2161,7 @@ def classify_body(
         is_builtin=is_builtin,
     )
     ctx.target_names = {n.id for n in target_names(loop_target)}
+    ctx.item_names = (ctx.target_names & tainted) - _rebound(body)
     ctx.assume_nonempty = assume_nonempty
     ctx.own_elements = own_elements
     ctx.several_writes = several_writes
