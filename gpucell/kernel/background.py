@@ -315,7 +315,7 @@ def refuse_layers(plan: Any) -> None:
 def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> BackgroundRun:
     """Start the run of a cell whose prelude ran and whose loop is ready (see
     ``execute.run_cell``); return once its first chunks are sent."""
-    from gpucell.kernel.execute import Watched
+    from gpucell.kernel.watched import Watched
     from gpucell.ui.progress import has_widget_frontend
 
     shell = tail.shell

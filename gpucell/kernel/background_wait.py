@@ -102,7 +102,7 @@ def settle_through(shell: Any, target: BackgroundRun, why: str) -> None:
 def _settle(shell: Any, bg: BackgroundRun, why: str) -> None:
     """Drive ``bg`` to its end here, then merge it and run the code after its
     loop, or raise its error (a note says which cell it came from)."""
-    from gpucell.kernel.execute import _conclude, run_epilogue
+    from gpucell.kernel.finish import conclude, run_epilogue
 
     bg._stop_driver()  # (a thread that drove it is done with it)
     if bg.state == "running":
@@ -131,7 +131,7 @@ def _settle(shell: Any, bg: BackgroundRun, why: str) -> None:
             raise error
         bg.state = "merging"
         try:
-            _conclude(tail, bg.results or [])
+            conclude(tail, bg.results or [])
         except BaseException as e:
             bg.state = "raised"
             _add_note(e, f"raised merging the background run of cell [{bg.cell}]")
