@@ -54,12 +54,18 @@ def snap(v: Any) -> Any:
             ),
         )
     if isinstance(v, torch.Tensor):
+        def _grad(t: Any) -> Any:
+            # a non-leaf's .grad is None unless retained (reading it only warns)
+            if not (t.is_leaf or t.retains_grad) or t.grad is None:
+                return None
+            return t.grad.detach().clone()
+
         return _Snap(
             "tensor",
             (
                 v.detach().clone(),
                 v.requires_grad,
-                None if v.grad is None else v.grad.detach().clone(),
+                _grad(v),
             ),
         )
     if isinstance(v, torch.optim.Optimizer):
