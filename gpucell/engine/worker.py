@@ -26,7 +26,12 @@ from typing import Any, NamedTuple
 from gpucell.engine import checkin, hostcopy, runtime
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.envelope import Envelope
-from gpucell.engine.failure import error_payload, mark_unsendable, release_cuda_cache
+from gpucell.engine.failure import (
+    describe_oom,
+    error_payload,
+    mark_unsendable,
+    release_cuda_cache,
+)
 from gpucell.engine.feedback import ShmHandBack, median_iteration
 from gpucell.engine.reseed import seeder, unreseeded_draw
 from gpucell.engine.runtime import collect
@@ -49,7 +54,16 @@ from gpucell.protocol.chunks import DETAIL_MAX, ChunkResult, item_refs
 from gpucell.protocol.conversation import ChunkError, ChunkTask, Reply, Status, Timing
 from gpucell.protocol.program import Setup
 
-__all__ = ["cached", "cached_names", "clear", "leave", "load", "run", "tidy"]
+__all__ = [
+    "cached",
+    "cached_names",
+    "clear",
+    "describe_oom",
+    "leave",
+    "load",
+    "run",
+    "tidy",
+]
 
 # (names tests and the kernel's older callers reach here by)
 _sessions = by_kernel
