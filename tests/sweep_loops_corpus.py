@@ -4514,3 +4514,135 @@ for w in wins:
 """,
     note="the windows share base[4:6]",
 )
+
+
+# ------------------------------------------- reductions and gathers spelled otherwise
+# (issue 28 §3: `D.get(k, 0) + e`, `D.setdefault(k, []).append(e)`,
+# `a, b = min(a, x), max(b, x)`, `D[k] = D[k] + e`)
+
+case(
+    "spell-histogram-buckets-get",
+    "safe",
+    """
+ages = [23, 35, 41, 19, 67, 35, 52, 28, 30, 44, 71, 18]
+""",
+    """
+hist = {}
+for a in ages:
+    b = a // 10 * 10
+    hist[b] = hist.get(b, 0) + 1
+""",
+)
+
+case(
+    "spell-spend-per-person-prefilled",
+    "safe",
+    """
+payments = [("ann", 12.5), ("bob", 3.0), ("ann", 7.25), ("cy", 1.0), ("bob", 4.5)]
+spend = {"bob": 100.0}
+""",
+    """
+for who, amount in payments:
+    spend[who] = spend.get(who, 0.0) + amount
+""",
+    note="one key exists before the loop, the others start from get's default",
+)
+
+case(
+    "spell-group-words-by-initial",
+    "safe",
+    TEXT,
+    """
+by_initial = {}
+for w in words:
+    by_initial.setdefault(w[0].lower(), []).append(w)
+""",
+)
+
+case(
+    "spell-temperature-range-and-sums",
+    "safe",
+    """
+temps = [12.5, 9.0, 15.25, 7.5, 11.0, 14.0]
+""",
+    """
+t_min, t_max = temps[0], temps[0]
+n, s = 0, 0.0
+for t in temps:
+    t_min, t_max = min(t_min, t), max(t_max, t)
+    n, s = n + 1, s + t
+mean = s / n
+""",
+)
+
+case(
+    "spell-prefilled-totals-rebound",
+    "safe",
+    """
+sales_rows = [("north", 3), ("south", 5), ("north", 2), ("east", 1)]
+by_region = {"north": 0, "south": 10, "east": 0}
+""",
+    """
+for region, qty in sales_rows:
+    by_region[region] = by_region[region] + qty
+""",
+)
+
+case(
+    "spell-get-count-read-back",
+    "unsafe",
+    TEXT,
+    """
+counts = {}
+firsts = []
+for w in words:
+    counts[w] = counts.get(w, 0) + 1
+    if counts[w] == 1:
+        firsts.append(w)
+""",
+    note="reads the running count: serially it depends on earlier iterations",
+)
+
+case(
+    "spell-tuple-swap-carried",
+    "unsafe",
+    """
+xs = [1, 2, 3, 4, 5]
+""",
+    """
+a, b = 0, 1
+for x in xs:
+    a, b = b, a + x
+""",
+    note="each part reads the other target: no split, a carried dependency",
+)
+
+case(
+    "spell-setdefault-shared-list",
+    "unsafe",
+    """
+shared = []
+idx = {"a": shared, "b": shared}
+pairs = [("a", 1), ("b", 2), ("a", 3)]
+""",
+    """
+for k, v in pairs:
+    idx.setdefault(k, []).append(v)
+""",
+    note="two keys hold one list: serially the appends interleave on it",
+)
+
+case(
+    "spell-get-and-augmented-mixed",
+    "unsafe",
+    """
+ks = ["x", "y", "x"]
+""",
+    """
+c = {}
+for k in ks:
+    c[k] = c.get(k, 0) + 1
+    c[k] += 1
+""",
+    note="the += needs the key serially: not rewritten, refused",
+)

@@ -836,10 +836,20 @@ def test_labels_are_the_own_index_only_of_the_frame_they_come_from() -> None:
     time."""
     with pytest.raises(NotParallelizable):
         analyse(
-            "for idx in s.index:\n    a[idx] = a[idx] * 2\n", known_names={"s", "a"}
+            "for idx in s.index:\n    a[idx] = f(a[idx])\n", known_names={"s", "a", "f"}
         )
     with pytest.raises(NotParallelizable):
-        analyse("for k, v in s.items():\n    a[k] = a[k] + v\n", known_names={"s", "a"})
+        analyse(
+            "for k, v in s.items():\n    a[k] = g(a[k], v)\n", known_names={"s", "a"}
+        )
+    # `a[k] = a[k] op e` is a keyed reduction (spellings.py): a repeated
+    # label folds, as serially
+    for src in (
+        "for idx in s.index:\n    a[idx] = a[idx] * 2\n",
+        "for k, v in s.items():\n    a[k] = a[k] + v\n",
+    ):
+        p = analyse(src, known_names={"s", "a"})
+        assert p.ok and classes(p)["a"] == "keyed reduction"
     assert analyse(
         "for idx in df.index:\n    df.loc[idx, 'c'] = df.loc[idx, 'a'] + 1\n",
         known_names={"df"},
@@ -975,7 +985,10 @@ def test_break_after_the_assignment_keeps_it(body: str) -> None:
 
 
 def test_setdefault_advice_names_the_defaultdict_form() -> None:
-    text = texts("for k in xs:\n    d.setdefault(k, []).append(k)\n")
+    # a new list per missing key is a keyed gather (spellings.py)
+    p = plan("for k in xs:\n    d.setdefault(k, []).append(k)\n")
+    assert classes(p)["d"] == "keyed gather" and p.spelled.new_lists == {"d"}
+    text = texts("for k in xs:\n    d.setdefault(k, [0]).append(k)\n")
     assert "collections.defaultdict(list)" in text[("d", "outer-mutation")]
     assert "`d[k].append(...)`" in text[("d", "outer-mutation")]
     text = texts("for k in xs:\n    d.setdefault(k, set()).add(k)\n")

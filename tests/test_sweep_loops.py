@@ -111,22 +111,6 @@ KNOWN: dict[str, str] = {
     "str-regex-extract": (
         "SILENT (documented exception with a visible effect): m (only serially)"
     ),
-    "str-word-counts-get": (
-        "false refusal (reduction/gather spelled otherwise): line 5: `counts` "
-        "is combined across iterations (indexed write on line 5) and is also "
-        "used here; while the loop runs in parallel an iteration sees o..."
-    ),
-    "str-setdefault-index": (
-        "false refusal (reduction/gather spelled otherwise): line 5: "
-        "`index.setdefault(...)` changes an object in place; `index` exists "
-        "before the loop, and each engine would change only its own copy, so "
-        "the ..."
-    ),
-    "dict-keyed-assign-reduction": (
-        "false refusal (reduction/gather spelled otherwise): line 4: `totals` "
-        "is combined across iterations (indexed write on line 4) and is also "
-        "used here; while the loop runs in parallel an iteration sees o..."
-    ),
     "dict-delete-own-key": (
         "false refusal (own keys/columns/rows): line 4: `del balances[k]` "
         "changes an object in place; `balances` exists before the loop, and "
@@ -191,11 +175,6 @@ KNOWN: dict[str, str] = {
         "`label`, called at line 5, reads the global `prefix`, which the loop "
         "changes (line 4). Serially each call sees what the iterations before "
         "it left i..."
-    ),
-    "edge-min-max-tuple-reduction": (
-        "false refusal (reduction/gather spelled otherwise): line 4: `lo` is "
-        "read here before the iteration assigns it, so it would see the value "
-        "left by the previous iteration (a loop-carried dependency). It..."
     ),
     "edge-identity-through-index": (
         "SILENT (documented exception with a visible effect): people; flagged"

@@ -428,7 +428,9 @@ def prepare(
             continue
         target = _current(current, name)
         claim(name, target)
-        up.mutations.extend(_prepare_keyed(name, target, op, entries))
+        up.mutations.extend(
+            _prepare_keyed(name, target, op, entries, getattr(plan, "spelled", None))
+        )
 
     # keyed gathers: D[k].append(e) / extend, per key in iteration order
     for name in getattr(plan, "keyed_gathers", ()):
@@ -438,7 +440,11 @@ def prepare(
         target = _current(current, name)
         claim(name, target)
         reduced = [k for k, _ in _keys_of(rs, name)] if name in dict(plan.keyed) else []
-        up.mutations.append(_prepare_keyed_gather(name, target, runs, reduced))
+        spelled = getattr(plan, "spelled", None)
+        new_lists = spelled is not None and name in spelled.new_lists
+        up.mutations.append(
+            _prepare_keyed_gather(name, target, runs, reduced, new_lists)
+        )
 
     # set unions
     for name in plan.unions:
@@ -615,9 +621,12 @@ def _prepare_keyed_gather(
     target: Any,
     runs: list[tuple[Any, list[Any]]],
     reduced: list[Any],
+    new_lists: bool = False,
 ) -> Mutation:
     """``D[k].append(e)``: the items for each key, in iteration order, extended
-    onto the list already under that key (which must exist, as serially)."""
+    onto the list already under that key (which must exist, as serially), or
+    (``new_lists``: ``D.setdefault(k, []).append(e)``) onto a new list put
+    under a key missing, in the order keys were first seen."""
     groups: list[tuple[Any, list[Any]]] = []
     for key, items in runs:
         for k, acc in groups:
@@ -633,6 +642,8 @@ def _prepare_keyed_gather(
                 "loop; serially the two would interleave on one object. Use separate "
                 "keys (or names) for counts and lists. Nothing was merged."
             )
+        if new_lists and isinstance(target, dict) and key not in target:
+            continue  # (a new list: shared with no other key)
         try:
             lst = target[key]
         except (KeyError, IndexError) as e:
@@ -653,8 +664,16 @@ def _prepare_keyed_gather(
                 "nothing was merged."
             )
 
+    missing = [
+        key
+        for key, _ in groups
+        if new_lists and isinstance(target, dict) and key not in target
+    ]
+
     def apply() -> None:
         for key, items in groups:
+            if any(key is m for m in missing):
+                target[key] = []
             target[key].extend(items)
 
     return Mutation(name, "extend", apply)
@@ -681,14 +700,22 @@ def _combine_keyed(op: str, chunks: list[list[tuple[Any, Any]]]) -> list[list[An
 
 
 def _prepare_keyed(
-    name: str, target: Any, op: str, entries: list[list[Any]]
+    name: str, target: Any, op: str, entries: list[list[Any]], spelled: Any = None
 ) -> list[Mutation]:
+    """``spelled`` (``analysis.spellings.Spelled``): a missing key's starting
+    value (``D.get(k, 0) + e``), and whether the statements rebind
+    (``D[k] = D[k] + e``: the binary operator, a new object as serially)."""
     muts: list[Mutation] = []
     is_array = is_numpy(target) or is_torch(target)
+    defaults = getattr(spelled, "defaults", {})
+    rebinding = name in getattr(spelled, "rebinding", ())
+    mixed = name in getattr(spelled, "mixed", ())
     for k, c in entries:
         if isinstance(target, dict):
             if k in target:
                 base = target[k]
+            elif name in defaults:  # (before a defaultdict's factory: get's)
+                base = defaults[name]
             elif isinstance(target, defaultdict) and target.default_factory is not None:
                 base = target.default_factory()
             elif isinstance(target, Counter):
@@ -700,7 +727,14 @@ def _prepare_keyed(
                 )
         else:
             base = target[k]
-        if op in ("max", "min"):
+        if mixed and not isinstance(base, (int, float, complex, str, bytes)):
+            raise NotParallelizable(
+                f"`{name}[{k!r}]` is a {type(base).__name__}, changed in place by "
+                f"`{name}[k] {op}= ...` and rebound by `{name}[k] = {name}[k] {op} "
+                "...` in the loop: serially the two differ for such a value. Use "
+                "one form. Nothing was merged."
+            )
+        if op in ("max", "min") or (rebinding and not is_array):
             new: Any = BINARY[op](base, c)
             action: Callable[[], Any] = _returner(new)
         elif is_array:

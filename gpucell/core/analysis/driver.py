@@ -26,6 +26,7 @@ from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
+from gpucell.core.analysis.spellings import respell
 from gpucell.core.analysis.split import (
     SHORT_CIRCUIT,
     Layer,
@@ -410,6 +411,9 @@ def analyse(
     target, iterable, body = parts.target, parts.iterable, parts.body
     kind, header, hidden = parts.kind, parts.header, parts.hidden
     result_name, result_kind = parts.result_name, parts.result_kind
+    # `D[k] = D.get(k, 0) + e`, `D.setdefault(k, []).append(e)`, `lo, hi =
+    # min(lo, x), max(hi, x)`: rewritten in place to the forms proved below
+    spelled = respell(body, is_builtin)
 
     cl = classify_body(
         body,
@@ -514,6 +518,7 @@ def analyse(
         reductions=reductions,
         keyed=keyed,
         keyed_gathers=tuple(cl.keyed_gathers),
+        spelled=spelled,
         own_rows=tuple(cl.own_rows.values()),
         unions=tuple(cl.unions),
         result_name=result_name,

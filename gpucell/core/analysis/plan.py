@@ -22,6 +22,7 @@ from gpucell.core.analysis.facts import LoopFacts
 from gpucell.core.analysis.iterspace import IterSpace
 from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.rewrite import unstamped
+from gpucell.core.analysis.spellings import Spelled
 from gpucell.core.analysis.split import Layer
 from gpucell.protocol.program import Watch
 
@@ -132,6 +133,9 @@ class LoopPlan:
     result_kind: str | None = None
     # D[k].append(e) / extend: the lists under D's keys gather in iteration order
     keyed_gathers: tuple[str, ...] = ()
+    # reductions and gathers rewritten from another spelling (spellings.py):
+    # a missing key's starting value, rebinding instead of in place
+    spelled: Spelled = field(default_factory=Spelled)
     # writes whose iteration reads its own row back: engines write a private
     # copy of the row, the kernel applies the final values (ownrows.py)
     own_rows: tuple[OwnRow, ...] = ()

@@ -1,0 +1,317 @@
+"""Reductions spelled otherwise, rewritten to the form the analysis knows.
+
+Tutorials count with ``counts[w] = counts.get(w, 0) + 1``, gather with
+``index.setdefault(k, []).append(v)``, keep a range with ``lo, hi = min(lo,
+x), max(hi, x)``.  Each is, statement for statement, the same as a form the
+analysis already proves and merges (``counts[w] += 1`` from 0,
+``index[k].append(v)`` onto a new list, two running minimum/maximum
+statements), provided what is rewritten is pure: ``get``'s key a name, a
+constant or an attribute/subscript of them (evaluated twice serially, once
+here; ``setdefault``'s once either way), the
+default a numeric constant or an empty list, the tuple's parts reading no
+other target and calling nothing but ``min``/``max``/``abs``.
+
+The body's statements are replaced in place (the classification and the
+chunk program both see the rewritten form); what the merge must know (a
+missing key's starting value, a ``D[k] = D[k] + e`` that rebinds instead of
+changing in place) is returned as :class:`Spelled`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Spelled", "respell"]
+
+_OPS = (ast.Add, ast.Sub, ast.Mult)
+_PURE_CALLS = ("min", "max", "abs")
+
+
+@dataclass(eq=False)  # (a frozen LoopPlan holds it: hashed by identity)
+class Spelled:
+    """What the merge needs about the rewritten statements."""
+
+    # D -> the value a missing key starts from (`D.get(k, 0) + e`)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    # D whose rewritten reductions rebind (`D[k] = D[k] + e`): the merge
+    # applies the binary operator, never the in-place one
+    rebinding: set[str] = field(default_factory=set)
+    # D whose lists start empty where a key is missing (`D.setdefault(k, [])`)
+    new_lists: set[str] = field(default_factory=set)
+    # D rebinding in some statements, changed in place (`D[k] += e`) in
+    # others: the merge refuses where a value is not a number or a string
+    mixed: set[str] = field(default_factory=set)
+    # D rewritten from another spelling, and how many statements
+    names: dict[str, int] = field(default_factory=dict)
+
+
+def _pure(e: ast.expr, is_builtin: Callable[[str], bool], calls: bool = False) -> bool:
+    """An expression without effects: names, constants, attributes, subscripts,
+    tuples, arithmetic (and, with ``calls``, builtin min/max/abs)."""
+    for node in ast.walk(e):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if not (
+                calls
+                and isinstance(f, ast.Name)
+                and f.id in _PURE_CALLS
+                and is_builtin(f.id)
+                and not node.keywords
+            ):
+                return False
+        elif not isinstance(
+            node,
+            (
+                ast.Name,
+                ast.Constant,
+                ast.Attribute,
+                ast.Subscript,
+                ast.Tuple,
+                ast.Load,
+                ast.BinOp,
+                ast.UnaryOp,
+                ast.Slice,
+                ast.operator,
+                ast.unaryop,
+            ),
+        ):
+            return False
+    return True
+
+
+def _same(a: ast.AST, b: ast.AST) -> bool:
+    return ast.dump(a) == ast.dump(b)
+
+
+def _number(e: ast.expr) -> bool:
+    return (
+        isinstance(e, ast.Constant)
+        and type(e.value) in (int, float)
+        or isinstance(e, ast.UnaryOp)
+        and isinstance(e.op, ast.USub)
+        and isinstance(e.operand, ast.Constant)
+        and type(e.operand.value) in (int, float)
+    )
+
+
+def _get_call(e: ast.expr, d: str, key: ast.expr) -> ast.expr | None:
+    """The default of ``d.get(key, default)``, if ``e`` is that call."""
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Attribute)
+        and e.func.attr == "get"
+        and isinstance(e.func.value, ast.Name)
+        and e.func.value.id == d
+        and len(e.args) == 2
+        and not e.keywords
+        and _same(e.args[0], key)
+    ):
+        return e.args[1]
+    return None
+
+
+def _keyed(
+    s: ast.Assign, is_builtin: Callable[[str], bool]
+) -> tuple[ast.AugAssign, str, Any] | None:
+    """``D[k] = D.get(k, c) + e`` or ``D[k] = D[k] + e`` as ``D[k] += e``
+    (and the default, or ``...`` for none)."""
+    if len(s.targets) != 1 or not isinstance(s.value, ast.BinOp):
+        return None
+    t, v = s.targets[0], s.value
+    if not (
+        isinstance(t, ast.Subscript)
+        and isinstance(t.value, ast.Name)
+        and isinstance(v.op, _OPS)
+        and _pure(t.slice, is_builtin)
+    ):
+        return None
+    d = t.value.id
+    if any(isinstance(n, ast.Name) and n.id == d for n in ast.walk(t.slice)):
+        return None
+    if any(isinstance(n, ast.Name) and n.id == d for n in ast.walk(v.right)):
+        return None
+    default: Any = ...
+    c = _get_call(v.left, d, t.slice)
+    if c is not None:
+        if not _number(c):
+            return None
+        default = ast.literal_eval(c)
+    elif not (
+        isinstance(v.left, ast.Subscript)
+        and isinstance(v.left.value, ast.Name)
+        and v.left.value.id == d
+        and _same(v.left.slice, t.slice)
+    ):
+        return None
+    target = ast.Subscript(
+        value=ast.Name(d, ast.Store()), slice=t.slice, ctx=ast.Store()
+    )
+    ast.copy_location(target, t)
+    ast.copy_location(target.value, t.value)
+    aug = ast.AugAssign(target=target, op=v.op, value=v.right)
+    return ast.copy_location(aug, s), d, default
+
+
+def _setdefault(
+    s: ast.Expr, is_builtin: Callable[[str], bool]
+) -> tuple[ast.Expr, str] | None:
+    """``D.setdefault(k, []).append(e)`` as ``D[k].append(e)``."""
+    call = s.value
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("append", "extend")
+        and len(call.args) == 1
+        and not call.keywords
+        and not isinstance(call.args[0], ast.Starred)
+    ):
+        return None
+    inner = call.func.value
+    if not (
+        isinstance(inner, ast.Call)
+        and isinstance(inner.func, ast.Attribute)
+        and inner.func.attr == "setdefault"
+        and isinstance(inner.func.value, ast.Name)
+        and len(inner.args) == 2
+        and not inner.keywords
+        and isinstance(inner.args[1], ast.List)
+        and not inner.args[1].elts
+    ):  # (the key is evaluated once either way, before the value: any key)
+        return None
+    d = inner.func.value.id
+    if any(
+        isinstance(n, ast.Name) and n.id == d
+        for part in (inner.args[0], call.args[0])
+        for n in ast.walk(part)
+    ):
+        return None
+    sub = ast.copy_location(
+        ast.Subscript(value=inner.func.value, slice=inner.args[0], ctx=ast.Load()),
+        inner,
+    )
+    func = ast.copy_location(ast.Attribute(sub, call.func.attr, ast.Load()), call.func)
+    new = ast.copy_location(ast.Call(func, call.args, []), call)
+    return ast.copy_location(ast.Expr(new), s), d
+
+
+def _split_tuple(
+    s: ast.Assign, is_builtin: Callable[[str], bool]
+) -> list[ast.stmt] | None:
+    """``a, b = f(a, x), g(b, x)`` as two statements, where no part reads
+    another part's target and nothing but min/max/abs is called."""
+    if len(s.targets) != 1:
+        return None
+    t, v = s.targets[0], s.value
+    if not (
+        isinstance(t, ast.Tuple)
+        and isinstance(v, ast.Tuple)
+        and len(t.elts) == len(v.elts) >= 2
+        and all(isinstance(x, ast.Name) for x in t.elts)
+    ):
+        return None
+    names = [x.id for x in t.elts if isinstance(x, ast.Name)]
+    if len(set(names)) != len(names):
+        return None
+    for j, part in enumerate(v.elts):
+        if isinstance(part, ast.Starred) or not _pure(part, is_builtin, calls=True):
+            return None
+        used = {n.id for n in ast.walk(part) if isinstance(n, ast.Name)}
+        if used & (set(names) - {names[j]}):
+            return None
+    return [
+        ast.copy_location(ast.Assign(targets=[x], value=part), s)
+        for x, part in zip(t.elts, v.elts, strict=True)
+    ]
+
+
+def respell(body: list[ast.stmt], is_builtin: Callable[[str], bool]) -> Spelled:
+    """Rewrite, in place, every statement of ``body`` (nested blocks too)
+    spelled otherwise; return what the merge needs.  A name counted with
+    ``get`` is rewritten only where every keyed statement of it has the same
+    default (serially a ``D[k] += e`` on a missing key raises)."""
+    forms: dict[str, list[Any]] = {}
+    augmented: set[str] = set()
+    for node in body:
+        for sub in ast.walk(node):
+            if (
+                isinstance(sub, ast.AugAssign)
+                and isinstance(sub.target, ast.Subscript)
+                and isinstance(sub.target.value, ast.Name)
+            ):
+                augmented.add(sub.target.value.id)
+    _walk(body, is_builtin, lambda s: _record(s, is_builtin, forms))
+    allowed = {
+        d
+        for d, fs in forms.items()
+        if all(f is ... for f in fs)
+        or (len(set(map(repr, fs))) == 1 and d not in augmented)
+    }
+    out = Spelled()
+    for d in allowed:
+        fs = forms[d]
+        if fs[0] is not ...:
+            out.defaults[d] = fs[0]
+        out.rebinding.add(d)
+        if d in augmented:
+            out.mixed.add(d)
+
+    def rewrite(s: ast.stmt) -> list[ast.stmt] | None:
+        if isinstance(s, ast.Assign):
+            k = _keyed(s, is_builtin)
+            if k is not None:
+                if k[1] not in allowed:
+                    return None
+                out.names[k[1]] = out.names.get(k[1], 0) + 1
+                return [k[0]]
+            return _split_tuple(s, is_builtin)
+        if isinstance(s, ast.Expr):
+            g = _setdefault(s, is_builtin)
+            if g is not None:
+                out.new_lists.add(g[1])
+                out.names[g[1]] = out.names.get(g[1], 0) + 1
+                return [g[0]]
+        return None
+
+    _walk(body, is_builtin, rewrite)
+    for node in body:
+        ast.fix_missing_locations(node)
+    return out
+
+
+def _record(
+    s: ast.stmt, is_builtin: Callable[[str], bool], forms: dict[str, list[Any]]
+) -> None:
+    if isinstance(s, ast.Assign):
+        k = _keyed(s, is_builtin)
+        if k is not None:
+            forms.setdefault(k[1], []).append(k[2])
+
+
+def _walk(
+    stmts: list[ast.stmt],
+    is_builtin: Callable[[str], bool],
+    visit: Callable[[ast.stmt], list[ast.stmt] | None],
+) -> None:
+    """Every statement of the body's blocks (not into nested definitions);
+    ``visit`` may return statements that replace the one it was given."""
+    i = 0
+    while i < len(stmts):
+        s = stmts[i]
+        new = visit(s)
+        if new is not None:
+            stmts[i : i + 1] = new
+            i += len(new)
+            continue
+        if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(s, name, None)
+                if isinstance(inner, list):
+                    _walk(inner, is_builtin, visit)
+            for h in getattr(s, "handlers", ()):
+                _walk(h.body, is_builtin, visit)
+            for c in getattr(s, "cases", ()):
+                _walk(c.body, is_builtin, visit)
+        i += 1
