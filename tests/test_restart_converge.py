@@ -172,3 +172,6 @@ def test_a_connected_kernel_whose_owner_died_fails_status_at_once(
             owner.wait()
         if gc_mod._current is not None:
             gpucell.stop()
+        from gpucell.cluster import shm_channel
+
+        shm_channel.sweep_stale()  # the killed owner's /dev/shm probe
