@@ -71,8 +71,8 @@ _Tagged = Tagged
 
 
 def _seeder(seed: int) -> Any:
-    """Every generator seeded from (seed, iteration), as ``--seed`` does: the
-    serial reference of the tests."""
+    """Every generator seeded from (seed, iteration), as ``--seed`` seeds those
+    a loop can reach: the serial reference of the tests."""
     return seeder(seed)
 
 
