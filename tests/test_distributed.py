@@ -391,6 +391,29 @@ def test_the_stop_button_stops_every_rank(ip, private_cluster):
     assert ip.user_ns["n"] == 2
 
 
+def test_the_stop_button_stops_ddp_training_on_every_rank(ip, private_cluster):
+    """The stop button during DDP training (ranks in DDP's all_reduce, in C++,
+    where SIGINT waits): every rank stops within seconds, the notebook's model
+    is untouched, and the next cell trains on a re-formed group."""
+    from helpers import press_stop
+
+    endless = TRAIN.replace("for epoch in range(3):", "for epoch in range(10**6):")
+    ip.run_cell("import gpucell")
+    ip.run_cell(SETUP)
+    ip.user_ns["model"] = "untouched"
+    pressed = press_stop(1.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="every rank stopped"):
+            ip.run_cell_magic("gpu_distributed", "--quiet --out model", endless)
+    finally:
+        pressed.set()
+    assert time.monotonic() - t0 < 1.5 + 8
+    assert ip.user_ns["model"] == "untouched"
+    ip.run_cell_magic("gpu_distributed", "--quiet --out n", "n = dist.get_world_size()")
+    assert ip.user_ns["n"] == 2
+
+
 def test_a_killed_engine_ends_the_cell_and_the_group_is_formed_again(
     ip, private_cluster, capsys
 ):
