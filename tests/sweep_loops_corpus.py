@@ -4646,3 +4646,66 @@ for k in ks:
 """,
     note="the += needs the key serially: not rewritten, refused",
 )
+
+
+# ------------------------------------------- the element just appended, read back
+# (issue 28 §3: `S.append(e)` then `S[-1]` in the same iteration is `e`)
+
+case(
+    "readback-history-records",
+    "safe",
+    """
+epochs = list(range(6))
+""",
+    """
+history = []
+for e in epochs:
+    history.append({"epoch": e, "loss": 1.0 / (e + 1)})
+    history[-1]["improved"] = history[-1]["loss"] < 0.5
+    log.info("epoch %d loss %.3f", e, history[-1]["loss"])
+""",
+)
+
+case(
+    "readback-squares-printed",
+    "safe",
+    """
+ns_ = [3, 1, 4, 1, 5]
+""",
+    """
+sq = []
+for n in ns_:
+    sq.append(n * n)
+    print(n, "->", sq[-1])
+""",
+)
+
+case(
+    "readback-previous-element",
+    "unsafe",
+    """
+xs = [1, 2, 3, 4]
+""",
+    """
+run = []
+for x in xs:
+    prev = run[-1] if run else 0
+    run.append(prev + x)
+""",
+    note="reads the previous iteration's element before appending",
+)
+
+case(
+    "readback-two-appends",
+    "unsafe",
+    """
+xs = [1, 2, 3]
+""",
+    """
+out = []
+for x in xs:
+    out.append(x)
+    out.append(out[-1] + len(out))
+""",
+    note="len(out) counts every earlier iteration's elements",
+)

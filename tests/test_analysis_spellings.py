@@ -69,3 +69,37 @@ def test_what_the_merge_is_told() -> None:
     )
     text, s = _respell(src)
     assert text == ast.unparse(ast.parse(src)) and not s.defaults
+
+
+@pytest.mark.parametrize(
+    ("src", "rewritten"),
+    [
+        ("s.append(f(x))\nlog(s[-1])\ns[-1].k = 1", True),
+        ("s.append(x)\nif s[-1] > 0:\n    print(s[-1])", True),
+        ("print(s[-1])\ns.append(x)", False),  # the previous iteration's
+        ("s.append(x)\nfor y in ys:\n    s.append(y)\nprint(s[-1])", False),
+        ("s.append(x)\ns[-1] = 3", False),
+        ("s.append(x)\ns[-1] += 3", False),
+        ("s.append(x)\ng = lambda: s[-1]", False),
+        ("s.append(x)\nn = len(s) + s[-1]", False),
+    ],
+)
+def test_the_element_just_appended_read_back(src: str, rewritten: bool) -> None:
+    text, s = _respell(src)
+    temp = "__gpucell_last_s__"
+    assert (temp in text) == rewritten
+    assert s.hidden == ({temp} if rewritten else set())
+    if rewritten:
+        assert "s[-1]" not in text and f"s.append({temp})" in text
+
+
+def test_the_temporary_is_never_bound_in_the_notebook() -> None:
+    from gpucell.core.analysis.driver import analyse
+
+    p = analyse(
+        "out = []\nfor x in xs:\n    out.append(f(x))\n    print(out[-1])\n",
+        known_names={"xs", "f"},
+    )
+    assert p.ok and p.gathers == ("out",)
+    assert "__gpucell_last_out__" in p.hidden
+    assert "__gpucell_last_out__" not in {n.name for n in p.names}

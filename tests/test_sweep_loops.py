@@ -141,28 +141,11 @@ KNOWN: dict[str, str] = {
         "`sales`, which the body also changes (line 4); serially the loop would"
         " see its own changes. Iterate over a copy (`fo..."
     ),
-    "sk-kfold-cv": (
-        "false refusal (own write read back): line 6: `fold_scores` is combined"
-        " across iterations (ordered gather on line 5) and is also used here; "
-        "while the loop runs in parallel an iteration ..."
-    ),
     "sk-running-best-model": (
         "false refusal (running argmin/argmax (by design)): line 5: "
         "`best_score` is read here before the iteration assigns it, so it would"
         " see the value left by the previous iteration (a loop-carried "
         "depende..."
-    ),
-    "pil-rotate-sizes": (
-        "false refusal (method name taken for an in-place one): line 4: "
-        "`im.rotate(...)` changes an object in place; `im` refers to an element"
-        " of the loop's data or to an object that exists before the loop, and "
-        "..."
-    ),
-    "pil-to-arrays-normalise": (
-        "false refusal (method name taken for an in-place one): line 4: "
-        "`im.resize(...)` changes an object in place; `im` refers to an element"
-        " of the loop's data or to an object that exists before the loop, and "
-        "..."
     ),
     "edge-helper-reads-loop-var-global": (
         "false refusal (notebook function reads a global the loop assigns): "

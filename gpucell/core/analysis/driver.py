@@ -414,6 +414,7 @@ def analyse(
     # `D[k] = D.get(k, 0) + e`, `D.setdefault(k, []).append(e)`, `lo, hi =
     # min(lo, x), max(hi, x)`: rewritten in place to the forms proved below
     spelled = respell(body, is_builtin)
+    hidden = set(hidden) | spelled.hidden
 
     cl = classify_body(
         body,

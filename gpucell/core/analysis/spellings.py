@@ -46,6 +46,9 @@ class Spelled:
     mixed: set[str] = field(default_factory=set)
     # D rewritten from another spelling, and how many statements
     names: dict[str, int] = field(default_factory=dict)
+    # names the rewrite introduced (`S[-1]` read back after `S.append(e)`):
+    # the iteration's own, never bound in the notebook
+    hidden: set[str] = field(default_factory=set)
 
 
 def _pure(e: ast.expr, is_builtin: Callable[[str], bool], calls: bool = False) -> bool:
@@ -276,6 +279,7 @@ def respell(body: list[ast.stmt], is_builtin: Callable[[str], bool]) -> Spelled:
         return None
 
     _walk(body, is_builtin, rewrite)
+    _blocks(body, lambda stmts: _last_reads(stmts, out))
     for node in body:
         ast.fix_missing_locations(node)
     return out
@@ -315,3 +319,117 @@ def _walk(
             for c in getattr(s, "cases", ()):
                 _walk(c.body, is_builtin, visit)
         i += 1
+
+
+def _blocks(stmts: list[ast.stmt], visit: Callable[[list[ast.stmt]], None]) -> None:
+    """``visit`` every statement list of the body (not nested definitions)."""
+    visit(stmts)
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(s, name, None)
+            if isinstance(inner, list):
+                _blocks(inner, visit)
+        for h in getattr(s, "handlers", ()):
+            _blocks(h.body, visit)
+        for c in getattr(s, "cases", ()):
+            _blocks(c.body, visit)
+
+
+def _appended(s: ast.stmt) -> tuple[str, ast.Call] | None:
+    """``S.append(e)`` as a statement: ``(S, the call)``."""
+    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)):
+        return None
+    call = s.value
+    f = call.func
+    if (
+        isinstance(f, ast.Attribute)
+        and f.attr == "append"
+        and isinstance(f.value, ast.Name)
+        and len(call.args) == 1
+        and not call.keywords
+        and not isinstance(call.args[0], ast.Starred)
+    ):
+        return f.value.id, call
+    return None
+
+
+def _is_last(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+        and isinstance(node.slice, ast.UnaryOp)
+        and isinstance(node.slice.op, ast.USub)
+        and isinstance(node.slice.operand, ast.Constant)
+        and node.slice.operand.value == 1
+    )
+
+
+def _last_reads(stmts: list[ast.stmt], out: Spelled) -> None:
+    """``S.append(e)`` then ``S[-1]`` later in the same block, ``S`` used no
+    other way after the append: the element read back is ``e`` itself (the
+    same object, serially), so ``t = e; S.append(t)`` and ``t`` for each
+    ``S[-1]``; ``S`` stays an ordered gather."""
+    i = 0
+    while i < len(stmts):
+        hit = _appended(stmts[i])
+        if hit is None:
+            i += 1
+            continue
+        name, call = hit
+        reads: list[ast.Subscript] = []
+        ok = True
+        for later in stmts[i + 1 :]:
+            inside_def = {
+                id(n)
+                for d in ast.walk(later)
+                if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                for n in ast.walk(d)
+            }
+            lasts: dict[int, ast.Subscript] = {
+                id(n.value): n
+                for n in ast.walk(later)
+                if isinstance(n, ast.Subscript)
+                and _is_last(n, name)
+                and id(n) not in inside_def
+            }
+            for n in ast.walk(later):
+                if isinstance(n, ast.Name) and n.id == name:
+                    if id(n) not in lasts:
+                        ok = False
+                    else:
+                        reads.append(lasts[id(n)])
+        if not ok or not reads:
+            i += 1
+            continue
+        temp = f"__gpucell_last_{name}__"
+        out.hidden.add(temp)
+        keep = ast.copy_location(
+            ast.Assign(targets=[ast.Name(temp, ast.Store())], value=call.args[0]),
+            stmts[i],
+        )
+        call.args[0] = ast.copy_location(ast.Name(temp, ast.Load()), call.args[0])
+        for r in reads:
+            _replace(
+                stmts[i + 1 :], r, ast.copy_location(ast.Name(temp, ast.Load()), r)
+            )
+        stmts[i:i] = [keep]
+        i += 2
+
+
+def _replace(stmts: list[ast.stmt], old: ast.AST, new: ast.expr) -> None:
+    """Put ``new`` where ``old`` is, in whatever field holds it."""
+    for s in stmts:
+        for parent in ast.walk(s):
+            for field_name, value in ast.iter_fields(parent):
+                if value is old:
+                    setattr(parent, field_name, new)
+                    return
+                if isinstance(value, list):
+                    for j, x in enumerate(value):
+                        if x is old:
+                            value[j] = new
+                            return
