@@ -18,7 +18,60 @@ def _parser(prog: str, description: str) -> MagicArgumentParser:
     return MagicArgumentParser(prog=prog, description=description, add_help=False)
 
 
-def _build_parsers() -> dict[str, MagicArgumentParser]:
+def _start(args: Any) -> None:
+    """``%gpu_cluster start``: a local, ssh or Slurm cluster (or only its script)."""
+    from gpucell.cluster import lifecycle as api
+
+    slurm = None
+    job = ("nodes", "gpus_per_node", "partition", "time", "account")
+    job += ("slurm_directive", "dry_run")
+    stray = [o for o in job if getattr(args, o) is not None]
+    if stray and not args.slurm:
+        flag = "--" + stray[0].replace("_", "-")
+        raise UsageError(f"%gpu_cluster start: {flag} is for --slurm.")
+    if args.slurm:
+        from gpucell.cluster.slurm import SlurmRequest
+
+        slurm = SlurmRequest(
+            nodes=args.nodes or 1,
+            gpus_per_node=args.gpus_per_node or 1,
+            partition=args.partition,
+            time=args.time,
+            account=args.account,
+            directives=tuple(args.slurm_directive or ()),
+        )
+        if args.dry_run:
+            from gpucell.cluster.slurm import dry_run
+
+            print(dry_run(slurm, args.python, args.profile))
+            return
+    api.start_cluster(
+        args.n,
+        gpus=args.gpus,
+        per_gpu=args.per_gpu,
+        cpu_engines=args.cpu_engines,
+        profile=args.profile,
+        timeout=args.timeout,
+        echo=print,
+        ssh=args.ssh,
+        ssh_key=args.ssh_key,
+        python=args.python,
+        controller_ip=args.controller_ip,
+        slurm=slurm,
+    )
+
+
+def _monitor(gc: Any) -> None:
+    """``%gpu_cluster monitor``: the live load widget, outside any cell run."""
+    from IPython.display import display
+
+    from gpucell.kernel.telemetry import for_cluster
+    from gpucell.ui.monitor import DeviceMonitor
+
+    display(DeviceMonitor(gc, for_cluster(gc)))
+
+
+def _start_parser() -> MagicArgumentParser:
     start = _parser("%gpu_cluster start", "Start a local cluster, one engine per GPU.")
     start.add_argument(
         "-n",
@@ -45,6 +98,19 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
     start.add_argument(
         "--python", default=None, help="The Python with gpucell on the --ssh hosts."
     )
+    _add_slurm_options(start)
+    start.add_argument(
+        "--controller-ip",
+        default=None,
+        help="Address the controller listens on (default: what the hosts reach).",
+    )
+    start.add_argument(
+        "--timeout", type=float, default=None, help="Seconds to wait for the engines."
+    )
+    return start
+
+
+def _add_slurm_options(start: MagicArgumentParser) -> None:
     start.add_argument(
         "--slurm", action="store_true", help="Start the engines as one Slurm job."
     )
@@ -72,15 +138,9 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
         default=None,
         help="--slurm: print the job script and the sbatch command; submit nothing.",
     )
-    start.add_argument(
-        "--controller-ip",
-        default=None,
-        help="Address the controller listens on (default: what the hosts reach).",
-    )
-    start.add_argument(
-        "--timeout", type=float, default=None, help="Seconds to wait for the engines."
-    )
 
+
+def _build_parsers() -> dict[str, MagicArgumentParser]:
     conn = _parser("%gpu_cluster connect", "Attach to a cluster started elsewhere.")
     conn.add_argument("--profile", default=None)
     conn.add_argument("--cluster-id", default=None)
@@ -102,7 +162,7 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
         help="Engine ids like '0,2', or 'all'. Omit for the widget.",
     )
     return {
-        "start": start,
+        "start": _start_parser(),
         "connect": conn,
         "status": _parser("%gpu_cluster status", "Show the engines."),
         "select": select,
@@ -222,43 +282,7 @@ class GpuClusterMagics(Magics):
         _check(cmd, args)
         try:
             if cmd == "start":
-                slurm = None
-                job = ("nodes", "gpus_per_node", "partition", "time", "account")
-                job += ("slurm_directive", "dry_run")
-                stray = [o for o in job if getattr(args, o) is not None]
-                if stray and not args.slurm:
-                    flag = "--" + stray[0].replace("_", "-")
-                    raise UsageError(f"%gpu_cluster start: {flag} is for --slurm.")
-                if args.slurm:
-                    from gpucell.cluster.slurm import SlurmRequest
-
-                    slurm = SlurmRequest(
-                        nodes=args.nodes or 1,
-                        gpus_per_node=args.gpus_per_node or 1,
-                        partition=args.partition,
-                        time=args.time,
-                        account=args.account,
-                        directives=tuple(args.slurm_directive or ()),
-                    )
-                    if args.dry_run:
-                        from gpucell.cluster.slurm import dry_run
-
-                        print(dry_run(slurm, args.python, args.profile))
-                        return None
-                api.start_cluster(
-                    args.n,
-                    gpus=args.gpus,
-                    per_gpu=args.per_gpu,
-                    cpu_engines=args.cpu_engines,
-                    profile=args.profile,
-                    timeout=args.timeout,
-                    echo=print,
-                    ssh=args.ssh,
-                    ssh_key=args.ssh_key,
-                    python=args.python,
-                    controller_ip=args.controller_ip,
-                    slurm=slurm,
-                )
+                _start(args)
             elif cmd == "connect":
                 api.connect(
                     profile=args.profile,
@@ -271,19 +295,12 @@ class GpuClusterMagics(Magics):
                 )
             elif cmd == "status":
                 gc = api.current()
-                rows = gc.refresh()
-                print(api.format_status(rows, gc.selected))
+                print(api.format_status(gc.refresh(), gc.selected))
             elif cmd == "select":
                 _wait_for_background(self.shell, "`%gpu_cluster select` waits for it")
                 self._select(api.current(), args.engines)
             elif cmd == "monitor":
-                from IPython.display import display
-
-                from gpucell.kernel.telemetry import for_cluster
-                from gpucell.ui.monitor import DeviceMonitor
-
-                gc = api.current()
-                display(DeviceMonitor(gc, for_cluster(gc)))
+                _monitor(api.current())
             elif cmd == "stop":
                 _wait_for_background(self.shell, "`%gpu_cluster stop` waits for it")
                 api.stop(echo=print)
