@@ -270,6 +270,7 @@ class GpuClusterMagics(Magics):
         """
         from gpucell.cluster import lifecycle as api
         from gpucell.kernel.usage import split_line
+        from gpucell.kernel.warm import warm_kernel
 
         argv = split_line("%gpu_cluster", line)
         if not argv:
@@ -283,6 +284,7 @@ class GpuClusterMagics(Magics):
         try:
             if cmd == "start":
                 _start(args)
+                warm_kernel()  # the first cell's imports, here instead (kernel/warm)
             elif cmd == "connect":
                 api.connect(
                     profile=args.profile,
@@ -293,6 +295,7 @@ class GpuClusterMagics(Magics):
                     timeout=args.timeout,
                     echo=print,
                 )
+                warm_kernel()
             elif cmd == "status":
                 gc = api.current()
                 print(api.format_status(gc.refresh(), gc.selected))
