@@ -498,3 +498,69 @@ def test_every_engine_dying_in_turn_fails_or_completes(retries: int) -> None:
         if end is not None:
             break
     assert end is not None and isinstance(end.error, EnginesLost)
+
+
+# -- queued chunks (an engine's next chunk sent before its current one ends) ---------
+
+
+def queued_state(n: int = 200, engines: tuple[int, ...] = (0, 1)) -> RunState:
+    """Measured paces: every engine holds a chunk running and one queued."""
+    state = state_for(n=n, engines=engines, hint=0.01)
+    sends = send(state)
+    for e in engines:
+        assert sum(s.chunk.engine == e for s in sends) == 2
+    return state
+
+
+def test_a_queued_chunk_on_a_lost_engine_is_re_run_on_another() -> None:
+    state = queued_state()
+    mine = sorted(
+        (f.chunk.start, f.chunk.stop) for f in state.flights.values() if f.engine == 0
+    )
+    out = state.handle(EngineGone(0))
+    lost = sorted((i.chunk.start, i.chunk.stop) for i in out if isinstance(i, Record))
+    assert lost == mine  # the running chunk and the queued one, both lost
+    assert sum(isinstance(i, Forget) and i.lost for i in out) == 2
+    while not state.finished:
+        send(state)
+        assert all(f.engine == 1 for f in state.flights.values())
+        reply(state, min(state.flights))
+    state.handle(Completed())
+    assert [x for part in state.in_order() for x in part] == list(range(200))
+
+
+def test_a_stop_cancels_queued_chunks_too() -> None:
+    state = queued_state()
+    m = len(state.flights)
+    assert m == 4
+    out = state.handle(Stop("interrupt"))
+    assert kinds(out) == [Cancel, Finish, Fail]
+    out = state.handle(Cancelled())
+    assert [i.state for i in out if isinstance(i, Record)] == [CANCELLED] * m
+    assert not state.flights
+    assert not any(c.state == RUNNING for c in state.sched.chunks)
+    assert not state.results
+
+
+def test_a_queued_chunk_answering_after_its_engine_was_lost_is_not_merged() -> None:
+    state = queued_state()
+    queued = max(k for k, f in state.flights.items() if f.engine == 0)
+    c = state.flights[queued].chunk
+    state.handle(EngineGone(0))
+    late = Replied(
+        queued, "ok", list(range(c.start, c.stop)), timing(c.start, c.size), 0
+    )
+    assert state.handle(late) == []  # forgotten: its iterations are re-run instead
+    assert c.start not in state.results
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(100, 200), k=st.integers(1, 4))
+def test_random_event_orders_with_queued_chunks(
+    data: st.DataObject, n: int, k: int
+) -> None:
+    """Engines two chunks deep (a measured pace): losses, stops, out-of-memory
+    and unloaded replies land on running and queued chunks alike."""
+    state = RunState(Schedule(n, list(range(k)), mode="dynamic", hint=0.01), retries=2)
+    log, end = drive(data, state)
+    check_run(state, log, end, n)
