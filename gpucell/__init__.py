@@ -10,6 +10,7 @@ imported only when an operation needs them.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from gpucell.errors import (
@@ -21,6 +22,11 @@ from gpucell.errors import (
 )
 
 __version__ = "0.1.0"
+
+# gpucell's decisions go to loggers under "gpucell" (README: "Logging").  A library
+# handler of its own would print where the user did not ask: records reach the
+# user's handlers only, and never Python's last-resort stderr.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "ClusterError",

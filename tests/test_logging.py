@@ -119,3 +119,34 @@ def test_engine_and_gpucell_records_stay_on_the_engine_but_lookalike_names_trave
         logging.getLogger("gpucell_runs").warning("the loop's")
         logging.getLogger("tornadoes").warning("the loop's too")
     assert [r.name for r in cap.records] == ["gpucell_runs", "tornadoes"]
+
+
+def test_gpucell_logger_says_where_a_loop_runs_and_only_when_asked(ip, cluster):
+    """The ``gpucell`` logger: silent by default (a NullHandler, no last-resort
+    stderr line), and a handler the user adds hears where each loop ran and why."""
+    gl = logging.getLogger("gpucell")
+    assert any(isinstance(h, logging.NullHandler) for h in gl.handlers)
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(f"{record.name}: {record.getMessage()}")
+
+    keep = Keep()
+    gl.addHandler(keep)
+    gl.setLevel(logging.INFO)
+    try:
+        cell = "logged_sq = []\nfor i in range(6):\n    logged_sq.append(i * i)\n"
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert ip.user_ns["logged_sq"] == [i * i for i in range(6)]
+    finally:
+        gl.removeHandler(keep)
+        gl.setLevel(logging.NOTSET)
+    ran = [line for line in keep.lines if line.startswith("gpucell.kernel.execute")]
+    assert ran, keep.lines
+    # numbered as the notebook shows the cell: the magic's line is line 1
+    assert "the loop on lines 3-4: 6 iterations" in ran[0]
+    assert "engines" in ran[0] or "in the kernel" in ran[0]

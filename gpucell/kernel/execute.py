@@ -11,6 +11,7 @@ magic only parses its line and calls :func:`run_cell`; this module and
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,10 @@ from gpucell.kernel.session import current as _session
 from gpucell.kernel.stages import Admitted, Cell, Loop, Shell
 from gpucell.kernel.watched import Watched as Watched
 from gpucell.kernel.watched import run_with_display
+
+#: gpucell's decisions for a cell (where it runs, what was kept), for users who ask:
+#: ``logging.getLogger("gpucell").setLevel(logging.INFO)`` with a handler
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from gpucell.cluster.lifecycle import GpuCluster
@@ -330,6 +335,7 @@ def run(c: Cell, a: Admitted) -> list[Any]:
         if a.loop.chunker.count == 0:
             a.record.status = "ok"
             return []
+        _log_decision(c, a)
         if a.advice.inline and not a.kept and c.req.checkpoint is None:
             program = a.prep.code("program", a.prep.plan.engine_program)
             return run_in_kernel(program, a.loop.inputs, a.loop.chunker, a.record)
@@ -348,6 +354,36 @@ def run(c: Cell, a: Admitted) -> list[Any]:
     except BaseException as e:
         a.keeping.failed(type(e).__name__)
         raise
+
+
+def _log_decision(c: Cell, a: Admitted) -> None:
+    """Where the loop runs and why, as the ``gpucell.kernel.execute`` logger's line."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    lines = a.prep.plan.loop_lines
+    where = f"the loop on lines {lines[0]}-{lines[1]}" if lines else "the loop"
+    n = a.loop.chunker.count
+    if a.advice.inline and not a.kept and c.req.checkpoint is None:
+        log.info(
+            "%s: %d iterations run in the kernel: its last run cost %.3g s an "
+            "iteration, less than sending them to engines",
+            where,
+            n,
+            a.advice.per_iteration or 0.0,
+        )
+        return
+    kept = sum(hi - lo for lo, hi in a.kept) if a.kept else 0
+    log.info(
+        "%s: %d iterations on %d engines (%s)%s",
+        where,
+        n,
+        len(c.targets),
+        "first run: calibration chunks"
+        if a.advice.per_iteration is None
+        else f"{a.advice.per_iteration:.3g} s an iteration last run"
+        + (", uniform" if a.advice.uniform else ""),
+        f"; {kept} iterations kept from an earlier run" if kept else "",
+    )
 
 
 def _launch(c: Cell, a: Admitted) -> None:
