@@ -62,6 +62,7 @@ __all__ = [
     "leave",
     "load",
     "run",
+    "answer",
     "tidy",
 ]
 
@@ -200,7 +201,7 @@ def run(
     sends them (ipyparallel ships a top-level argument's buffers zero-copy:
     the chunk's and the inputs' frames); the task's fields say what each is.
     """
-    return _answer(
+    return answer(
         ChunkTask(
             cell,
             chunk_frames,
@@ -228,7 +229,9 @@ class _Outcome(NamedTuple):
     loaded: dict[str, Any] | None
 
 
-def _answer(task: ChunkTask) -> list[Any]:
+def answer(task: ChunkTask) -> list[Any]:
+    """Run the chunk ``task`` names; its :data:`Reply` as wire frames (the
+    result's big buffers through /dev/shm where the kernel can map them)."""
     entered = time.time()
     runtime.busy()  # what waits for an idle engine waits on
     loaded = None
