@@ -218,7 +218,13 @@ def test_stop_ends_the_group_and_a_busy_engine_is_waited_for(ip, cluster, capsys
     ip.run_line_magic("gpu_distributed", "stop")
     assert "the ranks dropped their names" in capsys.readouterr().out
     busy = cluster.live_ids()[1]
-    ar = cluster.client[busy].apply_async(time.sleep, 3.0)
+    ar = cluster.client[busy].apply_async(time.sleep, 5.0)  # said after 2 s
+    deadline = time.monotonic() + 5  # the hub hears of the task a moment later
+    while time.monotonic() < deadline:
+        q = cluster.client.queue_status(targets=[busy], verbose=False)
+        if q.get(busy, {}).get("queue"):
+            break
+        time.sleep(0.05)
     ip.run_cell_magic(
         "gpu_distributed", "--quiet --out kept", "kept = 'net2' in globals()"
     )
