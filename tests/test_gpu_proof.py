@@ -187,7 +187,7 @@ def test_checks_after_the_budget_are_skipped_saying_so(monkeypatch, tmp_path):
 
 def test_every_check_is_listed_once_with_a_function():
     paths = [c.path for c in gpu_proof.CHECKS]
-    assert len(paths) == len(set(paths)) == 7
+    assert len(paths) == len(set(paths)) == 8
     assert all(callable(c.run) and c.what for c in gpu_proof.CHECKS)
 
 
