@@ -4709,3 +4709,51 @@ for x in xs:
 """,
     note="len(out) counts every earlier iteration's elements",
 )
+
+case(
+    "own-rows-centred-by-helper",
+    "safe",
+    """
+import numpy as np
+H = np.arange(1.0, 16.0).reshape(5, 3) ** 2
+def centre(r):
+    r -= r.mean()
+""",
+    """
+for r in H:
+    centre(r)
+""",
+    note="a notebook function changes the iteration's own row in place",
+)
+
+case(
+    "own-rows-helper-reads-whole-matrix",
+    "unsafe",
+    """
+import numpy as np
+K = np.arange(1.0, 13.0).reshape(4, 3)
+def shift(r):
+    r -= K.mean()
+""",
+    """
+for r in K:
+    shift(r)
+""",
+    note="the helper reads K, whose rows earlier iterations changed",
+)
+
+case(
+    "own-dicts-helper-reads-registry",
+    "unsafe",
+    """
+items3 = [{"n": 1}, {"n": 2}, {"n": 3}]
+registry = {"first": items3[0]}
+def bump(d):
+    d["n"] += registry["first"]["n"]
+""",
+    """
+for d in items3:
+    bump(d)
+""",
+    note="the helper reads the first item through a global dict",
+)

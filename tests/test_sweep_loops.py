@@ -30,6 +30,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 
 import pytest
 from sweep_loops_corpus import CASES, Case
@@ -40,6 +41,9 @@ from gpucell.errors import GpucellError
 pytestmark = pytest.mark.cluster
 
 _IPYTHON_OWN = ("In", "Out", "exit", "quit", "get_ipython")
+
+#: a line of gpucell's own loggers in the log file (LOG_HEADER's format)
+_GPUCELL_RECORD = re.compile(r"[A-Z]+ gpucell(\.[\w.]+)? ")
 
 LOG_HEADER = """\
 import logging
@@ -276,11 +280,16 @@ class Sweep:
     @staticmethod
     def _lines(path: str) -> list[str]:
         """The log's lines, less a traceback's indented frame and source
-        lines (their file names differ from run to run)."""
+        lines (their file names differ from run to run) and gpucell's own
+        records (its decisions, logged under `gpucell.*`: not the loop's)."""
         if not os.path.exists(path):
             return []
         with open(path) as f:
-            return [ln for ln in f.read().splitlines() if not ln.startswith(" ")]
+            return [
+                ln
+                for ln in f.read().splitlines()
+                if not ln.startswith(" ") and not _GPUCELL_RECORD.match(ln)
+            ]
 
     def serial(self, c: Case) -> tuple[dict, list[str]]:
         setup, cell = self.setup_of(c), c.cell

@@ -208,10 +208,47 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
 _REACH_MAX = 2_000_000
 
 
-def _reachable(value: Any, budget: list[int], depth: int = 3) -> Iterator[Any]:
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _uses(fn: Any) -> list[Any]:
+    """What a notebook function reads when called: the globals its code
+    names, its closure, its defaults (a helper reading `P` while the loop
+    changes `P`'s rows is reading an input)."""
+    if isinstance(fn, types.MethodType):
+        return [fn.__self__, *_uses(fn.__func__)]
+    if not isinstance(fn, types.FunctionType) or fn.__module__ != "__main__":
+        return []
+    g = fn.__globals__
+    out = [g[n] for n in sorted(_code_names(fn.__code__)) if n in g]
+    for cell in fn.__closure__ or ():
+        try:
+            out.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return out + list(fn.__defaults__ or ())
+
+
+def _reachable(
+    value: Any, budget: list[int], depth: int = 3, seen: set[int] | None = None
+) -> Iterator[Any]:
     """``value`` and what it holds, ``depth`` levels down (elements, dict
-    values, instance attributes); arrays, tensors and frames are leaves."""
+    values, instance attributes; a notebook function's globals and closure,
+    each function once); arrays, tensors and frames are leaves."""
     yield value
+    seen = set() if seen is None else seen
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        if id(value) not in seen:
+            seen.add(id(value))
+            for x in _uses(value):
+                budget[0] -= 1
+                yield from _reachable(x, budget, max(depth, 1), seen)
+        return
     if depth <= 0 or not _mutable(value):
         return
     for x in _children(value):
@@ -223,8 +260,8 @@ def _reachable(value: Any, budget: list[int], depth: int = 3) -> Iterator[Any]:
                 "item (a serial run would see the change through it). Nothing "
                 "was merged. Run the cell serially."
             )
-        if _mutable(x):
-            yield from _reachable(x, budget, depth - 1)
+        if _mutable(x) or isinstance(x, types.FunctionType):
+            yield from _reachable(x, budget, depth - 1, seen)
 
 
 def _attrs_old(t: Target) -> dict[str, Any]:
@@ -250,6 +287,12 @@ def _inplace(t: Target) -> list[str]:
     return []
 
 
+def _input_label(name: str, value: Any) -> str:
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        return f"what `{name}` reads (its globals, closure or defaults)"
+    return f"`{name}`"
+
+
 def _check_reach(
     targets: list[Target],
     inputs: Mapping[str, Any],
@@ -269,7 +312,7 @@ def _check_reach(
                 replaced[id(old[n])] = (t, n)
     budget = [_REACH_MAX]
     looked: list[tuple[str, Any, Iterator[Any]]] = [
-        (f"`{n}`", None, _reachable(v, budget)) for n, v in inputs.items()
+        (_input_label(n, v), None, _reachable(v, budget)) for n, v in inputs.items()
     ]
     looked += [(what, None, _reachable(v, budget)) for what, v in others]
     looked += [
@@ -351,7 +394,8 @@ def _check_memory(
     ends = [hi for (_lo, hi), _t in spans]
     mine = {id(t.obj) for t in targets}
     budget = [_REACH_MAX]
-    candidates = [(f"`{n}`", v) for n, v in inputs.items()] + list(others)
+    candidates = [(_input_label(n, v), v) for n, v in inputs.items()]
+    candidates += list(others)
     for what, v in candidates:
         for x in _reachable(v, budget):
             span = _span(x) if id(x) not in mine else None
