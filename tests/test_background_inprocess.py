@@ -12,7 +12,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpucell.core.waitrule import Footprint
-from gpucell.kernel import background, background_wait
+from gpucell.kernel import background, background_wait, session
 
 pytestmark = pytest.mark.cluster
 
@@ -150,18 +150,27 @@ class _Fake(background.BackgroundRun):
         self.footprint = fp
 
 
-def test_waiting_for_a_later_run_waits_for_every_run_before_it(shell, monkeypatch):
+@pytest.fixture
+def own_session():
+    """A Session of the test's own: its pending runs are the test's."""
+    with session.using() as s:
+        yield s
+
+
+def test_waiting_for_a_later_run_waits_for_every_run_before_it(
+    shell, monkeypatch, own_session
+):
     settled: list[tuple[int, str]] = []
 
     def settle(shell, bg, why):
-        background._PENDING.remove(bg)
+        background._pending().remove(bg)
         settled.append((bg.cell, why))
 
     monkeypatch.setattr(background_wait, "_settle", settle)
     one = _Fake(1, Footprint(writes=frozenset({"a"})))
     two = _Fake(2, Footprint(writes=frozenset({"b"})))
     three = _Fake(3, Footprint(writes=frozenset({"c"})))
-    monkeypatch.setattr(background, "_PENDING", [one, two, three])
+    own_session.pending[:] = [one, two, three]
     background.settle_for(shell, "x = 1\nprint(x)")
     assert settled == []
     background.settle_for(shell, "print(b)")
@@ -169,11 +178,11 @@ def test_waiting_for_a_later_run_waits_for_every_run_before_it(shell, monkeypatc
         (1, "before the run of cell [2]"),
         (2, "this cell uses `b`, which the run writes"),
     ]
-    assert background._PENDING == [three]
+    assert background._pending() == [three]
 
 
 def test_the_kernels_check_of_an_unrelated_cell_costs_under_a_millisecond(
-    shell, monkeypatch
+    shell, own_session
 ):
     """What a cell that waits for nothing pays while a run is pending: the
     quick check before it (its text's words, the notebook code they name) and,
@@ -196,7 +205,7 @@ def test_the_kernels_check_of_an_unrelated_cell_costs_under_a_millisecond(
             aliases=(("alias", "is the same object as `out`"),),
         ),
     )
-    monkeypatch.setattr(background, "_PENDING", [run])
+    own_session.pending[:] = [run]
     cell = (
         "import pandas as pd\nframe = pd.DataFrame({'a': v1, 'b': v2})\n"
         "m = Net()\ny = helper(frame['a'].sum())\nprint(y, len(v3))\n"
@@ -219,4 +228,4 @@ def test_the_kernels_check_of_an_unrelated_cell_costs_under_a_millisecond(
         f"unrelated 25-line cell: quick check {q * 1e6:.0f} us, look {k * 1e6:.0f} us"
     )
     assert q < 0.001 and k < 0.001, (q, k)
-    assert background._PENDING == [run]
+    assert background._pending() == [run]

@@ -38,6 +38,7 @@ from typing import Any
 
 from gpucell.core import waitrule
 from gpucell.kernel import background_wait as wait_
+from gpucell.kernel import session
 from gpucell.kernel.background_drivers import (
     TICK,
     LoopDriver,
@@ -75,8 +76,16 @@ FEED_DURING_CELLS = True
 #: runs listed by ``gpucell.runs`` once they are merged, cancelled or raised
 RECENT = 8
 
-_PENDING: list[BackgroundRun] = []  # not yet merged, raised or cancelled: start order
-_RECENT: list[BackgroundRun] = []  # every run this kernel started, newest last
+
+
+def _pending() -> list[BackgroundRun]:
+    """Runs not yet merged, raised or cancelled, in start order (the Session's)."""
+    return session.current().pending
+
+
+def _recent() -> list[BackgroundRun]:
+    """Every run this kernel started lately, newest last (the Session's)."""
+    return session.current().recent
 
 
 # -- the handle ----------------------------------------------------------------------
@@ -116,7 +125,7 @@ class BackgroundRun:
     @property
     def pending(self) -> bool:
         """Not merged, raised or cancelled yet."""
-        return self in _PENDING
+        return self in _pending()
 
     @property
     def progress(self) -> str:
@@ -167,8 +176,8 @@ class BackgroundRun:
             self.state = "cancelled"
         else:
             return
-        if self in _PENDING:
-            _PENDING.remove(self)
+        if self in _pending():
+            _pending().remove(self)
         print(
             f"gpucell: the background run of cell [{self.cell}] was cancelled "
             f"({self.progress}); nothing was merged."
@@ -355,9 +364,9 @@ def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> Backgr
         finally:
             bg.watched.close()
     tail.keeping.echo = bg._note  # what it says from now on is shown at the merge
-    _PENDING.append(bg)
-    _RECENT.append(bg)
-    del _RECENT[: -max(RECENT, len(_PENDING))]
+    _pending().append(bg)
+    _recent().append(bg)
+    del _recent()[: -max(RECENT, len(_pending()))]
     wait_.install(shell)
     bg._start_driver()
     line = (
@@ -394,20 +403,20 @@ class Runs:
     merged yet, ``runs.wait()`` waits for every one."""
 
     def __iter__(self) -> Iterator[BackgroundRun]:
-        return iter(list(_RECENT))
+        return iter(list(_recent()))
 
     def __len__(self) -> int:
-        return len(_RECENT)
+        return len(_recent())
 
     def __getitem__(self, i: int) -> BackgroundRun:
-        return _RECENT[i]
+        return _recent()[i]
 
     @property
     def pending(self) -> list[BackgroundRun]:
-        return list(_PENDING)
+        return list(_pending())
 
     def cell(self, n: int) -> BackgroundRun:
-        for bg in reversed(_RECENT):
+        for bg in reversed(_recent()):
             if bg.cell == n:
                 return bg
         raise KeyError(f"no background run of cell [{n}]")
@@ -418,9 +427,9 @@ class Runs:
         wait_for_all(_shell(), "`gpucell.runs.wait()`")
 
     def __repr__(self) -> str:
-        if not _RECENT:
+        if not _recent():
             return "gpucell.runs: no background run yet"
-        lines = [f"cell [{bg.cell}]: {bg.progress}" for bg in _RECENT]
+        lines = [f"cell [{bg.cell}]: {bg.progress}" for bg in _recent()]
         return "gpucell.runs:\n  " + "\n  ".join(lines)
 
 

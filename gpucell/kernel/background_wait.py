@@ -42,23 +42,23 @@ def settle_for(shell: Any, source: str | None, tree: ast.Module | None = None) -
     """Before a cell (its transformed text, its code as IPython parsed it, or
     both) runs: wait for, and merge, every pending run it could touch, and the
     runs started before those."""
-    if not B._PENDING:
+    if not B._pending():
         return
     ns = shell.user_ns
     if source is not None:
         code = notebook_code(ns, waitrule.identifiers(source))
         reasons = [
             waitrule.why_wait_source(source, bg.footprint, code, tree)
-            for bg in B._PENDING
+            for bg in B._pending()
         ]
     else:
         assert tree is not None
         use = waitrule.cell_use_of(tree)
         code = notebook_code(ns, use.names)
-        reasons = [waitrule.why_wait(use, bg.footprint, code) for bg in B._PENDING]
+        reasons = [waitrule.why_wait(use, bg.footprint, code) for bg in B._pending()]
     last = max((i for i, r in enumerate(reasons) if r), default=-1)
     if last >= 0:
-        target, why = B._PENDING[last], reasons[last]
+        target, why = B._pending()[last], reasons[last]
         settle_through(shell, target, f"this cell {why}")
     _note_failures()
 
@@ -66,15 +66,15 @@ def settle_for(shell: Any, source: str | None, tree: ast.Module | None = None) -
 def might_touch(shell: Any, source: str) -> bool:
     """The quick check before a cell: could it touch a pending run at all?
     (A scan of its text's words; ``False`` for most cells.)"""
-    if not B._PENDING:
+    if not B._pending():
         return False
     code = notebook_code(shell.user_ns, waitrule.identifiers(source))
-    return any(waitrule.might_wait(source, bg.footprint, code) for bg in B._PENDING)
+    return any(waitrule.might_wait(source, bg.footprint, code) for bg in B._pending())
 
 
 def _note_failures() -> None:
     """A run that failed is said once, in the next cell, whether it waits or not."""
-    for bg in list(B._PENDING):
+    for bg in list(B._pending()):
         if bg.state == "failed" and not bg.said_failed:
             bg.said_failed = True
             print(
@@ -86,13 +86,13 @@ def _note_failures() -> None:
 
 def settle_through(shell: Any, target: BackgroundRun, why: str) -> None:
     """Wait for and merge every pending run up to ``target``, in start order."""
-    if target not in B._PENDING:
+    if target not in B._pending():
         if target.state == "raised" or target.state == "merged":
             return
         if target.state == "cancelled":
             return
-    while B._PENDING:
-        bg = B._PENDING[0]
+    while B._pending():
+        bg = B._pending()[0]
         reason = why if bg is target else f"before the run of cell [{target.cell}]"
         _settle(shell, bg, reason)
         if bg is target:
@@ -114,7 +114,7 @@ def _settle(shell: Any, bg: BackgroundRun, why: str) -> None:
         bg._drive_to_end()  # an interrupt raises here: the run goes on
     else:
         print(f"gpucell: merging the background run of cell [{bg.cell}] ({why}).")
-    B._PENDING.remove(bg)
+    B._pending().remove(bg)
     tail = bg.tail
     try:
         sys.stdout.write("".join(bg.output))
@@ -196,8 +196,8 @@ def one_line(error: BaseException | None) -> str:
 def wait_for_all(shell: Any, why: str) -> None:
     """Every pending run waited for and merged, in start order (``%gpu_wait``,
     a new ``%%gpu_parallel`` cell, ``%gpu_cluster stop``)."""
-    if B._PENDING:
-        settle_through(shell, B._PENDING[-1], why)
+    if B._pending():
+        settle_through(shell, B._pending()[-1], why)
 
 
 def wait_magic(shell: Any, line: str) -> None:
@@ -207,7 +207,7 @@ def wait_magic(shell: Any, line: str) -> None:
 
     arg = line.strip()
     if not arg:
-        if not B._PENDING:
+        if not B._pending():
             print("gpucell: no background run is pending.")
         wait_for_all(shell, "`%gpu_wait`")
         return
@@ -218,15 +218,15 @@ def wait_magic(shell: Any, line: str) -> None:
             f"%gpu_wait: {arg!r} is not a cell number; `%gpu_wait` waits for every "
             "background run, `%gpu_wait 5` for the run of cell [5]."
         ) from None
-    found = [bg for bg in B._RECENT if bg.cell == cell]
+    found = [bg for bg in B._recent() if bg.cell == cell]
     if not found:
-        started = ", ".join(f"[{bg.cell}]" for bg in B._RECENT) or "none"
+        started = ", ".join(f"[{bg.cell}]" for bg in B._recent()) or "none"
         raise UsageError(
             f"%gpu_wait {cell}: no background run of cell [{cell}] (runs of cells: "
             f"{started})."
         )
     bg = found[-1]
-    if bg not in B._PENDING:
+    if bg not in B._pending():
         print(f"gpucell: the background run of cell [{cell}] is {bg.state}.")
         return
     settle_through(shell, bg, f"`%gpu_wait {cell}`")
@@ -298,7 +298,7 @@ class _Hooks:
         self.source = None
         self.executing = True
         if B.FEED_DURING_CELLS:
-            for bg in B._PENDING:
+            for bg in B._pending():
                 during_cell(bg)  # the event loop stops while the cell runs
 
     def pre_run_cell(self, info: Any) -> None:
@@ -317,9 +317,9 @@ class _Hooks:
 
     def post_execute(self) -> None:
         self.executing = False
-        for bg in B._PENDING:
+        for bg in B._pending():
             after_cell(bg)
-        if not B._PENDING:
+        if not B._pending():
             self.remove()
 
     def remove(self) -> None:
@@ -356,7 +356,7 @@ def install(shell: Any) -> None:
 def after_change() -> None:
     """Outside a cell (``%gpu_wait`` from a comm, ``run.cancel()`` from a widget)
     nothing else removes the hooks once no run is pending."""
-    if not B._PENDING and _HOOKS is not None and not _HOOKS.executing:
+    if not B._pending() and _HOOKS is not None and not _HOOKS.executing:
         _HOOKS.remove()
 
 
@@ -368,7 +368,7 @@ def shutdown() -> None:
     """Kernel exit, ``%unload_ext gpucell``: every running background run's
     engines stop their work (queued chunks aborted, running ones interrupted),
     its /dev/shm files released; nothing is merged."""
-    for bg in list(B._PENDING):
+    for bg in list(B._pending()):
         bg._stop_driver()
         if bg.state == "running":
             with contextlib.suppress(BaseException):
@@ -379,7 +379,7 @@ def shutdown() -> None:
                 bg.tail.keeping.failed("shutdown")  # --checkpoint files complete
             with contextlib.suppress(BaseException):
                 bg.watched.close()
-        B._PENDING.remove(bg)
+        B._pending().remove(bg)
     if _HOOKS is not None:
         _HOOKS.remove()
 
