@@ -19,15 +19,13 @@ from gpucell import config as _config
 from gpucell.core.analysis.scope import BUILTIN_NAMES
 from gpucell.errors import NoCluster
 from gpucell.kernel import preflight
-from gpucell.kernel.finish import conclude, runs_at_once
-from gpucell.kernel.finish import run_epilogue as run_epilogue
+from gpucell.kernel.finish import conclude, run_epilogue, runs_at_once
 from gpucell.kernel.layers import inside_layers
 from gpucell.kernel.plans import Prepared
 from gpucell.kernel.randomness import warn_random, warn_set_order
 from gpucell.kernel.request import CellRequest, select_targets
 from gpucell.kernel.session import current as _session
 from gpucell.kernel.stages import Admitted, Cell, Loop, Shell
-from gpucell.kernel.watched import Watched as Watched
 from gpucell.kernel.watched import run_with_display
 
 #: gpucell's decisions for a cell (where it runs, what was kept), for users who ask:
@@ -41,10 +39,6 @@ if TYPE_CHECKING:
     from gpucell.kernel.dispatch import Options
 
 __all__ = ["CellRequest", "run_cell", "select_targets"]
-
-# (kernel/background.py imports Watched, run_epilogue and this name from here)
-_conclude = conclude
-
 
 def run_cell(shell: Shell, cell: str, req: CellRequest) -> None:
     """Run ``cell`` as ``%%gpu_parallel`` would (see the magic's docstring)."""
