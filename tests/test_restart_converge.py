@@ -64,6 +64,24 @@ def test_two_engines_killed_at_once_come_back_as_two(own_cluster):
     assert all(e.restarts == 1 for e in own_cluster.engines.values())
 
 
+def test_a_cell_sent_while_an_engine_restarts_routes_around_it(ip, own_cluster):
+    """No raw KeyError: the restart is a state the cell runs beside, and the
+    status table says so."""
+    os.kill(own_cluster.engines[1].pid, signal.SIGKILL)
+    time.sleep(0.3)
+    table = gc_mod.format_status(gc_mod.status())  # the restart begins here
+    assert "dead (restarting)" in table
+    ip.user_ns["out"] = []
+    result = ip.run_cell(
+        "%%gpu_parallel --quiet --schedule dynamic --chunksize 1\n"
+        "import time\nfor i in range(30):\n    time.sleep(0.05)\n    out.append(i)\n"
+    )
+    assert result.error_in_exec is None, result.error_in_exec
+    assert ip.user_ns["out"] == list(range(30))
+    _until(lambda: not own_cluster.restarts.pending, 40, "the restart ends")
+    assert len(own_cluster.live_ids()) == 2
+
+
 def test_an_engine_that_dies_after_every_start_stops_being_restarted(
     own_cluster, capsys
 ):

@@ -61,6 +61,9 @@ class EngineInfo:
     # read its /proc entry and signal it; else it goes through the controller
     local: bool = False
     restarts: int = 0  # times this device's engine was restarted after dying
+    # dead and being restarted now (status says "dead (restarting)"); cells
+    # route around it and take the new engine when it is back
+    restarting: bool = False
 
     @property
     def device(self) -> str:
@@ -213,6 +216,11 @@ def summary(engines: dict[int, EngineInfo]) -> str:
     return ", ".join(f"{n} × {k}" if n > 1 else k for k, n in counts.items())
 
 
+def _state_text(r: EngineInfo) -> str:
+    text = r.state + (" (restarting)" if r.restarting and r.state == "dead" else "")
+    return text + (f" (restarted {r.restarts}x)" if r.restarts else "")
+
+
 def format_status(
     rows: Sequence[EngineInfo], selected: Sequence[int] | None = None
 ) -> str:
@@ -232,8 +240,7 @@ def format_status(
                 r.name,
                 mem,
                 str(r.threads or "-"),
-                r.state
-                + (f" (restarted {r.restarts}x)" if getattr(r, "restarts", 0) else ""),
+                _state_text(r),
             )
         )
     widths = [

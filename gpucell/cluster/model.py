@@ -173,7 +173,8 @@ class GpuCluster:
                 state = BUSY
             else:
                 state = IDLE
-            info = replace(info, state=state)
+            restarting = state == DEAD and self.restarts.restarting(eid)
+            info = replace(info, state=state, restarting=restarting)
             self.engines[eid] = info
             rows.append(info)
         return rows

@@ -58,6 +58,8 @@ class Restart:
     deadline: float = 0.0
     launched: bool = False
     engine_set: str = ""  # ipyparallel's engine set of the current attempt
+    # its launchers, kept: ipyparallel drops a stopped set from Cluster.engines
+    launchers: tuple[Any, ...] = ()
     new_id: int | None = None
     info: Any = None  # the new engine's EngineInfo, once it described itself
     gave_up: str | None = None
@@ -151,10 +153,12 @@ class Restarts:
         if not r.launched:
             if now >= r.next_at:
                 self._launch(gc, r, now)
+                if r.launched and not r.launchers:  # its set already stopped
+                    self._failed(gc, r, "its process exited as it started")
             return None
         if r.info is not None:
             return self._join(gc, r)
-        if r.new_id is None and (why := _exited(gc, r.engine_set)) is not None:
+        if r.new_id is None and (why := _exited(r.launchers)) is not None:
             self._failed(gc, r, why)
         elif now > r.deadline:
             self._failed(gc, r, "it did not register and describe itself in time")
@@ -176,6 +180,8 @@ class Restarts:
             environment=engines.engine_env(spec),
             engine_args=list(gc.engine_args),
         )
+        es = getattr(gc.cluster, "engines", {}).get(r.engine_set)
+        r.launchers = tuple(getattr(es, "launchers", {}).values()) if es else ()
         r.launched = True
         r.deadline = now + config.settings().start_timeout
 
@@ -239,7 +245,7 @@ class Restarts:
                 f"{r.attempt} attempts ({why}); the cluster goes on without it"
             )
             return
-        r.launched, r.new_id, r.info = False, None, None
+        r.launched, r.new_id, r.info, r.launchers = False, None, None, ()
         r.next_at = time.monotonic() + BACKOFF * 2**r.attempt
 
     def _shut_down(self, gc: Any, eid: int) -> None:
@@ -248,15 +254,13 @@ class Restarts:
             gc.client.shutdown(targets=[eid], block=False)
 
 
-def _exited(gc: Any, engine_set: str) -> str | None:
-    """Why the launched engine of ``engine_set`` is gone (its process exited,
-    with the last line it wrote), or ``None`` while it runs.  Read from its
-    pid: the launcher's own state changes only when ipyparallel's event loop
-    runs, which nothing does between cells."""
+def _exited(launchers: tuple[Any, ...]) -> str | None:
+    """Why an attempt's launched engine is gone (its process exited, with the
+    last error it wrote), or ``None`` while it runs.  Read from its pid: the
+    launcher's own state changes only when ipyparallel's event loop runs, which
+    nothing does between cells."""
     from gpucell.devices.host import pid_running
 
-    es = getattr(gc.cluster, "engines", {}).get(engine_set)
-    launchers = list(getattr(es, "launchers", {}).values()) if es else []
     pids = [getattr(x, "pid", None) for x in launchers]
     if not pids or any(not isinstance(p, int) or pid_running(p) for p in pids):
         return None
