@@ -916,6 +916,75 @@ def model(
     return out
 
 
+def model_hosts(
+    m: dict,
+    w: float,
+    layouts=((64, 8), (256, 32)),
+    rtt: float = 0.0005,
+    target: float = 0.90,
+) -> dict:
+    """Efficiency at ``E`` engines over ``H`` hosts (``E / H`` engines a host,
+    a core each; the kernel and the controller on the first host, a core each)
+    from one :func:`model` fit ``m``, for a uniform loop of ``w`` seconds per
+    engine in ``k`` chunks each (``C = k * E``).
+
+    The kernel and the controller are single processes that every chunk goes
+    through, wherever its engine is; the engines work in parallel.  So::
+
+        serial   = max(C * c, C * c_ctl)      # busiest of kernel and controller
+        makespan = w + max(serial, k * c_eng) + k * rtt + L
+        L        = max(0, F + d * k - cpu_here)   # this host's measured latency
+
+    ``rtt`` is a round trip between hosts (0.5 ms, a data-centre LAN); ``L`` is
+    the measured overhead's part that is not CPU queueing on this 2-core host
+    (taken as is: pessimistic on a real GPU host).  The kernel (controller) is
+    the bottleneck once ``C * c > w``: above ``E = w / (k * c)`` engines.  To stay
+    at ``target`` at ``E`` engines the busiest of them may cost at most
+    ``c_needed = (w / target - w - k * rtt - L) / (k * E)`` CPU seconds a chunk,
+    or at today's cost an engine needs ``w_needed`` seconds of work a cell.
+    """
+    c, c_ctl, c_eng = (
+        m["kernel_cpu_per_chunk_c"],
+        m["controller_cpu_per_chunk"],
+        m["engine_cpu_per_chunk"],
+    )
+    k, F, d = m["chunks_per_engine_k"], m["fixed_F"], m["per_chunk_d"]
+    cores = m["cores"]
+    out: dict = {
+        "rtt": rtt,
+        "w_per_engine": w,
+        "kernel_bound_above_engines": w / (k * c) if c > 0 else None,
+        "controller_bound_above_engines": w / (k * c_ctl) if c_ctl > 0 else None,
+        "cases": {},
+    }
+    for E, H in layouts:
+        C = k * E
+        cpu_here = (c + c_ctl + c_eng) * C / cores
+        lat = max(0.0, F + d * k - cpu_here)
+        serial = max(C * c, C * c_ctl)
+        busiest = "kernel" if C * c >= C * c_ctl else "controller"
+        if k * c_eng > serial:
+            busiest = "engines"
+        mk = w + max(serial, k * c_eng) + k * rtt + lat
+        slack = w / target - w - k * rtt - lat
+        c_max = max(c, c_ctl)
+        out["cases"][f"{E} engines / {H} hosts"] = {
+            "engines": E,
+            "hosts": H,
+            "chunks": C,
+            "makespan": mk,
+            "efficiency": w / mk,
+            "busiest": busiest,
+            "busiest_seconds": max(serial, k * c_eng),
+            "bottleneck": serial > w,
+            "c_needed_for_target": slack / C if slack > 0 else None,
+            "w_needed_for_target": (
+                (C * c_max + k * rtt + lat) / (1 / target - 1) if c_max > 0 else None
+            ),
+        }
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------------------
@@ -1011,11 +1080,13 @@ def main() -> None:
                     f"\n[{E} engines] {system} started in {S.startup[system]:.1f} s; "
                     f"idle tree uses {idle[system]:.2f} cores"
                 )
-                if system == "gpucell":
-                    entry["ipp_floor"] = S.ipp_floor()
                 try:
                     for loop, rec in measure(S, loops, runs, names).items():
                         recs[loop].update(rec)
+                    if system == "gpucell":
+                        # after the cells: its no-op names gpucell.engine.worker,
+                        # so engines would import it before the first cell
+                        entry["ipp_floor"] = S.ipp_floor()
                 finally:
                     errors = stop()
                     if errors:
@@ -1268,6 +1339,36 @@ def main() -> None:
             note="cpu term = max(C x c, C x c_ctl, C/E x c_eng); "
             "est = W/E + cpu term + max(0, F + d x C/E - this host's cpu term)",
         )
+
+    # ---- the model over hosts
+    w = n * t_uniform / max(by_n) if by_n else 0.0
+    for which in (GP_START, GP_FIRST, GP_RERUN):
+        m = mdl.get(which)
+        if not m:
+            continue
+        mh = model_hosts(m, w)
+        m["hosts"] = mh
+        print(
+            f"\n== model over hosts ({which}): uniform loop, {w:.2f} s per engine, "
+            f"k = {m['chunks_per_engine_k']:.2f} chunks/engine, kernel "
+            f"{m['kernel_cpu_per_chunk_c'] * 1e3:.2f} / controller "
+            f"{m['controller_cpu_per_chunk'] * 1e3:.2f} / engine "
+            f"{m['engine_cpu_per_chunk'] * 1e3:.2f} ms CPU per chunk, LAN round trip "
+            f"{mh['rtt'] * 1e3:g} ms; the kernel is the bottleneck above "
+            f"~{mh['kernel_bound_above_engines']:.0f} engines, the controller above "
+            f"~{mh['controller_bound_above_engines']:.0f}"
+        )
+        for case, p in mh["cases"].items():
+            cn, wn = p["c_needed_for_target"], p["w_needed_for_target"]
+            print(
+                f"   {case:<22} {p['chunks']:>5.0f} chunks: makespan "
+                f"{p['makespan']:.3f} s, efficiency {p['efficiency']:.3f}; busiest "
+                f"{p['busiest']} {p['busiest_seconds'] * 1e3:.0f} ms"
+                + (" (the bottleneck)" if p["bottleneck"] else "")
+                + "; for 0.90: <= "
+                + (f"{cn * 1e3:.3f} ms CPU a chunk" if cn else "(no slack)")
+                + (f", or >= {wn:.1f} s of work per engine" if wn else "")
+            )
 
     result["load_after"] = os.getloadavg()
     result["config"] = {
