@@ -232,3 +232,23 @@ def test_timeout_interrupts_engines_of_another_host_through_their_nanny(
         "gpu_parallel", "--quiet", "for i in range(3):\n    out.append(i)\n"
     )
     assert ip.user_ns["out"] == ["untouched", 0, 1, 2]
+
+
+def test_a_killed_controller_is_reported_within_a_second(ip, no_active_cluster):
+    """The controller's loss ends the cell at once: the cancel no longer waits
+    for replies that cannot come (2 x the interrupt grace, ~4 s, before)."""
+    from IPython.core.error import UsageError
+
+    c = gpucell.start_cluster(2, gpus="none")
+    ip.user_ns.update({"time": time, "out": []})
+    killed: list[float] = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(c.controller_pid, signal.SIGKILL)
+
+    threading.Timer(1.0, kill).start()
+    with pytest.raises(UsageError, match="controller .* is gone"):
+        ip.run_cell_magic("gpu_parallel", "--quiet --schedule dynamic", SLOW)
+    assert time.monotonic() - killed[0] < 1.5
+    assert ip.user_ns["out"] == []

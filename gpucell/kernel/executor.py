@@ -228,6 +228,10 @@ class Executor:
         running = sorted({f.engine for ar, f in inflight.items() if not ar.done()})
         if running:
             signal_engines(gc, running, signal.SIGINT)
+        if not getattr(gc, "controller_alive", lambda: True)():
+            # no reply can arrive without the controller: waiting cost 2 x grace
+            self._tell(ev.Cancelled())
+            return
         concurrent.futures.wait(ars, timeout=grace)
         still = [ar for ar in ars if not ar.done()]
         if still:  # a C extension ignoring SIGINT: signal again once
