@@ -4757,3 +4757,18 @@ for d in items3:
 """,
     note="the helper reads the first item through a global dict",
 )
+
+case(
+    "own-iterrows-row-changed",
+    "safe",
+    """
+import pandas as pd
+people = pd.DataFrame({"name": ["ann", "bob"], "age": [30, 40]})
+""",
+    """
+for i, row in people.iterrows():
+    row["age"] = row["age"] + 1
+""",
+    note="iterrows' rows are copies: serially only `row` (the last) keeps the "
+    "change, here the kernel's own last row (the items are read once)",
+)

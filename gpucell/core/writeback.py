@@ -96,6 +96,11 @@ def resolve(
         other = owner.setdefault(id(obj), iteration)
         if other != iteration:
             _one_object(other, iteration, obj)
+        again = item_of(iteration)
+        for j in path:
+            again = again[j]
+        if again is not obj and (_span(obj) is None or _span(again) != _span(obj)):
+            _made_anew(iteration, obj)
         update = _as_slots(obj, update)
         _check_shape(obj, update, iteration)
         targets.append(Target(iteration, obj, update))
@@ -138,6 +143,20 @@ def _leaves(item: Any, depth: int = 0) -> Iterator[tuple[tuple[int, ...], Any]]:
                 yield (j, *path), leaf
     else:
         yield (), item
+
+
+def _made_anew(iteration: int, obj: Any) -> None:
+    """Items made anew each time the data is read (``df.iterrows()``'s rows,
+    a generator's objects): serially the change is to a temporary only the
+    loop variable still holds after the loop; the kernel's is another one."""
+    raise NotParallelizable(
+        f"gpucell: the item of iteration {iteration} (a {type(obj).__name__}) "
+        "changed in place, but the loop's data makes its items anew each time "
+        "it is read (like `df.iterrows()`'s rows, copies): the change could not "
+        "reach the object the loop variable holds after a serial run. Nothing "
+        "was merged. Collect the changed values (`rows.append(...)`, `df.loc[i, "
+        "c] = ...`) instead."
+    )
 
 
 def _one_object(first: int, second: int, obj: Any) -> None:

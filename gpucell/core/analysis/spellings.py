@@ -150,7 +150,7 @@ def _keyed(
     ):
         return None
     target = ast.Subscript(
-        value=ast.Name(d, ast.Store()), slice=t.slice, ctx=ast.Store()
+        value=ast.Name(d, ast.Load()), slice=t.slice, ctx=ast.Store()
     )
     ast.copy_location(target, t)
     ast.copy_location(target.value, t.value)
