@@ -257,3 +257,44 @@ def test_requests_are_checked_before_anything_is_submitted(ip, no_active_cluster
         "srun {program_and_args}"
     )
     assert gpucell  # the package is importable without a Slurm
+
+
+def _cpu_engine_env() -> dict:
+    import os
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpus": os.environ.get("SLURM_JOB_GPUS"),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "cores": sorted(os.sched_getaffinity(0)),
+    }
+
+
+def test_a_cpu_partition_gives_one_engine_per_core_without_gpus(
+    ip, slurm, no_active_cluster, capsys
+):
+    """--cpus-per-node on nodes that have GPUs: none is asked for or seen, each
+    engine is bound to its core and its thread pools sized to it."""
+    ip.run_line_magic(
+        "gpu_cluster",
+        "start --slurm --partition debug --nodes 2 --cpus-per-node 2 --timeout 90",
+    )
+    assert "4 engines" in capsys.readouterr().out
+    gc = gc_mod.current()
+    try:
+        seen = gc.client[:].apply_sync(_cpu_engine_env)
+        assert sorted(s["host"] for s in seen) == sorted(slurm.nodes * 2)
+        for s in seen:
+            assert not s["cvd"] and not s["gpus"], s
+            assert s["omp"] == str(len(s["cores"])) == "1", s
+        assert {e.kind for e in gc.engines.values()} == {"cpu"}
+        ip.user_ns["out"] = []
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(20):\n    out.append(i + 1)\n"
+        )
+        assert ip.user_ns["out"] == [i + 1 for i in range(20)]
+    finally:
+        ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []

@@ -193,3 +193,33 @@ def test_dry_run_prints_the_script_and_submits_nothing(
         ip.run_line_magic(
             "gpu_cluster", "start --slurm --slurm-directive 'echo hi' --dry-run"
         )
+
+
+def test_a_cpu_partition_asks_for_cores_not_gpus(ip, site, no_active_cluster, capsys):
+    """--cpus-per-node: one engine per core, bound to it, no GPU in the request
+    and none of the kernel's in the engines' environment."""
+    req = SlurmRequest(nodes=2, cpus_per_node=8, partition="cpu")
+    assert req.engines == 16 and req.gpus_per_node == 0
+    lines = _sbatch_lines(batch_template(req))
+    assert "#SBATCH --ntasks=16" in lines and "#SBATCH --ntasks-per-node=8" in lines
+    assert "#SBATCH --cpus-per-task=1" in lines and "#SBATCH --partition=cpu" in lines
+    assert not any("--gpu" in x or "--gres" in x for x in lines)
+    assert SlurmRequest(**asdict(req)) == req  # a profile keeps it
+    with pytest.raises(ClusterError, match="choose one"):
+        SlurmRequest(gpus_per_node=4, cpus_per_node=8)
+    with pytest.raises(ClusterError, match="--cpus-per-node -1"):
+        SlurmRequest(cpus_per_node=-1)
+    ip.run_line_magic(
+        "gpu_cluster", "start --slurm --partition cpu --cpus-per-node 4 --dry-run"
+    )
+    out = capsys.readouterr().out
+    assert "#SBATCH --ntasks-per-node=4\n#SBATCH --cpus-per-task=1\n" in out
+    assert "--gpus-per-node" not in out and "CUDA_VISIBLE_DEVICES=''" in out
+    with pytest.raises(UsageError, match="choose one"):
+        ip.run_line_magic(
+            "gpu_cluster", "start --slurm --cpus-per-node 4 --gpus-per-node 2"
+        )
+    with pytest.raises(UsageError, match="--cpus-per-node is for --slurm"):
+        ip.run_line_magic("gpu_cluster", "start --cpus-per-node 4")
+    with pytest.raises(UsageError, match="--cpus-per-node"):
+        ip.run_line_magic("gpu_cluster", "start --slurm --cpus-per-node 0")

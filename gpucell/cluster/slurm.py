@@ -2,8 +2,10 @@
 launcher (``sbatch`` of a batch script whose ``srun`` starts the engines).
 
 Each task starts through gpucell.cluster.boot, which pins it by its rank on its node
-(``SLURM_LOCALID``: its GPU first in ``CUDA_VISIBLE_DEVICES``).  What a site asks of
-every job goes into the script too: extra ``#SBATCH`` directives
+(``SLURM_LOCALID``: its GPU first in ``CUDA_VISIBLE_DEVICES``); on a CPU-only
+partition (``--cpus-per-node``) each task is bound to a core and no GPU is asked
+for, so its thread pools are sized to that core, as a local CPU engine's are.
+What a site asks of every job goes into the script too: extra ``#SBATCH`` directives
 (``--slurm-directive``, ``GpuCell.slurm_directives``), directives of gpucell's own
 to leave out (``GpuCell.slurm_skip``, as dask-jobqueue's ``job_directives_skip``)
 and prologue lines run before ``srun`` (``GpuCell.slurm_prologue``: ``module load
@@ -42,10 +44,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SlurmRequest:
-    """What ``--slurm`` asks Slurm for: one engine per GPU on each node."""
+    """What ``--slurm`` asks Slurm for: one engine per GPU on each node, or
+    with ``cpus_per_node`` (a CPU-only partition) one engine per core and no
+    GPU asked for."""
 
     nodes: int = 1
     gpus_per_node: int = 1
+    #: engines a node, one core each, no GPU (0: one engine per GPU instead)
+    cpus_per_node: int = 0
     partition: str | None = None
     time: str | None = None
     account: str | None = None
@@ -65,15 +71,32 @@ class SlurmRequest:
             object.__setattr__(self, name, value)
         if self.nodes < 1:
             raise ClusterError(f"--nodes {self.nodes}: a job needs at least 1 node.")
-        if self.gpus_per_node < 1:
+        if self.cpus_per_node < 0:
+            raise ClusterError(
+                f"--cpus-per-node {self.cpus_per_node}: CPU engines a node, so at "
+                "least 1 (or leave it out for GPU engines)."
+            )
+        if self.cpus_per_node and self.gpus_per_node not in (0, 1):
+            raise ClusterError(
+                f"--cpus-per-node {self.cpus_per_node} with --gpus-per-node "
+                f"{self.gpus_per_node}: engines are per GPU or per core; choose one."
+            )
+        if self.cpus_per_node:  # no GPU asked for (a profile's JSON keeps 0)
+            object.__setattr__(self, "gpus_per_node", 0)
+        elif self.gpus_per_node < 1:
             raise ClusterError(
                 f"--gpus-per-node {self.gpus_per_node}: gpucell starts one engine "
                 "per GPU, so at least 1."
             )
 
     @property
+    def per_node(self) -> int:
+        """Engines a node: its GPUs, or its cores on a CPU-only partition."""
+        return self.cpus_per_node or self.gpus_per_node
+
+    @property
     def engines(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.nodes * self.per_node
 
 
 def batch_template(req: SlurmRequest) -> str:
@@ -88,10 +111,13 @@ def batch_template(req: SlurmRequest) -> str:
         "#SBATCH --job-name=gpucell-{cluster_id}",
         f"#SBATCH --nodes={req.nodes}",
         f"#SBATCH --ntasks={req.engines}",
-        f"#SBATCH --ntasks-per-node={req.gpus_per_node}",
-        f"#SBATCH --gpus-per-node={req.gpus_per_node}",
-        "#SBATCH --output={output_file}",
+        f"#SBATCH --ntasks-per-node={req.per_node}",
     ]
+    if req.cpus_per_node:  # a core each (task/affinity binds it): its threads
+        lines.append("#SBATCH --cpus-per-task=1")
+    else:
+        lines.append(f"#SBATCH --gpus-per-node={req.gpus_per_node}")
+    lines.append("#SBATCH --output={output_file}")
     if req.partition:
         lines.append(f"#SBATCH --partition={_plain(req.partition, '--partition')}")
     if req.time:
@@ -182,12 +208,14 @@ def _engine_set(
 ) -> dict[str, Any]:
     """The engine set's settings, the same for a submission and a preview."""
     kw: dict[str, Any] = {
-        "environment": dict(ENGINE_ENV),
+        "environment": dict(ENGINE_ENV),  # (``--export=ALL`` carries it)
         "engine_args": list(engine_args),
         "batch_template": batch_template(req),
         # the script goes beside the cluster's logs, not the notebook's folder
         "batch_file_name": os.path.join(log_dir, "gpucell.sbatch"),
     }
+    if req.cpus_per_node:  # the kernel's own GPUs are none of a CPU engine's
+        kw["environment"]["CUDA_VISIBLE_DEVICES"] = ""
     if python:
         kw["engine_cmd"] = [python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
     return kw

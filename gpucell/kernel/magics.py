@@ -23,18 +23,24 @@ def _start(args: Any) -> None:
     from gpucell.cluster import lifecycle as api
 
     slurm = None
-    job = ("nodes", "gpus_per_node", "partition", "time", "account")
+    job = ("nodes", "gpus_per_node", "cpus_per_node", "partition", "time", "account")
     job += ("slurm_directive", "dry_run")
     stray = [o for o in job if getattr(args, o) is not None]
     if stray and not args.slurm:
         flag = "--" + stray[0].replace("_", "-")
         raise UsageError(f"%gpu_cluster start: {flag} is for --slurm.")
+    if args.cpus_per_node is not None and args.gpus_per_node is not None:
+        raise UsageError(
+            "%gpu_cluster start: --gpus-per-node or --cpus-per-node: engines are "
+            "per GPU or per core (a CPU-only partition); choose one."
+        )
     if args.slurm:
         from gpucell.cluster.slurm import SlurmRequest
 
         slurm = SlurmRequest(
             nodes=args.nodes or 1,
             gpus_per_node=args.gpus_per_node or 1,
+            cpus_per_node=args.cpus_per_node or 0,
             partition=args.partition,
             time=args.time,
             account=args.account,
@@ -121,6 +127,12 @@ def _add_slurm_options(start: MagicArgumentParser) -> None:
         default=None,
         help="--slurm: GPUs (engines) a node.",
     )
+    start.add_argument(
+        "--cpus-per-node",
+        type=int,
+        default=None,
+        help="--slurm: a CPU-only partition: engines a node, one core each, no GPU.",
+    )
     start.add_argument("--partition", default=None, help="--slurm: partition.")
     start.add_argument("--time", default=None, help="--slurm: time limit.")
     start.add_argument("--account", default=None, help="--slurm: account.")
@@ -177,9 +189,9 @@ Usage:
                      [--profile NAME] [--timeout S]
                      [--ssh host1[:n],user@host2[:n] [--ssh-key KEY] [--python PATH]
                       [--controller-ip IP]]
-                     [--slurm [--nodes N] [--gpus-per-node G] [--partition P]
-                      [--time T] [--account A] [--slurm-directive OPT]...
-                      [--dry-run]]
+                     [--slurm [--nodes N] [--gpus-per-node G | --cpus-per-node C]
+                      [--partition P] [--time T] [--account A]
+                      [--slurm-directive OPT]... [--dry-run]]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
   %gpu_cluster status
@@ -217,6 +229,7 @@ def _check(cmd: str, args: Any) -> None:
         usage.check_int(
             m, "--gpus-per-node", args.gpus_per_node, 1, usage.MAX_GPUS_PER_NODE
         )
+        usage.check_int(m, "--cpus-per-node", args.cpus_per_node, 1, 4096)
     elif cmd == "select":
         usage.check_ids(m, "engines", args.engines, ("all",))
 
@@ -236,8 +249,8 @@ class GpuClusterMagics(Magics):
                              [--ssh host1[:n],host2[:n] [--ssh-key K]
                               [--python PATH] [--controller-ip IP]]
                              [--slurm [--nodes N] [--gpus-per-node G]
-                              [--partition P] [--time T] [--account A]
-                              [--slurm-directive OPT]... [--dry-run]]
+                              [--cpus-per-node C] [--partition P] [--time T]
+                              [--account A] [--slurm-directive OPT]... [--dry-run]]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F
                                [--ssh u@h[:port] [--ssh-key K]]
           %gpu_cluster status
@@ -259,6 +272,7 @@ class GpuClusterMagics(Magics):
           %gpu_cluster start --ssh gpu1,gpu2:2 --python /opt/venv/bin/python
           %gpu_cluster start --slurm --nodes 2 --gpus-per-node 4 --time 1:00:00
           %gpu_cluster start --slurm --slurm-directive=--mem-per-cpu=4G --dry-run
+          %gpu_cluster start --slurm --partition cpu --nodes 2 --cpus-per-node 32
           %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
           %gpu_cluster status
           %gpu_cluster select                # tick the devices later cells use
