@@ -141,7 +141,10 @@ def module_attributes(m: Any) -> Hashable:
         if isinstance(v, _IMMUTABLE):
             out.append((k, ("=", type(v).__name__, v)))
         else:
-            out.append((k, (id(v), _pickled(v))))
+            tok = _tensor(v) if _is_tensor(v) else _pickled(v)
+            if _unchecked(tok):  # (too big: by identity, never the whole
+                tok = ("by identity",)  # module's token unchecked for it)
+            out.append((k, (id(v), tok)))
     return tuple(sorted(out, key=lambda kv: kv[0]))
 
 
