@@ -4772,3 +4772,48 @@ for i, row in people.iterrows():
     note="iterrows' rows are copies: serially only `row` (the last) keeps the "
     "change, here the kernel's own last row (the items are read once)",
 )
+
+
+# ------------------------------------------- iterating a copy of what the body changes
+# (issue 28 §3: an iterable made by a copying method is made before the loop)
+
+case(
+    "copy-prices-raised-over-a-copy",
+    "safe",
+    """
+prices = {"tea": 2.5, "cake": 3.75, "jam": 4.0}
+""",
+    """
+for item in prices.copy():
+    prices[item] = round(prices[item] * 1.1, 2)
+""",
+)
+
+case(
+    "copy-top-scores-marked",
+    "safe",
+    """
+import pandas as pd
+board = pd.DataFrame({"who": list("abcdef"), "pts": [5, 9, 1, 7, 3, 8]})
+board["top"] = False
+""",
+    """
+for idx in board.nlargest(3, "pts").index:
+    board.at[idx, "top"] = True
+""",
+)
+
+case(
+    "copy-live-values-view",
+    "unsafe",
+    """
+totals = {"a": 1, "b": 2, "c": 3}
+""",
+    """
+seen_vals = []
+for v in totals.values():
+    seen_vals.append(v)
+    totals["c"] = v * 10
+""",
+    note="values() is a live view: serially the last value read is the changed one",
+)

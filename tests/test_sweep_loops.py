@@ -140,11 +140,6 @@ KNOWN: dict[str, str] = {
         "across iterations (indexed write on line 5) and is also used here; "
         "while the loop runs in parallel an iteration sees on..."
     ),
-    "pd-rank-by-sorted-index": (
-        "false refusal (own keys/columns/rows): line 3: the loop iterates over "
-        "`sales`, which the body also changes (line 4); serially the loop would"
-        " see its own changes. Iterate over a copy (`fo..."
-    ),
     "sk-running-best-model": (
         "false refusal (running argmin/argmax (by design)): line 5: "
         "`best_score` is read here before the iteration assigns it, so it would"

@@ -1532,11 +1532,35 @@ def _lazy_names(e: ast.AST, is_builtin: Callable[[str], bool]) -> Iterator[ast.N
         and is_builtin(e.func.id)
     ):
         return
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Attribute)
+        and e.func.attr in _COPYING_METHODS
+    ):
+        return  # a new object, made before the loop runs (its arguments too)
     if isinstance(e, ast.Name):
         yield e
         return
     for child in ast.iter_child_nodes(e):
         yield from _lazy_names(child, is_builtin)
+
+
+#: methods that return a new object (a copy, a sorted or filtered one): an
+#: iterable made with one does not see what the body changes afterwards
+_COPYING_METHODS = frozenset(
+    {
+        "copy",
+        "sort_values",
+        "sort_index",
+        "drop_duplicates",
+        "unique",
+        "tolist",
+        "to_list",
+        "value_counts",
+        "nlargest",
+        "nsmallest",
+    }
+)
 
 
 def _own_index(
@@ -1655,6 +1679,10 @@ def _distinct_items(
         return one_type and len(set(values)) == len(values), None
     if isinstance(e, ast.Call) and not e.keywords:
         f = e.func
+        if isinstance(f, ast.Attribute) and f.attr == "copy" and not e.args:
+            # `for k in prices.copy()`: the same keys (a list's items are its
+            # values: the engine program checks a written one is a mapping)
+            return _distinct_items(f.value, is_builtin)
         if isinstance(f, ast.Name) and is_builtin(f.id) and len(e.args) == 1:
             if f.id in _DISTINCT_MAKERS:
                 return True, None
