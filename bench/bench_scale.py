@@ -25,6 +25,11 @@ LoadBalancedView on its engines), then a Dask cluster, then loky, each started,
 settled, measured and shut down before the next starts (measured side by side, 16
 idle Dask workers and their scheduler alone took 0.3-0.5 of this host's 2 cores from
 whichever system ran)
+  gpucell 1st cell after start
+                     the cluster's very first cell (started with
+                     ``%gpu_cluster start``, then settled, as a user pauses):
+                     one sample per engine count; only the first engine count
+                     of a process has a kernel that never ran a cell.
   gpucell first run  the cell's text is new (a tag comment changes each round), so
                      gpucell has no cost memory of it: it schedules by guided
                      self-scheduling with calibration chunks.
@@ -49,10 +54,18 @@ uniform loop at 64 and 256 engines, says where the kernel becomes the bottleneck
 how much of the overhead the per-chunk CPU explains on this host's cores, and bounds
 the makespan on a many-core GPU host (a core per engine, kernel and controller).
 
-Results: a table on stdout and ``bench/results/scale.json``.
+:func:`model_hosts` carries the fit to 64 engines over 8 hosts and 256 over 32
+(a core per engine, the kernel and the controller one each, a LAN round trip):
+the efficiency, which process is the bottleneck, and the CPU per chunk (or the
+work per engine) that would keep 0.90.
+
+Results: a table on stdout and ``bench/results/scale.json``.  Before/after on
+this noisy host: ``bench/bench_ab.py`` runs this script against two trees in
+turn.  Dask is left out when it is not installed; ``--peers joblib`` (or
+``''``) measures fewer peers.
 
 Usage:  python bench/bench_scale.py [--engines 8,16] [--iterations 64] [--runs 2]
-        [--quick]
+        [--quick] [--peers lbv,dask,joblib]
 """
 
 from __future__ import annotations
