@@ -23,10 +23,13 @@ from gpucell.errors import (
 
 __version__ = "0.1.0"
 
-# gpucell's decisions go to loggers under "gpucell" (README: "Logging").  A library
-# handler of its own would print where the user did not ask: records reach the
-# user's handlers only, and never Python's last-resort stderr.
-logging.getLogger(__name__).addHandler(logging.NullHandler())
+# gpucell's decisions go to loggers under "gpucell", heard only by a handler put on
+# "gpucell" itself: they do not propagate, so a notebook's own logging (a
+# basicConfig(level=INFO) file) holds exactly the lines a serial run writes, and
+# the NullHandler keeps Python's last-resort stderr line away.
+_log = logging.getLogger(__name__)
+_log.addHandler(logging.NullHandler())
+_log.propagate = False
 
 __all__ = [
     "ClusterError",

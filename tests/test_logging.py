@@ -123,9 +123,11 @@ def test_engine_and_gpucell_records_stay_on_the_engine_but_lookalike_names_trave
 
 def test_gpucell_logger_says_where_a_loop_runs_and_only_when_asked(ip, cluster):
     """The ``gpucell`` logger: silent by default (a NullHandler, no last-resort
-    stderr line), and a handler the user adds hears where each loop ran and why."""
+    stderr line, nothing propagated to the notebook's root handlers), and a
+    handler the user puts on it hears where each loop ran and why."""
     gl = logging.getLogger("gpucell")
     assert any(isinstance(h, logging.NullHandler) for h in gl.handlers)
+    assert gl.propagate is False  # the notebook's own log holds the serial lines
 
     class Keep(logging.Handler):
         def __init__(self) -> None:
