@@ -91,11 +91,17 @@ def preimport(client: Any, ids: Sequence[int]) -> None:
     they are up (not in a thread while they boot: ipykernel's start-up iterates
     sys.modules, and torch imported from two threads at once can be left half
     initialised); the kernel does not wait for it.  gpucell's own chunk runner
-    goes first: importing it cost each engine ~50 ms of CPU on the first cell."""
+    goes first: importing it cost each engine ~50 ms of CPU on the first cell;
+    then numpy.random where the kernel has numpy (the seed check imports it on
+    the first cell: ~5 ms an engine)."""
     if ids:
+        import sys
+
         from gpucell.engine.runtime import preimport
 
         names = ["gpucell.engine.worker", *heavy_modules_in_kernel()]
+        if "numpy" in sys.modules:
+            names.insert(1, "numpy.random")
         with contextlib.suppress(Exception):  # a head start, never a failure
             client.direct_view(list(ids)).apply_async(preimport, names)
 
