@@ -2004,6 +2004,61 @@ def _target_taint(
     return {n.id for n in target_names(target)}, False
 
 
+def _alias_taint(
+    stmts: list[ast.stmt],
+    nodes: list[ast.AST],
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    body_bound: set[str],
+    is_builtin: Callable[[str], bool],
+) -> set[str]:
+    """Locals of the body that may hold objects from outside the iteration:
+    the loop's targets (but ``range``'s and ``enumerate``'s numbers) and
+    what is bound from them or from names outside the body, to a fixpoint."""
+
+    def is_outer(n: str) -> bool:
+        return (n not in body_bound and not is_builtin(n)) or n in tainted
+
+    tainted: set[str] = set()
+    if loop_iter is not None:
+        names, _ = _target_taint(loop_target, loop_iter, is_builtin)
+        tainted |= names
+    # (kind, expression, names it binds) for every binding that may alias
+    aliasing: list[tuple[str, ast.expr, set[str]]] = []
+    for s in stmts:
+        if isinstance(s, ast.Assign):
+            names = {n.id for t in s.targets for n in target_names(t)}
+            aliasing.append(("alias", s.value, names))
+        elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
+            s.iter, is_builtin
+        ):
+            aliasing.append(
+                ("mentions", s.iter, {n.id for n in target_names(s.target)})
+            )
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                if item.optional_vars is not None:
+                    names = {n.id for n in target_names(item.optional_vars)}
+                    aliasing.append(("alias", item.context_expr, names))
+    for node in nodes:
+        if isinstance(node, ast.NamedExpr):
+            aliasing.append(("alias", node.value, {node.target.id}))
+    for _ in range(len(aliasing) + 1):
+        before = len(tainted)
+        for kind, e, names in aliasing:
+            if names <= tainted:
+                continue
+            hit = (
+                _alias_expr(e, is_outer) if kind == "alias" else _mentions(e, is_outer)
+            )
+            if hit:
+                tainted |= names
+        if len(tainted) == before:
+            break
+    tainted &= body_bound
+    return tainted
+
+
 def classify_body(
     body: list[ast.stmt],
     *,
@@ -2138,46 +2193,7 @@ def classify_body(
     )
 
     # alias taint: locals that may hold objects from outside the iteration
-    def is_outer(n: str) -> bool:
-        return (n not in body_bound and not is_builtin(n)) or n in tainted
-
-    tainted: set[str] = set()
-    if loop_iter is not None:
-        names, _ = _target_taint(loop_target, loop_iter, is_builtin)
-        tainted |= names
-    # (kind, expression, names it binds) for every binding that may alias
-    aliasing: list[tuple[str, ast.expr, set[str]]] = []
-    for s in stmts:
-        if isinstance(s, ast.Assign):
-            names = {n.id for t in s.targets for n in target_names(t)}
-            aliasing.append(("alias", s.value, names))
-        elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
-            s.iter, is_builtin
-        ):
-            aliasing.append(
-                ("mentions", s.iter, {n.id for n in target_names(s.target)})
-            )
-        elif isinstance(s, (ast.With, ast.AsyncWith)):
-            for item in s.items:
-                if item.optional_vars is not None:
-                    names = {n.id for n in target_names(item.optional_vars)}
-                    aliasing.append(("alias", item.context_expr, names))
-    for node in nodes:
-        if isinstance(node, ast.NamedExpr):
-            aliasing.append(("alias", node.value, {node.target.id}))
-    for _ in range(len(aliasing) + 1):
-        before = len(tainted)
-        for kind, e, names in aliasing:
-            if names <= tainted:
-                continue
-            hit = (
-                _alias_expr(e, is_outer) if kind == "alias" else _mentions(e, is_outer)
-            )
-            if hit:
-                tainted |= names
-        if len(tainted) == before:
-            break
-    tainted &= body_bound
+    tainted = _alias_taint(stmts, nodes, loop_target, loop_iter, body_bound, is_builtin)
 
     ctx = _Ctx(
         sink=diag,
@@ -2264,9 +2280,9 @@ def classify_body(
     for row in own_rows.values():
         for st in stmts:
             if st.lineno in row.handed and isinstance(st, ast.Assign):
-                for node in ast.walk(st.value):
-                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                        flow.watch(node, st.lineno)
+                for sub in ast.walk(st.value):
+                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                        flow.watch(sub, st.lineno)
     check = _key_check(loop_iter, is_builtin)
     if check is not None:
         # (a row made new under any loop variable never reads what was there:
@@ -2284,9 +2300,9 @@ def classify_body(
     first_lines: dict[str, int] = {}
     for n in target_names(loop_target):
         first_lines.setdefault(n.id, n.lineno)
-    for node in nodes:
-        if isinstance(node, ast.Name) and node.id in body_bound:
-            first_lines.setdefault(node.id, node.lineno)
+    for any_node in nodes:
+        if isinstance(any_node, ast.Name) and any_node.id in body_bound:
+            first_lines.setdefault(any_node.id, any_node.lineno)
     result.locals = {n: first_lines.get(n, 0) for n in sorted(body_bound)}
     result.locals = dict(sorted(result.locals.items(), key=lambda kv: (kv[1], kv[0])))
     result.deleted_locals = ctx.deleted & body_bound
