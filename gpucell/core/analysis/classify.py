@@ -2004,6 +2004,77 @@ def _target_taint(
     return {n.id for n in target_names(target)}, False
 
 
+def _resolve_sinks(
+    by_name: dict[str, list[Candidate]],
+    diag: DiagnosticSink,
+    result: Classification,
+) -> dict[str, Candidate]:
+    """Each name's sink (its first candidate of the one kind it is used as),
+    filed in ``result`` by kind; a name used as two kinds, or reduced with two
+    operators or forms, refused in ``diag``."""
+    sinks: dict[str, Candidate] = {}
+    for name, cs in by_name.items():
+        classes = {c.cls for c in cs}
+        first = cs[0]
+        if classes == {KEYED, KEYED_GATHER}:
+            # counts and lists under different keys of one dict (stats["n"] += 1,
+            # stats["items"].append(x)); a key used both ways fails the merge
+            classes = {KEYED}
+            first = next(c for c in cs if c.cls == KEYED)
+            result.keyed_gathers[name] = next(
+                c.stmt.lineno for c in cs if c.cls == KEYED_GATHER
+            )
+            cs = [c for c in cs if c.cls == KEYED]
+        if len(classes) > 1:
+            kinds = " and ".join(sorted(classes))
+            diag.add(
+                cs[1].stmt.lineno,
+                cs[1].stmt.col_offset,
+                name,
+                "mixed-use",
+                f"`{name}` is used both as {kinds} in the loop; gpucell can merge "
+                f"one kind of contribution per name. "
+                + (
+                    _element_fix(name)
+                    if WRITE in classes and classes & {KEYED, KEYED_GATHER}
+                    else "Use a separate name for each."
+                ),
+            )
+            sinks[name] = first
+            continue
+        cls = first.cls
+        if cls in (REDUCTION, KEYED):
+            ops = {c.op for c in cs}
+            augs = {c.augmented for c in cs}
+            if len(ops) > 1 or len(augs) > 1:
+                diag.add(
+                    cs[1].stmt.lineno,
+                    cs[1].stmt.col_offset,
+                    name,
+                    "mixed-reduction",
+                    f"`{name}` is combined with different operators or forms "
+                    f"({', '.join(sorted(ast.unparse(c.stmt) for c in cs))}); a "
+                    f"parallel reduction needs one associative operator per name. "
+                    f"Use one form (e.g. only `{name}{'[k]' if cls == KEYED else ''}"
+                    f" += ...`)." + (_row_depth_fix(name) if _mixed_depths(cs) else ""),
+                )
+        sinks[name] = first
+        line = first.stmt.lineno
+        if cls == GATHER:
+            result.gathers[name] = line
+        elif cls == WRITE:
+            result.writes[name] = line
+        elif cls == UNION:
+            result.unions[name] = line
+        elif cls == REDUCTION:
+            result.reductions[name] = (first.op or "+", first.augmented, line)
+        elif cls == KEYED:
+            result.keyed[name] = (first.op or "+", line)
+        elif cls == KEYED_GATHER:
+            result.keyed_gathers[name] = line
+    return sinks
+
+
 def _alias_taint(
     stmts: list[ast.stmt],
     nodes: list[ast.AST],
@@ -2107,72 +2178,13 @@ def classify_body(
     )
 
     own_rows = _own_rows(body, nodes, loop_target, loop_iter, other_bound, is_builtin)
-    sinks: dict[str, Candidate] = {}
     by_name: dict[str, list[Candidate]] = {}
     for c in cands:
         if c.name in other_bound or c.name in own_rows:
             continue
         by_name.setdefault(c.name, []).append(c)
     result = Classification()
-    for name, cs in by_name.items():
-        classes = {c.cls for c in cs}
-        first = cs[0]
-        if classes == {KEYED, KEYED_GATHER}:
-            # counts and lists under different keys of one dict (stats["n"] += 1,
-            # stats["items"].append(x)); a key used both ways fails the merge
-            classes = {KEYED}
-            first = next(c for c in cs if c.cls == KEYED)
-            result.keyed_gathers[name] = next(
-                c.stmt.lineno for c in cs if c.cls == KEYED_GATHER
-            )
-            cs = [c for c in cs if c.cls == KEYED]
-        if len(classes) > 1:
-            kinds = " and ".join(sorted(classes))
-            diag.add(
-                cs[1].stmt.lineno,
-                cs[1].stmt.col_offset,
-                name,
-                "mixed-use",
-                f"`{name}` is used both as {kinds} in the loop; gpucell can merge "
-                f"one kind of contribution per name. "
-                + (
-                    _element_fix(name)
-                    if WRITE in classes and classes & {KEYED, KEYED_GATHER}
-                    else "Use a separate name for each."
-                ),
-            )
-            sinks[name] = first
-            continue
-        cls = first.cls
-        if cls in (REDUCTION, KEYED):
-            ops = {c.op for c in cs}
-            augs = {c.augmented for c in cs}
-            if len(ops) > 1 or len(augs) > 1:
-                diag.add(
-                    cs[1].stmt.lineno,
-                    cs[1].stmt.col_offset,
-                    name,
-                    "mixed-reduction",
-                    f"`{name}` is combined with different operators or forms "
-                    f"({', '.join(sorted(ast.unparse(c.stmt) for c in cs))}); a "
-                    f"parallel reduction needs one associative operator per name. "
-                    f"Use one form (e.g. only `{name}{'[k]' if cls == KEYED else ''}"
-                    f" += ...`)." + (_row_depth_fix(name) if _mixed_depths(cs) else ""),
-                )
-        sinks[name] = first
-        line = first.stmt.lineno
-        if cls == GATHER:
-            result.gathers[name] = line
-        elif cls == WRITE:
-            result.writes[name] = line
-        elif cls == UNION:
-            result.unions[name] = line
-        elif cls == REDUCTION:
-            result.reductions[name] = (first.op or "+", first.augmented, line)
-        elif cls == KEYED:
-            result.keyed[name] = (first.op or "+", line)
-        elif cls == KEYED_GATHER:
-            result.keyed_gathers[name] = line
+    sinks = _resolve_sinks(by_name, diag, result)
     own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
     own |= {
         id(node)
