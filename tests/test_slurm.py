@@ -298,3 +298,89 @@ def test_a_cpu_partition_gives_one_engine_per_core_without_gpus(
     finally:
         ip.run_line_magic("gpu_cluster", "stop")
     assert _wait_no_jobs(slurm, 20) == []
+
+
+def _host_of(i) -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _block_node2(slurm) -> str:
+    """A job holding node2's GPUs, so a job that needs them stays pending."""
+    return subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodelist=node2",
+            "--gpus-per-node=2",
+            "--exclusive",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 300",
+        ],
+        capture_output=True,
+        text=True,
+        env=slurm.env,
+        check=True,
+    ).stdout.strip()
+
+
+def test_jobs_start_cells_on_the_first_job_and_the_held_one_joins_later(
+    ip, slurm, no_active_cluster, capsys
+):
+    """--jobs 2 with node2 taken: the start returns with the first job's two
+    engines, a cell runs on them; the second job, held, is in the status with
+    squeue's reason; released (and node2 freed) its engines join, and the next
+    cell runs on all four, still equal to serial."""
+    blocker = _block_node2(slurm)
+    try:
+        ip.run_line_magic(
+            "gpu_cluster", "start --slurm --nodes 2 --gpus-per-node 2 --jobs 2"
+        )
+        out = capsys.readouterr().out
+        assert "2 engines" in out
+        gc = gc_mod.current()
+        first, second = gc.cluster.engines["slurm"], gc.cluster.engines["slurm-2"]
+        subprocess.run(["scontrol", "hold", str(second.job_id)], env=slurm.env)
+        assert gc.restarts.joining == 2
+        code = "for i in range(30):\n    out.append((i * 2, host_of(i)))\n"
+        ip.user_ns.update(out=[], host_of=_host_of)
+        ip.run_cell_magic("gpu_parallel", "--quiet", code)
+        assert [x[0] for x in ip.user_ns["out"]] == [i * 2 for i in range(30)]
+        ip.run_line_magic("gpu_cluster", "status")
+        status = capsys.readouterr().out
+        # (JobHeldAdmin: the tests run as root)
+        assert f"Slurm job {second.job_id} (JobHeld" in status, status
+        assert "pending; 2 more engines join as they start" in status
+        subprocess.run(["scancel", blocker], env=slurm.env)
+        subprocess.run(["scontrol", "release", str(second.job_id)], env=slurm.env)
+        # a cell running meanwhile takes them as they come (as restarted ones)
+        slow = (
+            "for i in range(160):\n    time.sleep(0.25)\n    out.append(host_of(i))\n"
+        )
+        ip.user_ns.update(out=[], time=time)
+        ip.run_cell_magic("gpu_parallel", "", slow)
+        assert len(ip.user_ns["out"]) == 160
+        joined_mid_cell = len(gc.engines) == 4
+        said = capsys.readouterr().out
+        assert joined_mid_cell and "node2" in ip.user_ns["out"], said
+        assert "engine 2 (GPU" in said and ") joined; it takes work now" in said
+        deadline = time.monotonic() + 60
+        while len(gc.engines) < 4 and time.monotonic() < deadline:
+            gc.refresh()  # what status does
+            time.sleep(0.5)
+        assert len(gc.engines) == 4 and gc.restarts.joining == 0
+        assert {e.host for e in gc.engines.values()} == set(slurm.nodes)
+        ip.run_line_magic("gpu_cluster", "status")
+        assert "pending" not in capsys.readouterr().out
+        ip.user_ns["out"] = []
+        ip.run_cell_magic("gpu_parallel", "--quiet", code)
+        assert [x[0] for x in ip.user_ns["out"]] == [i * 2 for i in range(30)]
+        assert {x[1] for x in ip.user_ns["out"]} == set(slurm.nodes)
+        assert first.job_id != second.job_id
+    finally:
+        subprocess.run(["scancel", blocker], env=slurm.env)
+        if gc_mod._current is not None:
+            ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []

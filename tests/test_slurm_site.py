@@ -223,3 +223,39 @@ def test_a_cpu_partition_asks_for_cores_not_gpus(ip, site, no_active_cluster, ca
         ip.run_line_magic("gpu_cluster", "start --cpus-per-node 4")
     with pytest.raises(UsageError, match="--cpus-per-node"):
         ip.run_line_magic("gpu_cluster", "start --slurm --cpus-per-node 0")
+
+
+def test_jobs_share_out_the_nodes_and_each_is_previewed(
+    ip, site, no_active_cluster, capsys
+):
+    """--jobs N: N scripts, nodes shared out (5 over 2: 3 and 2), each its own
+    engine set and script file; a start waits for the smallest job's engines."""
+    req = SlurmRequest(nodes=5, gpus_per_node=2, jobs=2)
+    assert [p.nodes for p in req.parts()] == [3, 2]
+    assert {p.jobs for p in req.parts()} == {1} and req.first == 4
+    assert SlurmRequest(nodes=2).first == 2
+    with pytest.raises(ClusterError, match="--jobs 3 for 2 node"):
+        SlurmRequest(nodes=2, jobs=3)
+    with pytest.raises(ClusterError, match="--jobs 0"):
+        SlurmRequest(jobs=0)
+    p = preview(req, [], None, "/tmp/profile_x", "1700000000-abcd")
+    scripts = [p.script, *(o.script for o in p.others)]
+    assert [_sbatch_lines(x)[2:4] for x in scripts] == [
+        ["#SBATCH --nodes=3", "#SBATCH --ntasks=6"],
+        ["#SBATCH --nodes=2", "#SBATCH --ntasks=4"],
+    ]
+    assert [p.command, p.others[0].command] == [
+        ["sbatch", "/tmp/profile_x/log/gpucell.sbatch"],
+        ["sbatch", "/tmp/profile_x/log/gpucell-2.sbatch"],
+    ]
+    assert "-slurm-2-" in p.others[0].script  # its own engine set's log
+    text = str(p)
+    assert "# job 1 of 2\n" in text and "# job 2 of 2\n" in text
+    assert text.count("# submitted with: sbatch") == 2
+    ip.run_line_magic("gpu_cluster", "start --slurm --nodes 4 --jobs 4 --dry-run")
+    out = capsys.readouterr().out
+    assert out.count("#SBATCH --nodes=1\n") == 4 and "# job 4 of 4" in out
+    with pytest.raises(UsageError, match="--jobs is for --slurm"):
+        ip.run_line_magic("gpu_cluster", "start --jobs 2")
+    with pytest.raises(UsageError, match="--jobs 3 for 2 node"):
+        ip.run_line_magic("gpu_cluster", "start --slurm --nodes 2 --jobs 3")

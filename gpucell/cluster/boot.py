@@ -14,7 +14,9 @@ hook sets that command).  Before the real module is imported this:
   files a loop writes get the modes they get serially);
 * with ``GPUCELL_PIN_BY_RANK=1`` (engines a batch system starts together, one
   ``srun`` for all), picks this engine's GPU by its rank on its node
-  (``SLURM_LOCALID``) among the node's ``CUDA_VISIBLE_DEVICES`` (a MIG slice,
+  (``SLURM_LOCALID``; ``GPUCELL_LOCAL_RANK`` of ``GPUCELL_LOCAL_SIZE`` from
+  gpucell's PBS/LSF/SGE scripts, which also take that share of the node's
+  cores) among the node's ``CUDA_VISIBLE_DEVICES`` (a MIG slice,
   ``MIG-...``, alone: CUDA gives a process one), and sizes its thread pools to
   the cores it was given.
 
@@ -80,13 +82,25 @@ def _apply_affinity(spec: str) -> None:
             pass  # cores outside our cgroup: keep the inherited set
 
 
+def _share_cores(rank: int, size: int) -> None:
+    """The ``rank``-th of ``size`` shares of the cores the job gave this node
+    (no srun binds a task to its own there)."""
+    if size < 2 or not hasattr(os, "sched_getaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[rank * len(cores) // size : (rank + 1) * len(cores) // size]
+    _apply_affinity(",".join(map(str, share or cores)))
+
+
 def _pin_by_local_rank(env: os._Environ[str]) -> None:
     """One engine per GPU of its node: its GPU first in ``CUDA_VISIBLE_DEVICES``
     (the others after it, as for local engines), named for the status table."""
-    rank = env.get("SLURM_LOCALID")
+    # PBS, LSF and SGE have no srun: gpucell's script gives the rank itself
+    rank = env.get("GPUCELL_LOCAL_RANK", env.get("SLURM_LOCALID"))
     if env.get("GPUCELL_PIN_BY_RANK") != "1" or rank is None:
         return
     r = int(rank)
+    _share_cores(r, int(env.get("GPUCELL_LOCAL_SIZE") or 0))
     host = os.uname().nodename.split(".")[0]
     gpus = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",")]
     gpus = [g for g in gpus if g]

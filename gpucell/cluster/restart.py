@@ -81,6 +81,9 @@ class Restarts:
     gone: set[int] = field(default_factory=set)
     # where an unsuccessful end is said at once (the cell's output, in a kernel)
     echo: Callable[[str], None] = _say
+    # engines still to come from batch jobs pending at the start (--jobs N):
+    # an arrival no restart claims is one of them, and joins (replacing none)
+    joining: int = 0
 
     def restarting(self, eid: int) -> bool:
         """Whether engine ``eid`` is dead and being restarted now."""
@@ -122,7 +125,7 @@ class Restarts:
     def step(self, gc: Any) -> list[tuple[Restart, Any]]:
         """Advance every restart; the ``(restart, EngineInfo)`` of each engine
         that is back now (already in ``gc.engines``)."""
-        if self.pending or self.arrivals:
+        if self.pending or self.arrivals or self.joining:
             self._match_arrivals(gc)
         back = []
         for r in list(self.pending):
@@ -211,6 +214,11 @@ class Restarts:
                 ),
                 None,
             )
+            if r is None and self.joining > 0:  # a later batch job's engine
+                self.joining -= 1
+                r = Restart(label=str(d.get("label")), dead=-1, restarts=-1)
+                r.launched = True
+                self.pending.append(r)
             if r is None:  # a late engine of an attempt given up: not wanted
                 self.gone.add(eid)
                 self._shut_down(gc, eid)

@@ -63,6 +63,11 @@ class SlurmRequest:
     skip: tuple[str, ...] = ()
     #: the script's first line
     shebang: str = "#!/bin/sh"
+    #: smaller jobs instead of one (their nodes shared out): a cell starts once
+    #: one job's engines are up, the others' join as their jobs start
+    jobs: int = 1
+    #: the batch system: slurm, or pbs, torque, lsf, sge (gpucell.cluster.batch)
+    scheduler: str = "slurm"
 
     def __post_init__(self) -> None:
         for name in ("directives", "prologue", "skip"):  # lists from JSON too
@@ -71,6 +76,18 @@ class SlurmRequest:
             object.__setattr__(self, name, value)
         if self.nodes < 1:
             raise ClusterError(f"--nodes {self.nodes}: a job needs at least 1 node.")
+        from gpucell.cluster.batch import SCHEDULERS
+
+        if self.scheduler not in ("slurm", *SCHEDULERS):
+            raise ClusterError(
+                f"--scheduler {self.scheduler!r}: one of slurm, "
+                f"{', '.join(SCHEDULERS)}."
+            )
+        if not 1 <= self.jobs <= self.nodes:
+            raise ClusterError(
+                f"--jobs {self.jobs} for {self.nodes} node(s): each job needs at "
+                "least one node, so 1 to --nodes jobs."
+            )
         if self.cpus_per_node < 0:
             raise ClusterError(
                 f"--cpus-per-node {self.cpus_per_node}: CPU engines a node, so at "
@@ -98,6 +115,20 @@ class SlurmRequest:
     def engines(self) -> int:
         return self.nodes * self.per_node
 
+    def parts(self) -> list[SlurmRequest]:
+        """The jobs submitted: ``jobs`` requests of one job each, the nodes
+        shared out (5 over 2: 3 and 2)."""
+        from dataclasses import replace
+
+        q, r = divmod(self.nodes, self.jobs)
+        return [replace(self, nodes=q + (k < r), jobs=1) for k in range(self.jobs)]
+
+    @property
+    def first(self) -> int:
+        """Engines a start waits for: all of them, or with ``jobs`` those of
+        its smallest job (whichever job starts first)."""
+        return min(p.engines for p in self.parts())
+
 
 def batch_template(req: SlurmRequest) -> str:
     """The job script (ipyparallel fills ``{program_and_args}`` and the rest).
@@ -106,6 +137,10 @@ def batch_template(req: SlurmRequest) -> str:
     then the prologue; then ``srun``.  Braces in the site's lines are kept as
     they are (ipyparallel formats the template: they are doubled here).
     """
+    if req.scheduler != "slurm":
+        from gpucell.cluster import batch
+
+        return batch.batch_template(req)
     lines = [
         "#SBATCH --export=ALL",
         "#SBATCH --job-name=gpucell-{cluster_id}",
@@ -203,18 +238,29 @@ ENGINE_ENV = {
 }
 
 
+def set_id(k: int) -> str:
+    """The engine set (and script) of the ``k``-th job: ``slurm``, ``slurm-2``..."""
+    return "slurm" if k == 0 else f"slurm-{k + 1}"
+
+
 def _engine_set(
-    req: SlurmRequest, engine_args: Sequence[str], python: str | None, log_dir: str
+    req: SlurmRequest,
+    engine_args: Sequence[str],
+    python: str | None,
+    log_dir: str,
+    k: int = 0,
 ) -> dict[str, Any]:
-    """The engine set's settings, the same for a submission and a preview."""
+    """The ``k``-th job's engine set settings, the same for a submission and a
+    preview."""
+    ext = "sbatch" if req.scheduler == "slurm" else req.scheduler
     kw: dict[str, Any] = {
         "environment": dict(ENGINE_ENV),  # (``--export=ALL`` carries it)
         "engine_args": list(engine_args),
         "batch_template": batch_template(req),
         # the script goes beside the cluster's logs, not the notebook's folder
-        "batch_file_name": os.path.join(log_dir, "gpucell.sbatch"),
+        "batch_file_name": os.path.join(log_dir, f"gpucell{set_id(k)[5:]}.{ext}"),
     }
-    if req.cpus_per_node:  # the kernel's own GPUs are none of a CPU engine's
+    if req.cpus_per_node and req.scheduler == "slurm":  # (batch's script: its own)
         kw["environment"]["CUDA_VISIBLE_DEVICES"] = ""
     if python:
         kw["engine_cmd"] = [python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
@@ -224,23 +270,71 @@ def _engine_set(
 def start_slurm_engines(
     cluster: Any, req: SlurmRequest, engine_args: Sequence[str], python: str | None
 ) -> str:
-    """Submit the engines' job (the site's settings added); its id."""
-    from gpucell.cluster.launcher import SlurmGpuEngineSetLauncher
-
+    """Submit the engines' job (the site's settings added), or with ``jobs``
+    each of the smaller jobs; their ids, comma-separated (as ``squeue -j``
+    takes them)."""
     req = site_request(req)
-    kw = _engine_set(req, engine_args, python, os.path.join(cluster.profile_dir, "log"))
+    log = os.path.join(cluster.profile_dir, "log")
     saved = cluster.engine_launcher_class
-    cluster.engine_launcher_class = SlurmGpuEngineSetLauncher
+    cluster.engine_launcher_class = launcher_class(req)
+    ids = []
     try:
-        set_id = cluster.start_engines_sync(req.engines, engine_set_id="slurm", **kw)
+        for k, part in enumerate(req.parts()):
+            kw = _engine_set(part, engine_args, python, log, k)
+            got = cluster.start_engines_sync(
+                part.engines, engine_set_id=set_id(k), **kw
+            )
+            ids.append(str(cluster.engines[got].job_id))
     finally:
         cluster.engine_launcher_class = saved
-    return str(cluster.engines[set_id].job_id)
+    return ",".join(ids)
+
+
+def launcher_class(req: SlurmRequest) -> type:
+    """The engine-set launcher that submits ``req``'s jobs."""
+    if req.scheduler == "slurm":
+        from gpucell.cluster.launcher import SlurmGpuEngineSetLauncher
+
+        return SlurmGpuEngineSetLauncher
+    from gpucell.cluster import batch
+
+    return batch.launcher_class(req.scheduler)
+
+
+def batch_jobs(cluster: Any) -> list[str]:
+    """The ids of the Slurm jobs a cluster's engine sets submitted."""
+    sets = getattr(cluster, "engines", None) or {}
+    return [
+        str(es.job_id)
+        for name, es in sorted(sets.items())
+        if name.startswith("slurm") and getattr(es, "job_id", None)
+    ]
+
+
+def pending_note(gc: Any) -> str | None:
+    """``%gpu_cluster status``'s line on the jobs still pending (``--jobs``),
+    with squeue's reason, or None when none is."""
+    jobs = batch_jobs(getattr(gc, "cluster", None))
+    if not jobs:
+        return None
+    waiting = [
+        f"{j} ({st[1] or 'no reason given'})"
+        for j, st in job_states(jobs).items()
+        if st[0] == "PENDING"
+    ]
+    if not waiting:
+        return None
+    coming = getattr(getattr(gc, "restarts", None), "joining", 0)
+    return (
+        f"Slurm job{'s' if len(waiting) > 1 else ''} {', '.join(waiting)} pending; "
+        f"{coming} more engine{'s' if coming != 1 else ''} join as they start"
+    )
 
 
 @dataclass(frozen=True)
 class Preview:
-    """What ``--dry-run`` shows: the job script and how it would be submitted."""
+    """What ``--dry-run`` shows: the job script and how it would be submitted
+    (with ``--jobs``, each job's in ``others``)."""
 
     script: str
     command: list[str]
@@ -248,6 +342,8 @@ class Preview:
     #: the controller's connection info goes in the environment too (else the
     #: engines read its file in the profile, on a file system the nodes share)
     connection_env: bool = False
+    #: the further jobs of ``--jobs N``, each submitted the same way
+    others: tuple[Preview, ...] = ()
 
     def __str__(self) -> str:
         import shlex
@@ -255,12 +351,25 @@ class Preview:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment.items())
         if self.connection_env:
             env += " IPP_CONNECTION_INFO=<the controller's, once it runs>"
+        jobs = [self, *self.others]
+        parts = [
+            (f"# job {k + 1} of {len(jobs)}\n" if len(jobs) > 1 else "")
+            + f"{p.script.rstrip()}\n\n# submitted with: {_submit_text(p.command)}\n"
+            for k, p in enumerate(jobs)
+        ]
         return (
-            f"{self.script.rstrip()}\n\n"
-            f"# submitted with: {shlex.join(self.command)}\n"
-            f"# in the kernel's environment plus (--export=ALL gives it to the "
+            "\n".join(parts)
+            + f"# in the kernel's environment plus (--export=ALL gives it to the "
             f"engines): {env}\n# nothing was submitted (--dry-run)"
         )
+
+
+def _submit_text(command: list[str]) -> str:
+    import shlex
+
+    if command[:1] == ["bsub"]:  # LSF reads the script's #BSUB lines from stdin
+        return f"bsub < {shlex.quote(command[-1])}"
+    return shlex.join(command)
 
 
 def preview(
@@ -273,29 +382,35 @@ def preview(
 ) -> Preview:
     """The script and ``sbatch`` command :func:`start_slurm_engines` would use
     for a cluster ``cluster_id`` in ``profile_dir``, rendered by the same
-    launcher, without writing or submitting anything."""
-    from gpucell.cluster.launcher import SlurmGpuEngineSetLauncher
-
+    launcher, without writing or submitting anything (each job's, with
+    ``jobs``)."""
     req = site_request(req)
-    kw = _engine_set(req, engine_args, python, os.path.join(profile_dir, "log"))
-    launcher = SlurmGpuEngineSetLauncher(
-        work_dir=".",
-        profile_dir=profile_dir,
-        cluster_id=cluster_id,
-        engine_set_id="slurm",
-        output_file="-",  # ipyparallel's default creates the log folder
-        **kw,
-    )
-    # then the default's name, as the submission has it
-    launcher.output_file = os.path.join(
-        profile_dir, "log", f"{launcher.identifier}.log"
-    )
-    return Preview(
-        script=launcher.render_batch_script(req.engines),
-        command=list(launcher.args),
-        environment={k: str(v) for k, v in launcher.get_env().items()},
-        connection_env=connection_env,
-    )
+    shown = []
+    for k, part in enumerate(req.parts()):
+        kw = _engine_set(part, engine_args, python, os.path.join(profile_dir, "log"), k)
+        launcher = launcher_class(req)(
+            work_dir=".",
+            profile_dir=profile_dir,
+            cluster_id=cluster_id,
+            engine_set_id=set_id(k),
+            output_file="-",  # ipyparallel's default creates the log folder
+            **kw,
+        )
+        # then the default's name, as the submission has it
+        launcher.output_file = os.path.join(
+            profile_dir, "log", f"{launcher.identifier}.log"
+        )
+        shown.append(
+            Preview(
+                script=launcher.render_batch_script(part.engines),
+                command=list(launcher.args),
+                environment={k: str(v) for k, v in launcher.get_env().items()},
+                connection_env=connection_env,
+            )
+        )
+    from dataclasses import replace
+
+    return replace(shown[0], others=tuple(shown[1:]))
 
 
 def dry_run(
@@ -346,23 +461,38 @@ def _profile_location(profile: str | None) -> str:
         return os.path.join(get_ipython_dir(), f"profile_{name}")
 
 
-def job_state(job_id: str) -> tuple[str, str] | None:
-    """(state, reason) of a job squeue still lists, or None."""
+def job_states(jobs: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """(state, reason) of each of ``jobs`` squeue still lists."""
     try:
         p = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T|%r"],
+            ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"],
             capture_output=True,
             text=True,
             timeout=15,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = p.stdout.strip().splitlines()
-    if p.returncode != 0 or not line:
-        return None
-    state, _, reason = line[0].partition("|")
-    return state, reason
+        return {}
+    if p.returncode != 0:
+        return {}
+    out = {}
+    for line in p.stdout.strip().splitlines():
+        job, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        out[job.strip()] = (state, reason)
+    return out
+
+
+def job_state(job_id: str) -> tuple[str, str] | None:
+    """(state, reason) of a job squeue still lists, or None; of several
+    (``a,b``: ``--jobs``): running if one runs, else pending if one is
+    (the first one's reason), else ended."""
+    got = job_states(job_id.split(",")).values()
+    for want in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
+        for st in got:
+            if st[0] == want:
+                return st
+    return next(iter(got), None)
 
 
 _ENDED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}

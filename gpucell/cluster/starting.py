@@ -134,6 +134,8 @@ def launch(
         _channel=channel,
     )
     gc.description = f"{len(engines)} engines ({summary(engines)})"
+    if slurm is not None:  # --jobs: the later jobs' engines join as they start
+        gc.restarts.joining = max(0, slurm.engines - len(engines))
     if p.discovery.gpus == () and p.discovery.notes and p.select != "none":
         # the user asked for GPUs (the default): say why there are none
         gc.warnings.append("no GPU found (" + "; ".join(p.discovery.notes) + ")")
@@ -337,7 +339,7 @@ def _start_and_connect(
         )
         client = cluster.connect_client_sync()
         try:
-            wait_for_job(client, job, slurm.engines, timeout, echo)
+            wait_for_job(client, job, slurm.first, timeout, echo)  # --jobs: one
         except BaseException:
             client.close()
             raise

@@ -371,6 +371,8 @@ class RunState:
         if ev.near:
             self.near.add(ev.engine)
         self.sched.add_engine(ev.engine)
+        if ev.replaces < 0:  # a later batch job's engine (--jobs N)
+            return [Warn(f"engine {ev.engine} ({ev.device}) joined; it takes work now")]
         return [
             Warn(
                 f"engine {ev.replaces} was restarted as engine {ev.engine} "

@@ -429,7 +429,7 @@ class Run(InputShipping, Executor):
     def _join_restarted(self) -> None:
         """Engines restarted after dying take work in this cell as they come back."""
         restarts = self._restarts()
-        if restarts is None or not restarts.pending:
+        if restarts is None or not (restarts.pending or restarts.joining):
             return
         for r, info in restarts.step(self.gc):
             eid = info.id

@@ -24,23 +24,29 @@ def _start(args: Any) -> None:
 
     slurm = None
     job = ("nodes", "gpus_per_node", "cpus_per_node", "partition", "time", "account")
-    job += ("slurm_directive", "dry_run")
+    job += ("slurm_directive", "dry_run", "jobs")
     stray = [o for o in job if getattr(args, o) is not None]
-    if stray and not args.slurm:
+    if stray and not args.slurm and not args.scheduler:
         flag = "--" + stray[0].replace("_", "-")
-        raise UsageError(f"%gpu_cluster start: {flag} is for --slurm.")
+        raise UsageError(f"%gpu_cluster start: {flag} is for --slurm (or --scheduler).")
     if args.cpus_per_node is not None and args.gpus_per_node is not None:
         raise UsageError(
             "%gpu_cluster start: --gpus-per-node or --cpus-per-node: engines are "
             "per GPU or per core (a CPU-only partition); choose one."
         )
-    if args.slurm:
+    if args.slurm and args.scheduler not in (None, "slurm"):
+        raise UsageError(
+            f"%gpu_cluster start: --slurm or --scheduler {args.scheduler}; choose one."
+        )
+    if args.slurm or args.scheduler:
         from gpucell.cluster.slurm import SlurmRequest
 
         slurm = SlurmRequest(
             nodes=args.nodes or 1,
             gpus_per_node=args.gpus_per_node or 1,
             cpus_per_node=args.cpus_per_node or 0,
+            jobs=args.jobs or 1,
+            scheduler=args.scheduler or "slurm",
             partition=args.partition,
             time=args.time,
             account=args.account,
@@ -120,6 +126,13 @@ def _add_slurm_options(start: MagicArgumentParser) -> None:
     start.add_argument(
         "--slurm", action="store_true", help="Start the engines as one Slurm job."
     )
+    start.add_argument(
+        "--scheduler",
+        choices=("slurm", "pbs", "torque", "lsf", "sge"),
+        default=None,
+        help="The engines as a job of this batch system (--slurm: slurm); the "
+        "options below apply to each.",
+    )
     start.add_argument("--nodes", type=int, default=None, help="--slurm: nodes.")
     start.add_argument(
         "--gpus-per-node",
@@ -133,15 +146,25 @@ def _add_slurm_options(start: MagicArgumentParser) -> None:
         default=None,
         help="--slurm: a CPU-only partition: engines a node, one core each, no GPU.",
     )
+    start.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="--slurm: N smaller jobs (nodes shared out); cells start with the "
+        "first job's engines, the others join as their jobs start.",
+    )
     start.add_argument("--partition", default=None, help="--slurm: partition.")
     start.add_argument("--time", default=None, help="--slurm: time limit.")
     start.add_argument("--account", default=None, help="--slurm: account.")
     start.add_argument(
         "--slurm-directive",
+        "--directive",
+        dest="slurm_directive",
         action="append",
         default=None,
         metavar="OPTION",
-        help="--slurm: an extra #SBATCH option, e.g. --mem-per-cpu=4G (repeat it).",
+        help="--slurm: an extra #SBATCH option, e.g. --mem-per-cpu=4G (repeat it); "
+        "with --scheduler, one of its own (#PBS -l mem=4gb).",
     )
     start.add_argument(
         "--dry-run",
@@ -189,8 +212,9 @@ Usage:
                      [--profile NAME] [--timeout S]
                      [--ssh host1[:n],user@host2[:n] [--ssh-key KEY] [--python PATH]
                       [--controller-ip IP]]
-                     [--slurm [--nodes N] [--gpus-per-node G | --cpus-per-node C]
-                      [--partition P] [--time T] [--account A]
+                     [--slurm | --scheduler pbs|torque|lsf|sge
+                      [--nodes N] [--gpus-per-node G | --cpus-per-node C]
+                      [--jobs J] [--partition P] [--time T] [--account A]
                       [--slurm-directive OPT]... [--dry-run]]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
@@ -230,6 +254,7 @@ def _check(cmd: str, args: Any) -> None:
             m, "--gpus-per-node", args.gpus_per_node, 1, usage.MAX_GPUS_PER_NODE
         )
         usage.check_int(m, "--cpus-per-node", args.cpus_per_node, 1, 4096)
+        usage.check_int(m, "--jobs", args.jobs, 1, usage.MAX_NODES)
     elif cmd == "select":
         usage.check_ids(m, "engines", args.engines, ("all",))
 
@@ -248,8 +273,9 @@ class GpuClusterMagics(Magics):
                              [--cpu-engines M] [--profile NAME] [--timeout S]
                              [--ssh host1[:n],host2[:n] [--ssh-key K]
                               [--python PATH] [--controller-ip IP]]
-                             [--slurm [--nodes N] [--gpus-per-node G]
-                              [--cpus-per-node C] [--partition P] [--time T]
+                             [--slurm | --scheduler pbs|torque|lsf|sge
+                              [--nodes N] [--gpus-per-node G]
+                              [--cpus-per-node C] [--jobs J] [--partition P] [--time T]
                               [--account A] [--slurm-directive OPT]... [--dry-run]]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F
                                [--ssh u@h[:port] [--ssh-key K]]
@@ -273,6 +299,8 @@ class GpuClusterMagics(Magics):
           %gpu_cluster start --slurm --nodes 2 --gpus-per-node 4 --time 1:00:00
           %gpu_cluster start --slurm --slurm-directive=--mem-per-cpu=4G --dry-run
           %gpu_cluster start --slurm --partition cpu --nodes 2 --cpus-per-node 32
+          %gpu_cluster start --slurm --nodes 4 --jobs 4  # cells start with 1 node
+          %gpu_cluster start --scheduler pbs --nodes 2 --gpus-per-node 4 --dry-run
           %gpu_cluster connect --profile mpi # a cluster from `ipcluster start`
           %gpu_cluster status
           %gpu_cluster select                # tick the devices later cells use
@@ -313,6 +341,10 @@ class GpuClusterMagics(Magics):
             elif cmd == "status":
                 gc = api.current()
                 print(api.format_status(gc.refresh(), gc.selected))
+                from gpucell.cluster.slurm import pending_note
+
+                if note := pending_note(gc):  # --jobs: the jobs not started yet
+                    print(f"gpucell: {note}")
             elif cmd == "select":
                 _wait_for_background(self.shell, "`%gpu_cluster select` waits for it")
                 self._select(api.current(), args.engines)
