@@ -2004,6 +2004,43 @@ def _target_taint(
     return {n.id for n in target_names(target)}, False
 
 
+def _refuse_mutated_iterable(
+    loop_iter: ast.expr,
+    is_builtin: Callable[[str], bool],
+    sinks: dict[str, Candidate],
+    own_elements: dict[str, str],
+    ctx: _Ctx,
+    diag: DiagnosticSink,
+) -> None:
+    """The loop iterates over a name the body changes (read lazily, not
+    through a copy): serially the loop would see its own changes."""
+    several_writes = ctx.several_writes
+    for node in _lazy_names(loop_iter, is_builtin):
+        if (
+            node.id in sinks
+            and node.id not in own_elements
+            # (the write-once advice is there)
+            and not (node.id in several_writes and node.id in ctx.sink_reads)
+        ):
+            diag.add(
+                node.lineno,
+                node.col_offset,
+                node.id,
+                "iterable-mutated",
+                f"the loop iterates over `{node.id}`, which the body also changes "
+                f"(line {sinks[node.id].stmt.lineno}); serially the loop would "
+                f"see its own changes. "
+                + (
+                    f"A copy (`list({node.id})`) is not enough here: the body "
+                    f"also reads `{node.id}` (see line "
+                    f"{ctx.sink_reads[node.id]})."
+                    if node.id in ctx.sink_reads
+                    else f"Iterate over a copy (`for x in list({node.id}):`) "
+                    f"or collect into another name."
+                ),
+            )
+
+
 def _resolve_sinks(
     by_name: dict[str, list[Candidate]],
     diag: DiagnosticSink,
@@ -2248,30 +2285,7 @@ def classify_body(
     flow.block(body, entry)
 
     if loop_iter is not None:
-        for node in _lazy_names(loop_iter, is_builtin):
-            if (
-                node.id in sinks
-                and node.id not in own_elements
-                # (the write-once advice is there)
-                and not (node.id in several_writes and node.id in ctx.sink_reads)
-            ):
-                diag.add(
-                    node.lineno,
-                    node.col_offset,
-                    node.id,
-                    "iterable-mutated",
-                    f"the loop iterates over `{node.id}`, which the body also changes "
-                    f"(line {sinks[node.id].stmt.lineno}); serially the loop would "
-                    f"see its own changes. "
-                    + (
-                        f"A copy (`list({node.id})`) is not enough here: the body "
-                        f"also reads `{node.id}` (see line "
-                        f"{ctx.sink_reads[node.id]})."
-                        if node.id in ctx.sink_reads
-                        else f"Iterate over a copy (`for x in list({node.id}):`) "
-                        f"or collect into another name."
-                    ),
-                )
+        _refuse_mutated_iterable(loop_iter, is_builtin, sinks, own_elements, ctx, diag)
 
     if diag:
         # refused anyway: name the refit of an estimator from before the loop
