@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,89 @@ def test_dry_run_and_bad_options(ip, site, no_active_cluster, capsys):
         ip.run_line_magic(
             "gpu_cluster", "start --scheduler sge --directive 'echo hi' --dry-run"
         )
+
+
+#: a stand-in for qsub/bsub that runs the script on this machine as one node
+#: would (in its own session, so the stand-in for qdel/bkill ends all of it)
+FAKE_SUBMIT = """#!{python}
+import subprocess, sys
+script = sys.argv[1] if len(sys.argv) > 1 else None
+if script is None:  # bsub < script
+    script = {root!r} + "/stdin.sh"
+    open(script, "w").write(sys.stdin.read())
+log = open({root!r} + "/job.log", "ab")
+p = subprocess.Popen(["sh", script], stdout=log, stderr=log, start_new_session=True)
+open({root!r} + "/jobs", "a").write(f"{{p.pid}}\\n")
+print({said!r}.format(p.pid))
+"""
+FAKE_DELETE = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/../deleted"
+kill -TERM -"$1"  # the job's process group
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("scheduler", "submit", "delete", "said"),
+    [
+        ("pbs", "qsub", "qdel", "{}.pbs-server"),
+        ("lsf", "bsub", "bkill", "Job <{}> is submitted to default queue <normal>."),
+        ("sge", "qsub", "qdel", 'Your job {} ("gpucell") has been submitted'),
+    ],
+)
+def test_a_start_submits_the_script_and_stop_deletes_the_job(
+    ip,
+    no_active_cluster,
+    tmp_path,
+    monkeypatch,
+    capsys,
+    scheduler,
+    submit,
+    delete,
+    said,
+):
+    """The whole start through ipyparallel's launcher with stand-ins for the
+    submit and delete commands that run the script here: the engines register
+    with the environment the script was given, a cell equals serial, and stop
+    ends the job."""
+    import psutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / submit).write_text(
+        FAKE_SUBMIT.format(python=sys.executable, root=str(tmp_path), said=said)
+    )
+    (bin_dir / delete).write_text(FAKE_DELETE)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    ip.run_line_magic(
+        "gpu_cluster", f"start --scheduler {scheduler} --cpus-per-node 2 --timeout 60"
+    )
+    assert "2 engines" in capsys.readouterr().out
+    gc = gc_mod.current()
+    try:
+        (job,) = (tmp_path / "jobs").read_text().split()
+        assert {e.kind for e in gc.engines.values()} == {"cpu"}
+        ranks = gc.client[:].apply_sync(_rank)
+        assert sorted(ranks) == [("0", job), ("1", job)]
+        ip.user_ns["out"] = []
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(9):\n    out.append(-i)\n"
+        )
+        assert ip.user_ns["out"] == [-i for i in range(9)]
+    finally:
+        ip.run_line_magic("gpu_cluster", "stop")
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(int(job)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (tmp_path / "deleted").read_text().split() == [job]
+    assert (
+        not psutil.pid_exists(int(job)) or psutil.Process(int(job)).status() == "zombie"
+    )
+
+
+def _rank() -> tuple:
+    import os
+
+    return os.environ.get("GPUCELL_LOCAL_RANK"), str(os.getsid(0))

@@ -15,7 +15,11 @@ cancelled on ``stop`` (the launcher's ``scancel``); if the kernel dies, the engi
 end once their controller is silent, and the job with them.  While the engines are
 awaited the job is watched: a job that stays pending says so once (with
 ``squeue``'s reason), and one still pending at the timeout fails the start with
-that reason, cancelled.
+that reason, cancelled.  With ``--jobs N`` the nodes are shared out over N
+jobs: the start waits for one job's engines, the others join as they start
+(:class:`gpucell.cluster.restart.Restarts` ``joining``), and status names the
+jobs still pending.  ``scheduler`` other than slurm: :mod:`gpucell.cluster.batch`
+writes the script, for ipyparallel's PBS, LSF or SGE launcher.
 """
 
 from __future__ import annotations
@@ -538,7 +542,7 @@ def wait_for_job(
                     "another --partition, or a longer --timeout."
                 )
             raise ClusterError(
-                f"Only {len(client.ids)} of {total} engines of Slurm job {job_id} "
+                f"Only {len(client.ids)} of {total} engines of batch job {job_id} "
                 f"registered within {timeout:.0f} s; the job was cancelled. The "
                 "engines' output is in the cluster's log directory."
             )
