@@ -32,6 +32,8 @@ RUN_MODULES = (
     "gpucell.ui.progress",
     "gpucell.core.merge",
     "gpucell.core.writeback",
+    "gpucell.core.aliasing",
+    "gpucell.core.globalreads",
 )
 
 
