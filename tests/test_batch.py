@@ -45,9 +45,10 @@ def test_each_scheduler_asks_for_a_node_of_gpus_per_array_element(tmp_path):
         for s in SCHEDULERS
     }
     pbs, cmd = got["pbs"]
-    assert pbs[:4] == [
+    assert pbs[:5] == [
         "#!/bin/sh",
         "#PBS -V",
+        "#PBS -N gpucell-c1",
         "#PBS -J 1-2",
         "#PBS -l select=1:ncpus=4:ngpus=4",
     ]
@@ -58,12 +59,16 @@ def test_each_scheduler_asks_for_a_node_of_gpus_per_array_element(tmp_path):
     assert "#PBS -t 1-2" in got["torque"][0]
     assert "#PBS -l nodes=1:ppn=4:gpus=4" in got["torque"][0]
     lsf, cmd = got["lsf"]
-    assert lsf[2].startswith("#BSUB -J gpucell-") and lsf[2].endswith("[1-2]")
+    assert lsf[2] == "#BSUB -J gpucell-c1[1-2]" and "gpucell-c1" not in lsf[3]
     assert '#BSUB -gpu "num=4"' in lsf and '#BSUB -R "span[hosts=1]"' in lsf
     assert cmd[0] == "bsub"
     sge = got["sge"][0]
     assert "#$ -t 1-2" in sge and "#$ -pe smp 4" in sge and "#$ -q q1" in sge
     for s, (lines, _) in got.items():
+        # ipyparallel's fields filled: the job's name and output file
+        assert not any("{" in x or "}" in x for x in lines), (s, lines)
+        assert any(f"{tmp_path / s}/log/ipengine-c1-slurm-" in x for x in lines), s
+        assert any("gpucell-c1" in x for x in lines), s
         engines = [x for x in lines if "gpucell.cluster.boot" in x]
         assert len(engines) == 4, s  # one a GPU of the node, each its rank
         for r, x in enumerate(engines):

@@ -112,8 +112,12 @@ def batch_template(req: Any) -> str:
     d = _DIALECTS[req.scheduler]
     per = req.per_node
     res = d.cpus.format(c=per) if req.cpus_per_node else d.gpus.format(g=per)
-    lines = [*d.head, d.array.format(nodes=req.nodes) if req.nodes > 1 else d.name]
-    lines += [*res.split("\n"), *d.output]
+    lines = list(d.head)
+    if req.nodes == 1 or d.prefix != "#BSUB":  # LSF names the array itself
+        lines.append(d.name.format())
+    if req.nodes > 1:
+        lines.append(d.array.format(nodes=req.nodes))
+    lines += [*res.split("\n"), *(x.format() for x in d.output)]
     for template, value, flag in (
         (d.queue, req.partition, "--partition"),
         (d.time, req.time, "--time"),
