@@ -105,18 +105,119 @@ def test_own_columns_and_keys_match_the_serial_run(ip, cluster, case) -> None:
     "src",
     [
         "for c in cols:\n    df[c] = df[c].fillna(df[c].mean())\n",
-        "for c in ['a', 'b', 'a']:\n    df[c] = df[c] * 2\n",
-        "for c in sorted(cols):\n    df[c] = df[c] + 1\n",
         "for c in df.columns[[0, 0]]:\n    df[c] = df[c] + 1\n",
         "for c in df.columns.repeat(2):\n    df[c] = df[c] + 1\n",
-        # another frame's columns: its labels say nothing of `df`'s
-        "for c in other.columns:\n    df[c] = df[c] + 1\n",
         # a selection may repeat a column (`df[['a', 'a']]`)
         "for c in df[sel].columns:\n    df[c] = df[c] + 1\n",
     ],
 )
 def test_keys_that_may_repeat_are_refused(src: str) -> None:
-    assert ("df", "sink-read") in refused(src)
+    kinds = {kind for name, kind in refused(src) if name == "df"}
+    assert kinds & {"sink-read", "iterable-mutated"}, kinds
+
+
+# `D[k] = D[k] op e` over keys that may repeat is a keyed reduction (each
+# key's contributions folded, stored once): exact where a store keeps what it
+# is given (a dict, a list, a DataFrame's whole column), refused before the
+# loop runs where a store casts to a dtype (an array, a tensor, a Series) and
+# the keys are not the loop's own positions
+REPEATED_KEYS = {
+    "frame columns that repeat": (
+        "for c in ['a', 'b', 'a']:\n    df[c] = df[c] * 2\n",
+        lambda: {"df": pd.DataFrame({"a": [1, 2], "b": [3, 4]})},
+    ),
+    "frame columns, an int column made float twice": (
+        "for c in sorted(cols):\n    df[c] = df[c] + 0.5\n",
+        lambda: {"df": pd.DataFrame({"a": [1, 2], "b": [3, 4]}), "cols": list("aab")},
+    ),
+    "another frame's columns": (
+        "for c in other.columns:\n    df[c] = df[c] + 1\n",
+        lambda: {
+            "df": pd.DataFrame({"a": [1, 2], "b": [3, 4]}),
+            "other": pd.DataFrame({"b": [0], "a": [0]}),
+        },
+    ),
+    "dict keys that repeat": (
+        "for k in [0, 'a', 0]:\n    s[k] = s[k] * 2\n",
+        lambda: {"s": {0: 3, "a": 5}},
+    ),
+    "an int array keyed by the loop's own position": (
+        "for i in range(3):\n    y[i] += 2 * i\n",
+        lambda: {"y": np.array([1, 2, 3])},
+    ),
+    "a histogram: int counts into an int array, keys repeating": (
+        "for w in words:\n    hist[index[w]] += 1\n",
+        lambda: {
+            "hist": np.zeros(3, dtype=np.int64),
+            "words": list("abcabca"),
+            "index": {"a": 0, "b": 1, "c": 2},
+        },
+    ),
+    "a float array, float contributions, keys repeating": (
+        "for i in [0, 2, 0]:\n    y[i] = y[i] + 0.25\n",
+        lambda: {"y": np.array([1.0, 2.0, 3.0])},
+    ),
+    "a float tensor keyed by enumerate's count": (
+        "for j, v in enumerate(vals):\n    t[j] = t[j] + v\n",
+        lambda: {"t": torch.tensor([1.0, 2.0]), "vals": [0.25, 0.5]},
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(REPEATED_KEYS))
+def test_keys_that_may_repeat_fold_as_serially(ip, cluster, case) -> None:
+    cell, ns = REPEATED_KEYS[case]
+    accepted(cell)
+    assert_serial_equivalent(ip, cell, ns())
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("cell", "ns", "kind"),
+    [
+        # serially y stays [1, 2, 3]: each 1.5 is cast back to 1 before the next
+        (
+            "for i in [0, 0, 1, 2, 2]:\n    y[i] = y[i] + 0.5\n",
+            lambda: {"y": np.array([1, 2, 3])},
+            "numpy.ndarray",
+        ),
+        (
+            "for i in [0, 0, 1]:\n    y[i] += 0.5\n",
+            lambda: {"y": np.array([1, 2, 3])},
+            "numpy.ndarray",
+        ),
+        (
+            "for i in [0, 0, 2]:\n    t[i] = t[i] + 0.5\n",
+            lambda: {"t": torch.tensor([1, 2, 3])},
+            "torch.Tensor",
+        ),
+        # a label and a position may name one element of a Series
+        (
+            "for k in [0, 'a']:\n    s[k] = s[k] * 2\n",
+            lambda: {"s": pd.Series([1, 2], index=["a", "b"])},
+            "pandas.Series",
+        ),
+    ],
+)
+def test_keys_that_may_repeat_into_a_casting_store_are_refused(
+    ip, cluster, cell, ns, kind
+) -> None:
+    values = ns()
+    before = {k: v.copy() if hasattr(v, "copy") else v for k, v in values.items()}
+    ip.user_ns.update(values)
+    with pytest.raises(NotParallelizable) as e:
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    text = str(e.value)
+    # a Series before the loop runs; an array or tensor at the merge, where a
+    # key's folded value is of another kind than the dtype: nothing merged
+    assert (
+        "is combined across iterations" in text and kind in text
+    ) or "of another kind" in text, text
+    assert "parts.get(k, 0)" in text  # the rewrite it names
+    for k, v in before.items():  # nothing of the loop merged
+        now = ip.user_ns[k]
+        assert type(now) is type(v) and str(now) == str(v)
 
 
 def test_the_refusal_for_a_list_of_names_says_why_and_what_works() -> None:
@@ -519,7 +620,9 @@ def test_set_keys_of_a_frame_by_label_and_of_a_series_by_position(ip, cluster):
 
 
 def test_literal_keys_of_one_type_only() -> None:
-    assert refused("for k in [0, 'a']:\n    s[k] = s[k] * 2\n")
+    # mixed keys are a keyed reduction, checked against the object at run time
+    # (test_keys_that_may_repeat_into_a_casting_store_are_refused)
+    assert not analyse("for k in [0, 'a']:\n    s[k] = s[k] * 2\n").writes
     accepted("for k in ['a', 'b']:\n    s[k] = s[k] * 2\n")
     accepted("for k in (0, 2):\n    s[k] = s[k] * 2\n")
 
@@ -630,3 +733,38 @@ def test_a_list_iterated_for_its_own_keys_fails_unmerged(ip, cluster) -> None:
             "gpu_parallel", "--quiet", "for k in y:\n    y[k] = y[k] + 5\n"
         )
     assert ip.user_ns["y"] is y and y == [0, 0, 1]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("cell", "ns"),
+    [
+        # y[-3] and y[0] are one element: it gets both contributions, as serially
+        (
+            "for i in range(-3, 3):\n    y[i] += 1\n",
+            lambda: {"y": np.array([1.0, 2.0, 3.0])},
+        ),
+        ("for i in [-1, 2, 0]:\n    y[i] += 1\n", lambda: {"y": [1, 2, 3]}),
+        (
+            "for i, j in [(0, -1), (0, 1), (-2, 1)]:\n    m[i, j] += 1\n",
+            lambda: {"m": np.zeros((2, 2), dtype=np.int64)},
+        ),
+    ],
+)
+def test_keyed_reduction_keys_that_name_one_element_fold_as_serially(
+    ip, cluster, cell, ns
+) -> None:
+    assert_serial_equivalent(ip, cell, ns())
+
+
+@pytest.mark.cluster
+def test_keyed_reduction_over_slices_fails_unmerged(ip, cluster) -> None:
+    """Slices of two iterations may overlap (serially the shared element gets
+    both): refused at the merge, nothing merged."""
+    y = np.array([1.0, 2.0, 3.0, 4.0])
+    ip.user_ns["y"] = y
+    with pytest.raises(NotParallelizable, match="not one position"):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(3):\n    y[i:i + 2] += 1\n"
+        )
+    assert ip.user_ns["y"] is y and y.tolist() == [1.0, 2.0, 3.0, 4.0]

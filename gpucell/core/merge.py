@@ -185,6 +185,87 @@ def _returner(value: Any) -> Callable[[], Any]:
     return action
 
 
+def _one_entry_per_position(
+    name: str, op: str, target: Any, entries: list[list[Any]]
+) -> list[list[Any]]:
+    """A sequence's keys as positions: ``y[-1]`` and ``y[2]`` of a 3-element
+    list are one element, which serially gets both contributions, so their
+    partials are folded into one entry (each entry is computed from the value
+    before the merge).  A key that is not a position (a slice, a mask, an
+    index array) may overlap another iteration's: refused, nothing merged."""
+    shape = tuple(target.shape) if hasattr(target, "shape") else (len(target),)
+    merged: list[list[Any]] = []
+    at: dict[tuple[int, ...], int] = {}
+    for k, c in entries:
+        parts = k if isinstance(k, tuple) else (k,)
+        try:
+            if len(parts) > len(shape):
+                raise TypeError
+            pos = tuple(
+                _position(operator.index(p), n)
+                for p, n in zip(parts, shape, strict=False)
+            )
+        except IndexError:
+            raise IndexError(
+                f"`{name}[{k!r}]`: index out of range for a `{name}` of shape "
+                f"{shape}, as serially. Nothing was merged."
+            ) from None
+        except TypeError:
+            raise NotParallelizable(
+                f"`{name}[{k!r}] {op}= ...`: the key is not one position of "
+                f"`{name}` (a slice, a mask or an index array may cover elements "
+                "another iteration's key covers, which serially get both "
+                "contributions). Key it by single positions, or gather the "
+                "contributions in a dict and add them after the loop. Nothing was "
+                "merged."
+            ) from None
+        if pos in at:
+            merged[at[pos]][1] = fold(op, merged[at[pos]][1], c)
+        else:
+            at[pos] = len(merged)
+            merged.append([k, c])
+    return merged
+
+
+def _position(i: int, n: int) -> int:
+    """``i`` as a position in ``range(n)`` (a negative one counted from the end)."""
+    if not -n <= i < n:
+        raise IndexError(i)
+    return i + n if i < 0 else i
+
+
+def _refuse_a_cast_per_store(name: str, k: Any, op: str, target: Any, new: Any) -> None:
+    """A keyed reduction into an array stores each key once, its contributions
+    folded; serially every iteration's store casts to the array's dtype.  The
+    two agree (to rounding) while the folded value keeps the array's kind; a
+    float into an int array (or a complex into a float one) is cut at each
+    store serially (``y[0] += 0.5`` twice on ints stays 1), once here."""
+    if is_numpy(target):
+        import numpy as np
+
+        kind: str = target.dtype.kind
+        got: str = np.asarray(new).dtype.kind
+    else:
+        kind, got = _torch_kind(target), _torch_kind(new)
+    order = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+    if order.get(got, 9) > order.get(kind, 9):
+        raise NotParallelizable(
+            f"`{name}[{k!r}] {op}= ...`: the values combined into `{name}` are of "
+            f"another kind ({got!r}) than its dtype ({kind!r}), so serially each "
+            "iteration's store casts them, and folding a key's contributions first "
+            "can differ. Gather the contributions in a dict (`parts[k] = "
+            f"parts.get(k, 0) + e`) and add them into `{name}` after the loop, or "
+            f"make `{name}` of the values' dtype before it. Nothing was merged."
+        )
+
+
+def _torch_kind(x: Any) -> str:
+    """numpy's dtype kind letter for a tensor or a Python number."""
+    if hasattr(x, "is_complex"):
+        return "c" if x.is_complex() else "f" if x.is_floating_point() else "i"
+    return "c" if isinstance(x, complex) else "f" if isinstance(x, float) else "i"
+
+
 def _check_array_write(target: Any, key: Any, value: Any) -> Any:
     """Validate ``target[key] = value`` for numpy/torch; return the converted value."""
     view = target[key]
@@ -707,6 +788,8 @@ def _prepare_keyed(
     (``D[k] = D[k] + e``: the binary operator, a new object as serially)."""
     muts: list[Mutation] = []
     is_array = is_numpy(target) or is_torch(target)
+    if is_array or isinstance(target, list):
+        entries = _one_entry_per_position(name, op, target, entries)
     defaults = getattr(spelled, "defaults", {})
     rebinding = name in getattr(spelled, "rebinding", ())
     mixed = name in getattr(spelled, "mixed", ())
@@ -739,6 +822,7 @@ def _prepare_keyed(
             action: Callable[[], Any] = _returner(new)
         elif is_array:
             new = BINARY[op](base, c)
+            _refuse_a_cast_per_store(name, k, op, target, new)
             new = _check_array_write(target, k, new)
             action = _returner(new)
         else:

@@ -26,7 +26,7 @@ from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
-from gpucell.core.analysis.spellings import respell
+from gpucell.core.analysis.spellings import Spelled, respell
 from gpucell.core.analysis.split import (
     SHORT_CIRCUIT,
     Layer,
@@ -411,9 +411,32 @@ def analyse(
     target, iterable, body = parts.target, parts.iterable, parts.body
     kind, header, hidden = parts.kind, parts.header, parts.hidden
     result_name, result_kind = parts.result_name, parts.result_kind
+
     # `D[k] = D.get(k, 0) + e`, `D.setdefault(k, []).append(e)`, `lo, hi =
-    # min(lo, x), max(hi, x)`: rewritten in place to the forms proved below
-    spelled = respell(body, is_builtin)
+    # min(lo, x), max(hi, x)`: rewritten to the forms proved below only when
+    # that turns a refusal into an acceptance. A loop accepted as written keeps
+    # its own reading (`for c in df.columns: df[c] = df[c] + 1` is an own-key
+    # write, not a keyed reduction over the columns it iterates); one refused
+    # either way is refused for what the user wrote.
+    def refused(stmts: list[ast.stmt]) -> bool:
+        trial = DiagnosticSink()
+        classify_body(
+            copy.deepcopy(stmts),
+            loop_target=target,
+            loop_iter=iterable,
+            diag=trial,
+            is_builtin=is_builtin,
+            module_names=prelude_modules,
+        )
+        return bool(trial.sorted())
+
+    spelled = Spelled()
+    if refused(body):
+        respelled = copy.deepcopy(body)
+        trial_spelled = respell(respelled, is_builtin)
+        if not refused(respelled):
+            body[:] = respelled
+            spelled = trial_spelled
     hidden = set(hidden) | spelled.hidden
 
     cl = classify_body(
