@@ -73,6 +73,31 @@ def _start(args: Any) -> None:
     )
 
 
+def _connect(args: Any) -> None:
+    """``%gpu_cluster connect``: a cluster started elsewhere."""
+    from gpucell.cluster import lifecycle as api
+
+    api.connect(
+        profile=args.profile,
+        cluster_id=args.cluster_id,
+        file=args.file,
+        ssh=args.ssh,
+        ssh_key=args.ssh_key,
+        timeout=args.timeout,
+        echo=print,
+    )
+
+
+def _status(gc: Any) -> None:
+    """``%gpu_cluster status``: the engines, and batch jobs not started yet."""
+    from gpucell.cluster import lifecycle as api
+    from gpucell.cluster.slurm import pending_note
+
+    print(api.format_status(gc.refresh(), gc.selected))
+    if note := pending_note(gc):  # --jobs: the jobs not started yet
+        print(f"gpucell: {note}")
+
+
 def _monitor(gc: Any) -> None:
     """``%gpu_cluster monitor``: the live load widget, outside any cell run."""
     from IPython.display import display
@@ -328,23 +353,10 @@ class GpuClusterMagics(Magics):
                 _start(args)
                 warm_kernel()  # the first cell's imports, here instead (kernel/warm)
             elif cmd == "connect":
-                api.connect(
-                    profile=args.profile,
-                    cluster_id=args.cluster_id,
-                    file=args.file,
-                    ssh=args.ssh,
-                    ssh_key=args.ssh_key,
-                    timeout=args.timeout,
-                    echo=print,
-                )
+                _connect(args)
                 warm_kernel()
             elif cmd == "status":
-                gc = api.current()
-                print(api.format_status(gc.refresh(), gc.selected))
-                from gpucell.cluster.slurm import pending_note
-
-                if note := pending_note(gc):  # --jobs: the jobs not started yet
-                    print(f"gpucell: {note}")
+                _status(api.current())
             elif cmd == "select":
                 _wait_for_background(self.shell, "`%gpu_cluster select` waits for it")
                 self._select(api.current(), args.engines)
