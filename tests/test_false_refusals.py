@@ -433,7 +433,7 @@ def test_several_writes_that_stay_refused_say_to_write_once(src, own, where) -> 
 
 # -- a library generator's attribute names are not the loop's variables -----------
 
-# The kernel's generator check (kernel/execute.py, _refuse_interleaved_generators)
+# The kernel's generator check (kernel/preflight.py, _interleaved_generators)
 # reads a generator with gpucell.core.globalreads.generator_reads: globals only
 # (iterrows reads `self.index`, no global `index`), and only notebook code.
 ITERROWS = {
