@@ -107,7 +107,7 @@ def batch_template(req: Any) -> str:
     extra ones, less those ``req.skip`` names; the prologue; then one engine per
     GPU (or core) of the node, each with its rank, and ``wait`` (the job lasts
     as long as its engines).  ipyparallel fills the ``{...}`` fields."""
-    from gpucell.cluster.slurm import _braces, _one_line, _plain
+    from gpucell.cluster.slurm import _plain, site_parts
 
     d = _DIALECTS[req.scheduler]
     per = req.per_node
@@ -125,23 +125,16 @@ def batch_template(req: Any) -> str:
     ):
         if value:
             lines.append(template.format(v=_plain(value, flag)))
-    lines += [_braces(directive_line(req.scheduler, x)) for x in req.directives]
-    skip = [_one_line(x, "GpuCell.slurm_skip") for x in req.skip if x.strip()]
-    lines = [x for x in lines if not any(k.strip() in x for k in skip)]
-    shebang = _one_line(req.shebang, "GpuCell.slurm_shebang")
-    if not shebang.startswith("#!"):
-        raise ClusterError(
-            f"GpuCell.slurm_shebang {req.shebang!r}: the script's first line, "
-            "e.g. '#!/bin/bash -l'."
-        )
-    prologue = [_braces(_one_line(x, "GpuCell.slurm_prologue")) for x in req.prologue]
+    shebang, lines, prologue = site_parts(
+        req, lines, [directive_line(req.scheduler, x) for x in req.directives]
+    )
     if req.cpus_per_node:  # the kernel's GPUs are none of a CPU engine's
         prologue.append("export CUDA_VISIBLE_DEVICES=")
     engines = [
         f"GPUCELL_LOCAL_RANK={r} GPUCELL_LOCAL_SIZE={per} {{program_and_args}} &"
         for r in range(per)
     ]
-    return "\n".join([_braces(shebang), *lines, *prologue, *engines, "wait", ""])
+    return "\n".join([shebang, *lines, *prologue, *engines, "wait", ""])
 
 
 def directive_line(scheduler: str, option: str) -> str:

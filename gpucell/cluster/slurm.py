@@ -163,7 +163,19 @@ def batch_template(req: SlurmRequest) -> str:
         lines.append(f"#SBATCH --time={_plain(req.time, '--time')}")
     if req.account:
         lines.append(f"#SBATCH --account={_plain(req.account, '--account')}")
-    lines += [_braces(directive_line(d)) for d in req.directives]
+    shebang, lines, prologue = site_parts(
+        req, lines, [directive_line(d) for d in req.directives]
+    )
+    return "\n".join([shebang, *lines, *prologue, "srun {program_and_args}", ""])
+
+
+def site_parts(
+    req: Any, lines: list[str], directives: list[str]
+) -> tuple[str, list[str], list[str]]:
+    """What the site adds to a job script (any scheduler's): its directives
+    after gpucell's, every line holding one of ``req.skip`` left out, its first
+    line and its prologue, each checked to be one line, braces doubled."""
+    lines = lines + [_braces(x) for x in directives]
     skip = [_one_line(x, "GpuCell.slurm_skip") for x in req.skip if x.strip()]
     lines = [x for x in lines if not any(k.strip() in x for k in skip)]
     shebang = _one_line(req.shebang, "GpuCell.slurm_shebang")
@@ -173,9 +185,7 @@ def batch_template(req: SlurmRequest) -> str:
             "e.g. '#!/bin/bash -l'."
         )
     prologue = [_braces(_one_line(x, "GpuCell.slurm_prologue")) for x in req.prologue]
-    return "\n".join(
-        [_braces(shebang), *lines, *prologue, "srun {program_and_args}", ""]
-    )
+    return _braces(shebang), lines, prologue
 
 
 def directive_line(option: str) -> str:
