@@ -187,6 +187,23 @@ def test_an_iteration_that_ends_two_engines_is_blamed_not_retried() -> None:
     assert "iteration 0 ended engine 0 and then engine" in str(out[-1].error)
 
 
+def test_an_iteration_is_not_blamed_for_a_device_that_keeps_dying() -> None:
+    """Engine 0 dies, is restarted on its device as engine 5, which dies too
+    while re-running iteration 0: the device, not the iteration, is the
+    common cause, so the iteration is re-run, not blamed (the restart budget
+    is what stops a dying device)."""
+    state = state_for(n=4, engines=(0,), chunksize=4, mode="dynamic")
+    send(state)
+    state.handle(EngineGone(0))
+    state.handle(EngineBack(engine=5, replaces=0, device="cpu0", near=False))
+    rerun = send(state)
+    zero = next(s.chunk for s in rerun if s.chunk.start == 0)
+    assert zero.engine == 5 and zero.size == 1
+    out = state.handle(EngineGone(5))
+    assert Blame not in kinds(out) and Fail not in kinds(out), out
+    assert any(isinstance(i, Warn) and "engine 5 died" in i.text for i in out)
+
+
 def test_a_chunk_lost_more_often_than_retries_fails_the_run() -> None:
     state = state_for(n=40, engines=(0, 1, 2, 3, 4), chunksize=40)
     state.retries = 0

@@ -112,6 +112,8 @@ class RunState:
     hand_back_raised: float | None = None  # the flag's threshold while raised
     status: RunStatus = "running"
     _sending: dict[int, bool] = field(default_factory=dict)  # chunk id -> timed
+    # engine -> the engine it is a restart of (one device's engines over time)
+    restarted_from: dict[int, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -350,8 +352,12 @@ class RunState:
         for c in lost:
             if c.size != 1 or c.attempt < 1:
                 continue
+            # a device that keeps dying ends each of its restarts, whatever they
+            # run: only another device's engine counts against the iteration
             before = [
-                e for a, b, e in self.losses[:-1] if a <= c.start < b and e != eid
+                e
+                for a, b, e in self.losses[:-1]
+                if a <= c.start < b and self._device_of(e) != self._device_of(eid)
             ]
             if before:
                 return [
@@ -359,6 +365,14 @@ class RunState:
                     Fail(errors.a_killer(c.start, before[0], eid)),
                 ]
         return []
+
+    def _device_of(self, engine: int) -> int:
+        """The first engine of ``engine``'s device in this run (restarts followed)."""
+        seen = set()
+        while engine in self.restarted_from and engine not in seen:
+            seen.add(engine)
+            engine = self.restarted_from[engine]
+        return engine
 
     def _engine_stalled(self, ev: EngineStalled) -> list[Instruction]:
         """A hung engine is ended (so no stale result can arrive later) and
@@ -371,6 +385,8 @@ class RunState:
         if ev.near:
             self.near.add(ev.engine)
         self.sched.add_engine(ev.engine)
+        if ev.replaces >= 0:
+            self.restarted_from[ev.engine] = ev.replaces
         if ev.replaces < 0:  # a later batch job's engine (--jobs N)
             return [Warn(f"engine {ev.engine} ({ev.device}) joined; it takes work now")]
         return [
