@@ -187,7 +187,7 @@ def test_checks_after_the_budget_are_skipped_saying_so(monkeypatch, tmp_path):
 
 def test_every_check_is_listed_once_with_a_function():
     paths = [c.path for c in gpu_proof.CHECKS]
-    assert len(paths) == len(set(paths)) == 8
+    assert len(paths) == len(set(paths)) == 9
     assert all(callable(c.run) and c.what for c in gpu_proof.CHECKS)
 
 
@@ -313,3 +313,59 @@ def test_spread_same_and_uneven():
     assert not gpu_proof.same(a, [torch.ones(3) * 2, {"k": 1.0}, (2, "x")])
     assert not gpu_proof.same([torch.ones(3)], [torch.ones(3, dtype=torch.float64)])
     assert not gpu_proof.same([1.0], (1.0,))
+
+
+def test_modules_and_optimizers_are_the_same_by_class_and_state():
+    """The sweep's `net` and `opt` come back from the engines as CPU copies of the
+    serial run's CUDA objects: equal state is what the proof asks of them."""
+    import torch
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 2)
+    b = torch.nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    assert gpu_proof.same(a, b)
+    with torch.no_grad():
+        b.weight[0, 0] += 1
+    assert not gpu_proof.same(a, b)
+    assert not gpu_proof.same(a, torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    assert gpu_proof.same(oa, ob)
+    assert not gpu_proof.same(oa, torch.optim.SGD(b.parameters(), lr=0.2))
+    assert gpu_proof._cpu_tensors_only(a) and gpu_proof._cpu_tensors_only(oa)
+
+
+def test_the_kernels_own_items_are_not_results_to_check_for_cuda():
+    """The loop variable ends as the kernel's last item, which may be a CUDA tensor
+    in a kernel that used CUDA; only values the engines made must be CPU."""
+    import torch
+
+    xs = [torch.ones(2), torch.ones(2)]
+    ns = {"xs": xs}
+    kept = gpu_proof._kernel_objects(ns, ["xs"])
+    assert id(xs[-1]) in kept and id(xs) in kept
+    assert gpu_proof._compare("c", {"x": xs[-1]}, {"x": xs[-1]}, kept) == []
+    assert gpu_proof._compare("c", {"y": 1.0}, {"y": 2.0}, kept) == [
+        "c: y differs from the serial run's"
+    ]
+
+
+def test_mig_figures_need_discovery_to_offer_what_nvml_reports():
+    from gpucell.devices.nvml import GpuInfo, MigInfo
+    from gpucell.protocol.devices import Device
+
+    whole = GpuInfo(0, "H100", "GPU-a", 80 << 30)
+    sliced = GpuInfo(
+        1,
+        "A100",
+        "GPU-b",
+        80 << 30,
+        mig_enabled=True,
+        migs=(MigInfo(0, "A100 MIG 1g.10gb", "MIG-x", 10 << 30),),
+    )
+    offered = [Device("gpu", 0, "H100", "GPU-a"), Device("gpu", 1, "A100 MIG", "MIG-x")]
+    figure, problems = gpu_proof.mig_figures([whole, sliced], offered)
+    assert problems == [] and "GPU 0: MIG off" in figure and "1 slice(s)" in figure
+    _, problems = gpu_proof.mig_figures([whole, sliced], offered[:1])
+    assert problems == ["slice MIG-x of GPU 1 not discovered"]
