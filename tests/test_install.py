@@ -207,3 +207,28 @@ def test_wheel_installs_without_node_and_lists_the_panel():
         section = out[: line.start()].rsplit("labextensions", 1)[0]
         assert str(venv) in section.splitlines()[-1], out
     assert _ignored_state() == before, "the build touched the repo's panel build"
+
+
+def test_a_gpucell_on_pythonpath_but_not_installed_starts_its_cluster():
+    """A checkout on PYTHONPATH (no dist-info, so no entry points) must start a
+    cluster: ipyparallel once took the name "gpucell" for the module and failed
+    with a TraitError (seen on the GPU machine, where gpucell was not installed)."""
+    code = (
+        "import ipyparallel.traitlets as t\n"
+        "t.entry_points = lambda group: []  # as if gpucell had no dist-info\n"
+        "import gpucell\n"
+        "c = gpucell.start_cluster(1, gpus='none', echo=lambda s: None)\n"
+        "try:\n"
+        "    print('ran', c.client[:].apply_sync(lambda: 6 * 7))\n"
+        "finally:\n"
+        "    gpucell.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ran [42]" in done.stdout

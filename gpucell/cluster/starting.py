@@ -180,12 +180,19 @@ def _new_cluster(
     controller_args += [f"--IPController.log_level={s.cluster_log_level}"]
     engine_args += [f"--IPEngine.log_level={s.cluster_log_level}"]
     from gpucell.cluster import private_profile
+    from gpucell.cluster.launcher import (
+        PinnedControllerLauncher,
+        PinnedEngineSetLauncher,
+    )
 
-    # its cluster file 0600, its logs 0600 (the launchers), folders 0700
+    # its cluster file 0600, its logs 0600 (the launchers), folders 0700.  The
+    # launcher classes themselves, not their entry-point name "gpucell": a gpucell
+    # on PYTHONPATH but not installed has no entry points, and ipyparallel then
+    # takes the name for the module gpucell and fails with a TraitError
     cluster = private_profile.cluster_class()(
         n=len(specs),
-        engine_launcher_class="gpucell",
-        controller_launcher_class="gpucell",
+        engine_launcher_class=PinnedEngineSetLauncher,
+        controller_launcher_class=PinnedControllerLauncher,
         controller_args=controller_args,
         log_level=40,
         **profile_kw,
