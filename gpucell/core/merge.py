@@ -42,6 +42,7 @@ import copy
 import importlib
 import io
 import operator
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -259,6 +260,12 @@ def _refuse_a_cast_per_store(name: str, k: Any, op: str, target: Any, new: Any) 
         )
 
 
+def _numpy_scalar(v: Any) -> bool:
+    """A numpy scalar (``np.float32(0)``, ``np.int64(3)``): immutable."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(v, np.generic)
+
+
 def _torch_kind(x: Any) -> str:
     """numpy's dtype kind letter for a tensor or a Python number."""
     if hasattr(x, "is_complex"):
@@ -299,6 +306,11 @@ def _plan_inplace(name: str, v0: Any, op: str, c: Any) -> tuple[Any, Callable[[]
     computed here.
     """
     dunder, iop = _INPLACE[op]
+    if _numpy_scalar(v0):
+        # a numpy scalar (np.float32(0)) is immutable: `s += c` binds a new
+        # scalar, as for a Python number (its `flags` say read-only)
+        new = BINARY[op](v0, c)
+        return new, lambda: new
     if is_numpy(v0):
         import numpy as np
 
