@@ -45,3 +45,16 @@ def test_numpy_scalar_targets_merge_as_serially(ip, cluster, cell, ns) -> None:
     serial, got = run_both(ip, cell, copy.deepcopy(ns))
     for k, v in serial.items():
         assert _close(v, got[k]), f"{k}: serial {v!r}, gpucell {got[k]!r}"
+
+
+def test_an_out_of_bounds_contribution_to_a_uint_array_raises_and_changes_nothing(
+    ip, cluster
+) -> None:
+    """Serially `y[i] += -3` on a uint8 array raises OverflowError at its first
+    store (numpy 2 refuses a Python int out of the dtype's bounds); the merge
+    raises it too and leaves `y` as it was (atomic), never a wrapped value."""
+    y = np.array([5, 5], np.uint8)
+    ip.user_ns.update(y=y, keys=[0, 0, 1, 1])
+    r = ip.run_cell("%%gpu_parallel --quiet\nfor i in keys:\n    y[i] += -3\n")
+    assert isinstance(r.error_in_exec, OverflowError), r.error_in_exec
+    assert ip.user_ns["y"] is y and y.tolist() == [5, 5]
