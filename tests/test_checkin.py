@@ -95,7 +95,8 @@ def test_an_item_that_cannot_be_written_back_fails_naming_its_line(nb):
         nb,
         "n = []\nfor r in rows:\n    n.append(len(grow(r)))\n",
         ["rows"],
-        r"an item of the loop's data changed in place \(by a call on line 4\)",
+        r"an item of `rows` \(the loop's data\) changed in place \(by a call on "
+        r"line 4\)",
     )
 
 

@@ -75,8 +75,11 @@ def _changed_message(
     """What changed, where it could have happened, and how to rewrite."""
     plan = record.plan
     parts = []
+    data = "the loop's data"
+    if plan is not None and plan.iter_space is not None:
+        data = f"`{plan.iter_space.source}` (the loop's data)"
     for name, what in changed:
-        label = "an item of the loop's data" if name == "" else f"`{name}`"
+        label = f"an item of {data}" if name == "" else f"`{name}`"
         lines = plan.watch_lines(name or None) if plan is not None else ()
         at = ""
         if lines:

@@ -75,6 +75,7 @@ def before_drawing(
     out += _duplicate_labels(plan, ns)
     out += _helpers_reading_what_the_loop_changes(plan, ns, inputs)
     out += _one_file_written_by_every_iteration(plan, ns)
+    out += _user_module_state_changes(plan, inputs)
     out += _process_state_changes(plan)
     out += _unions_of_other_types(plan, ns)
     out += _keyed_stores(plan, ns)
@@ -214,6 +215,46 @@ def _helpers_reading_what_the_loop_changes(
                 f"`{r.name}` to the function as an argument (the loop's own code "
                 "then shows the dependence), or run the cell without "
                 "%%gpu_parallel.",
+            )
+        )
+    return out
+
+
+def _user_module_state_changes(plan: LoopPlan, inputs: Namespace) -> list[Diagnostic]:
+    """A function from one of the user's own modules (``helpers.py``) that
+    changes its module's state (``LOG.append(x)``): it travels to the engines
+    by name, so the changes would stay there and the notebook's module would
+    be left as it was, without a word (the first law)."""
+    from gpucell.core.modulewrites import module_writes
+
+    try:
+        tree = ast.parse(plan.source)
+    except SyntaxError:
+        return []
+    attrs = frozenset(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute))
+    out, seen = [], set()
+    for w in module_writes(inputs, attrs):
+        if (w.via, w.function) in seen:
+            continue
+        seen.add((w.via, w.function))
+        if isinstance(inputs.get(w.via), types.ModuleType):
+            what = f"`{w.via}.{w.function}`"
+        elif w.function != w.via:
+            what = f"`{w.via}` (through `{w.function}`)"
+        else:
+            what = f"`{w.via}`"
+        out.append(
+            _problem(
+                _line_of(plan, w.via),
+                w.via,
+                "user-module-state",
+                f"{what}, which the loop calls, changes `{w.what}` of "
+                f"your module `{w.module}` (line {w.line} of {w.path}). The "
+                f"engines import `{w.module}` afresh and run the function there, "
+                "so those changes would stay on them and the notebook's "
+                f"`{w.module}` would not see them as it does serially. Return "
+                "what the function records and collect it in the loop "
+                "(`out.append(...)`), or run the cell without %%gpu_parallel.",
             )
         )
     return out
