@@ -113,6 +113,7 @@ class BackgroundRun:
         self.run: Any = None
         self.last: Any = None  # the last snapshot, once the run is let go
         self.started = time.monotonic()
+        self.started_at = time.time()  # wall clock, for the Lab panel
         self.ended: float | None = None
         self.status_line: Any = None  # a display handle in Jupyter
         self.said_failed = False

@@ -6,8 +6,9 @@ gpucell was loaded).  A daemon thread builds the panel's state twice a second
 (:mod:`gpucell.ui.panel_state`) and sends it only when it changed, so a
 notebook without a cluster sends nothing (with one, the charts' history gains a
 point a second); it never touches the ipyparallel client, which belongs to the
-main thread.  Requests (select, start, stop) run in the main thread, as
-comm messages are handled there, through the code the magics use.
+main thread.  Requests (select, start, stop, cancel) run in the main thread,
+as comm messages are handled there, through the code the magics use (cancel:
+the background run's own ``cancel()``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,48 @@ NVML: Any = None
 def _cluster() -> Any:
     mod = sys.modules.get("gpucell.cluster.lifecycle")
     return None if mod is None else mod.current_or_none()
+
+
+def _background_facts(now: float) -> list[panel_state.BackgroundFacts]:
+    """The kernel's background runs (recent ones, pending among them), read
+    from the panel's thread: plain attribute reads, no lock (the run's own
+    driver never waits on the panel)."""
+    s = current()
+    pending = list(s.pending)
+    runs = list(s.recent) + [bg for bg in pending if bg not in s.recent]
+    if not runs:
+        return []
+    from gpucell.kernel.background_wait import one_line
+
+    facts = []
+    for bg in runs:
+        snap = getattr(bg.watched, "last", None) or bg.last
+        done, total = (snap.done, snap.total) if snap is not None else (0, 0)
+        ended = bg.ended
+        facts.append(
+            panel_state.BackgroundFacts(
+                cell=bg.cell,
+                state=bg.state,
+                pending=bg in pending,
+                done=done,
+                total=total,
+                elapsed=(ended if ended is not None else now) - bg.started,
+                started_at=getattr(bg, "started_at", 0.0),
+                writes=tuple(sorted(bg.footprint.writes)),
+                error=None if bg.error is None else one_line(bg.error),
+            )
+        )
+    return facts
+
+
+def _background_snaps() -> list[Any]:
+    """The snapshots of the background runs (the cell's run view is theirs
+    while one is pending: the background list shows it instead)."""
+    s = current()
+    out = []
+    for bg in list(s.recent) + list(s.pending):
+        out += [getattr(bg.watched, "last", None), bg.last]
+    return [x for x in out if x is not None]
 
 
 def _connection(gc: Any) -> dict[str, Any]:
@@ -194,9 +237,18 @@ class PanelEndpoint:
             if self._tele is not None:
                 self._close_tele()
             self.history = self._history_of = None
-        if snap is not None:
+        background = None
+        try:
+            background = panel_state.background_view(
+                _background_facts(time.monotonic())
+            )
+        except Exception:  # a run changing under the read: next look
+            self.errors += 1
+        if snap is not None and not any(snap is b for b in _background_snaps()):
             run = panel_state.run_view(snap)
-        msg = panel_state.state_message(self.seq, cluster, run, self._last_run_view())
+        msg = panel_state.state_message(
+            self.seq, cluster, run, self._last_run_view(), background
+        )
         msg["history"] = history
         return msg
 
@@ -295,6 +347,8 @@ class PanelEndpoint:
                 if engines is None
                 else "select " + ",".join(str(int(e)) for e in engines)
             )
+        elif kind == "cancel":
+            return self._cancel(int(data["cell"]))
         elif kind == "start":
             line = ("start " + data["args"]).strip()
         else:
@@ -307,6 +361,23 @@ class PanelEndpoint:
             text = out.getvalue().strip()
             return False, (text + "\n" if text else "") + f"{type(e).__name__}: {e}"
         return True, out.getvalue().strip() or f"%gpu_cluster {line}: done"
+
+    def _cancel(self, cell: int) -> tuple[bool, str]:
+        """``gpucell.runs.cell(N).cancel()``: its printed line is the reply."""
+        bg = next((b for b in current().pending if b.cell == cell), None)
+        if bg is None:
+            return False, (
+                f"gpucell: no pending background run of cell [{cell}] "
+                "(merged, raised or cancelled already)"
+            )
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                bg.cancel()
+        except BaseException as e:
+            text = out.getvalue().strip()
+            return False, (text + "\n" if text else "") + f"{type(e).__name__}: {e}"
+        return True, out.getvalue().strip()
 
 
 # ---------------------------------------------------------------- module API

@@ -35,11 +35,22 @@ Kernel -> panel::
      # optional (a kernel before the charts sends none): the charts over time
      "history": null | {"window": 300.0, "period": 1.0,   # seconds kept, between points
                         "devices": [{"engine": 0,
-                                     "age": [-2.0, -1.0, 0.0],  # s before the last point
+                                     "age": [-2.0, -1.0, 0.0],  # s before the last one
                                      "util": [12.5, null, 97.0],   # percent 0-100
-                                     "mem": [25.0, 25.0, 30.1]}]}}  # percent 0-100
+                                     "mem": [25.0, 25.0, 30.1]}]},  # percent 0-100
+     # optional (a kernel before --background sends none): background runs
+     "background": null | {
+        "pending": [{"cell": 5, "state": "running" | "finished" | "failed",
+                     "done": 37, "total": 120, "elapsed": 12.3,
+                     "started_at": 1795000000.0,       # epoch seconds
+                     "writes": ["out", "total"],       # a later cell using one waits
+                     "text": "cell [5]: 37 of 120 iterations (30%), 12.3 s, running",
+                     "note": ""}],                      # why it waits, if it ended
+        "recent": [{"cell": 4, "outcome": "merged" | "failed" | "cancelled",
+                    "error": "ValueError: bad row" | null,   # first line
+                    "text": "cell [4]: merged (120 of 120 iterations, 40.1 s)"}]}}
 
-    {"v": 1, "type": "reply", "request": "select" | "start" | "stop",
+    {"v": 1, "type": "reply", "request": "select" | "start" | "stop" | "cancel",
      "ok": true, "text": "later cells run on engines [1]"}
 
 Panel -> kernel::
@@ -48,6 +59,7 @@ Panel -> kernel::
     {"v": 1, "type": "select", "engines": [1] | null}    # null: every engine
     {"v": 1, "type": "start", "args": "-n 2 --gpus none"}  # %gpu_cluster start ARGS
     {"v": 1, "type": "stop"}
+    {"v": 1, "type": "cancel", "cell": 5}    # gpucell.runs.cell(5).cancel()
 
 Pure: no I/O, no Jupyter imports.
 """
@@ -71,7 +83,7 @@ TARGET = "gpucell.panel"
 #: the schema version every message carries as ``"v"``
 VERSION = 1
 #: what the panel may ask the kernel to do
-REQUESTS = ("select", "start", "stop")
+REQUESTS = ("select", "start", "stop", "cancel")
 
 _NUM = (int, float)
 
@@ -147,8 +159,10 @@ _LAST: dict[str, _Check] = {
 
 
 _PERCENTS: _Check = (
-    lambda x: isinstance(x, list)
-    and all(i is None or (_is_num(i) and 0.0 <= i <= 100.0) for i in x),
+    lambda x: (
+        isinstance(x, list)
+        and all(i is None or (_is_num(i) and 0.0 <= i <= 100.0) for i in x)
+    ),
     "a list of numbers in [0, 100] or nulls",
 )
 _HISTORY_DEVICE: dict[str, _Check] = {
@@ -159,6 +173,25 @@ _HISTORY_DEVICE: dict[str, _Check] = {
     ),
     "util": _PERCENTS,
     "mem": _PERCENTS,
+}
+
+
+_BACKGROUND_PENDING: dict[str, _Check] = {
+    "cell": _INT,
+    "state": _STR,
+    "done": _INT,
+    "total": _INT,
+    "elapsed": _NUMBER,
+    "started_at": _NUMBER,
+    "writes": _STRS,
+    "text": _STR,
+    "note": _STR,
+}
+_BACKGROUND_RECENT: dict[str, _Check] = {
+    "cell": _INT,
+    "outcome": _one_of("merged", "failed", "cancelled"),
+    "error": _nullable(_STR),
+    "text": _STR,
 }
 
 
@@ -214,6 +247,17 @@ def _history(h: Any) -> list[str]:
     return problems
 
 
+def _background(b: Any) -> list[str]:
+    lists: _Check = (lambda x: isinstance(x, list), "a list")
+    problems = _fields(b, {"pending": lists, "recent": lists}, "background")
+    if problems:
+        return problems
+    for key, spec in (("pending", _BACKGROUND_PENDING), ("recent", _BACKGROUND_RECENT)):
+        for i, r in enumerate(b[key]):
+            problems += _fields(r, spec, f"background.{key}[{i}]")
+    return problems
+
+
 def validate(msg: Any) -> list[str]:
     """What is wrong with ``msg`` as a panel message (``[]``: nothing).
 
@@ -247,6 +291,8 @@ def validate(msg: Any) -> list[str]:
             problems += _fields(msg["last"], _LAST, "last")
         if msg.get("history") is not None:
             problems += _history(msg["history"])
+        if msg.get("background") is not None:
+            problems += _background(msg["background"])
         return problems
     if kind == "reply":
         return _fields(
@@ -262,7 +308,9 @@ def validate(msg: Any) -> list[str]:
         return _fields(msg, {"args": _STR}, "start")
     if kind == "stop":
         return []
-    known = "state, reply, hello, select, start, stop"
+    if kind == "cancel":
+        return _fields(msg, {"cell": _INT}, "cancel")
+    known = "state, reply, hello, select, start, stop, cancel"
     return [f"type must be one of {known}, not {kind!r}"]
 
 

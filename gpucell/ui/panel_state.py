@@ -9,6 +9,7 @@ plain dicts out.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpucell.core.runstate import DEAD, RunSnapshot
@@ -17,6 +18,9 @@ from gpucell.ui import model
 
 __all__ = [
     "NO_CLUSTER",
+    "BackgroundFacts",
+    "background_status",
+    "background_view",
     "cluster_view",
     "connection_view",
     "last_view",
@@ -98,8 +102,11 @@ def cluster_view(
     }
 
 
-def status_text(cluster: dict[str, Any] | None) -> str:
-    """``gpucell: 4 GPUs · 2 hosts · 63% busy`` (``– busy`` when unknown)."""
+def status_text(
+    cluster: dict[str, Any] | None, background: dict[str, Any] | None = None
+) -> str:
+    """``gpucell: 4 GPUs · 2 hosts · 63% busy`` (``– busy`` when unknown), and
+    `` · 1 background run 37%`` while one is pending."""
     if cluster is None:
         return NO_CLUSTER
     devices = [d for d in cluster["devices"] if d["state"] != DEAD]
@@ -116,6 +123,7 @@ def status_text(cluster: dict[str, Any] | None) -> str:
     busy = f"{100 * sum(utils) / len(utils):.0f}%" if utils else model.NA
     dead = len(cluster["devices"]) - len(devices)
     tail = f" · {dead} dead" if dead else ""
+    tail += background_status(background)
     return f"gpucell: {what} · {hosts} · {busy} busy{tail}"
 
 
@@ -148,18 +156,112 @@ def last_view(run_id: int, last_run: Any) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- background
+
+
+@dataclass(frozen=True)
+class BackgroundFacts:
+    """One ``--background`` run as the panel needs it (read off the kernel's
+    ``BackgroundRun`` by kernel/panel.py, so this module stays pure)."""
+
+    cell: int
+    #: running, finished, failed (pending); merging, merged, raised, cancelled
+    state: str
+    pending: bool
+    done: int
+    total: int
+    #: seconds since it started (to its end once it ended)
+    elapsed: float
+    #: wall-clock start, seconds since the epoch
+    started_at: float
+    #: names the merge binds or changes: a later cell using one waits
+    writes: tuple[str, ...]
+    #: the error's type and first line, when it failed
+    error: str | None = None
+
+
+#: a finished run's state -> what the panel calls its outcome
+_OUTCOME = {"merged": "merged", "raised": "failed", "cancelled": "cancelled"}
+
+
+def _figures(f: BackgroundFacts) -> str:
+    pct = f" ({100 * f.done // f.total}%)" if f.total else ""
+    return f"{f.done} of {f.total} iterations{pct}, {f.elapsed:.1f} s"
+
+
+def _pending_view(f: BackgroundFacts) -> dict[str, Any]:
+    if f.state == "failed":
+        note = f"failed: {f.error}; raised in the next cell that waits for it"
+    elif f.state == "finished":
+        note = "finished; merged when a later cell uses its names (%gpu_wait)"
+    else:
+        note = ""
+    return {
+        "cell": f.cell,
+        "state": f.state,
+        "done": f.done,
+        "total": f.total,
+        "elapsed": round(f.elapsed, 1),
+        "started_at": round(f.started_at, 3),
+        "writes": list(f.writes),
+        "text": f"cell [{f.cell}]: {_figures(f)}, {f.state}",
+        "note": note,
+    }
+
+
+def _recent_view(f: BackgroundFacts) -> dict[str, Any]:
+    outcome = _OUTCOME.get(f.state, f.state)
+    what = f"failed: {f.error}" if outcome == "failed" and f.error else outcome
+    return {
+        "cell": f.cell,
+        "outcome": outcome,
+        "error": f.error if outcome == "failed" else None,
+        "text": f"cell [{f.cell}]: {what} ({_figures(f)})",
+    }
+
+
+def background_view(
+    facts: Sequence[BackgroundFacts], recent: int = 5
+) -> dict[str, Any] | None:
+    """The pending runs (start order) and the last ``recent`` that ended
+    (newest first); ``None`` when the kernel has none."""
+    if not facts:
+        return None
+    ended = [f for f in facts if not f.pending and f.state != "merging"]
+    return {
+        "pending": [_pending_view(f) for f in facts if f.pending],
+        "recent": [_recent_view(f) for f in reversed(ended)][:recent],
+    }
+
+
+def background_status(background: dict[str, Any] | None) -> str:
+    """`` · 1 background run 37%`` (done of all pending runs' iterations),
+    `` · 1 failed`` added when one failed; ``""`` when none is pending."""
+    pending = (background or {}).get("pending") or []
+    if not pending:
+        return ""
+    done = sum(p["done"] for p in pending)
+    total = sum(p["total"] for p in pending)
+    pct = f" {100 * done // total}%" if total else ""
+    failed = sum(1 for p in pending if p["state"] == "failed")
+    tail = f" · {failed} failed" if failed else ""
+    return f" · {_plural(len(pending), 'background run')}{pct}{tail}"
+
+
 def state_message(
     seq: int,
     cluster: dict[str, Any] | None,
     run: dict[str, Any] | None,
     last: dict[str, Any] | None,
+    background: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "v": VERSION,
         "type": "state",
         "seq": seq,
-        "status": status_text(cluster),
+        "status": status_text(cluster, background),
         "cluster": cluster,
         "run": run,
         "last": last,
+        "background": background,
     }

@@ -11,7 +11,7 @@ export const TARGET = 'gpucell.panel';
 /** The schema version every message carries as `"v"`. */
 export const VERSION = 1;
 /** What the panel may ask the kernel to do. */
-export const REQUESTS = ['select', 'start', 'stop'] as const;
+export const REQUESTS = ['select', 'start', 'stop', 'cancel'] as const;
 export type Request = (typeof REQUESTS)[number];
 
 export const CONNECTION_KINDS = ['local', 'ssh', 'slurm', 'connected'] as const;
@@ -95,6 +95,45 @@ export interface History {
   devices: HistoryDevice[];
 }
 
+/** A `--background` run not yet merged, raised or cancelled. */
+export interface BackgroundPending {
+  /** the `In [N]` number of its cell */
+  cell: number;
+  /** "running", or "finished" / "failed" (ended, waiting to be merged or raised) */
+  state: string;
+  done: number;
+  total: number;
+  /** seconds since it started (to its end once it ended) */
+  elapsed: number;
+  /** wall-clock start, seconds since the epoch */
+  started_at: number;
+  /** names its merge writes: a later cell that uses one waits for it */
+  writes: string[];
+  /** "cell [5]: 37 of 120 iterations (30%), 12.3 s, running" */
+  text: string;
+  /** what happens next once it ended ("" while it runs) */
+  note: string;
+}
+
+export const BACKGROUND_OUTCOMES = ['merged', 'failed', 'cancelled'] as const;
+export type BackgroundOutcome = (typeof BACKGROUND_OUTCOMES)[number];
+
+/** A `--background` run that ended and was merged, raised or cancelled. */
+export interface BackgroundRecent {
+  cell: number;
+  outcome: BackgroundOutcome;
+  /** the error's type and first line when it failed */
+  error: string | null;
+  text: string;
+}
+
+export interface Background {
+  /** in start order (the order they merge in) */
+  pending: BackgroundPending[];
+  /** newest first */
+  recent: BackgroundRecent[];
+}
+
 /** Kernel -> panel: the whole state (seq grows with every state sent). */
 export interface StateMessage {
   v: 1;
@@ -107,6 +146,8 @@ export interface StateMessage {
   last: Last | null;
   /** absent from a kernel older than the charts */
   history?: History | null;
+  /** absent from a kernel older than `--background` */
+  background?: Background | null;
 }
 
 /** Kernel -> panel: the answer to a request. */
@@ -144,9 +185,16 @@ export interface StopMessage {
   type: 'stop';
 }
 
+/** Panel -> kernel: `gpucell.runs.cell(N).cancel()`. */
+export interface CancelMessage {
+  v: 1;
+  type: 'cancel';
+  cell: number;
+}
+
 export type KernelMessage = StateMessage | ReplyMessage;
 export type PanelRequest =
-  HelloMessage | SelectMessage | StartMessage | StopMessage;
+  HelloMessage | SelectMessage | StartMessage | StopMessage | CancelMessage;
 export type Message = KernelMessage | PanelRequest;
 
 export function hello(): HelloMessage {
@@ -163,6 +211,10 @@ export function start(args: string): StartMessage {
 
 export function stop(): StopMessage {
   return { v: VERSION, type: 'stop' };
+}
+
+export function cancel(cell: number): CancelMessage {
+  return { v: VERSION, type: 'cancel', cell };
 }
 
 // ------------------------------------------------------------------ checks
@@ -265,6 +317,23 @@ const HISTORY_DEVICE: Record<string, Check> = {
   util: PERCENTS,
   mem: PERCENTS
 };
+const BACKGROUND_PENDING: Record<string, Check> = {
+  cell: INT,
+  state: STR,
+  done: INT,
+  total: INT,
+  elapsed: NUMBER,
+  started_at: NUMBER,
+  writes: STRS,
+  text: STR,
+  note: STR
+};
+const BACKGROUND_RECENT: Record<string, Check> = {
+  cell: INT,
+  outcome: oneOf(...BACKGROUND_OUTCOMES),
+  error: nullable(STR),
+  text: STR
+};
 const POSITIVE: Check = [x => isNum(x) && x > 0, 'a number > 0'];
 
 function repr(x: unknown): string {
@@ -335,6 +404,21 @@ function history(h: unknown): string[] {
   return problems;
 }
 
+function background(b: unknown): string[] {
+  const problems = fields(b, { pending: LIST, recent: LIST }, 'background');
+  if (problems.length) {
+    return problems;
+  }
+  const obj = b as Obj;
+  (obj.pending as unknown[]).forEach((r, i) => {
+    problems.push(...fields(r, BACKGROUND_PENDING, `background.pending[${i}]`));
+  });
+  (obj.recent as unknown[]).forEach((r, i) => {
+    problems.push(...fields(r, BACKGROUND_RECENT, `background.recent[${i}]`));
+  });
+  return problems;
+}
+
 /**
  * What is wrong with `msg` as a panel message (`[]`: nothing).
  *
@@ -379,6 +463,9 @@ export function validate(msg: unknown): string[] {
       if (msg.history !== undefined && msg.history !== null) {
         problems.push(...history(msg.history));
       }
+      if (msg.background !== undefined && msg.background !== null) {
+        problems.push(...background(msg.background));
+      }
       return problems;
     }
     case 'reply':
@@ -395,10 +482,12 @@ export function validate(msg: unknown): string[] {
       return fields(msg, { args: STR }, 'start');
     case 'stop':
       return [];
+    case 'cancel':
+      return fields(msg, { cell: INT }, 'cancel');
     default:
       return [
         'type must be one of state, reply, hello, select, start, stop, ' +
-          `not ${repr(kind)}`
+          `cancel, not ${repr(kind)}`
       ];
   }
 }

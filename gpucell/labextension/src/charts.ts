@@ -67,6 +67,30 @@ export function spanText(seconds: number): string {
 }
 
 /**
+ * Seconds the x axis spans for a history: what exists, rounded up to a step
+ * (5 s under a minute, 15 s under two, 30 s beyond), until the window fills.
+ *
+ * A fixed 5-minute axis drew the first minutes as a sliver at the right edge;
+ * an axis of exactly what exists would rescale every second.  Rounded up,
+ * the points fill most of the width from the first seconds and the axis
+ * changes only every few seconds; its left end is labelled with the span.
+ */
+export function chartSpan(h: History): number {
+  const window = h.window > 0 ? h.window : 1;
+  let oldest = 0;
+  for (const d of h.devices) {
+    for (const a of d.age) {
+      if (Number.isFinite(a) && -a > oldest) {
+        oldest = -a;
+      }
+    }
+  }
+  const step = oldest < 60 ? 5 : oldest < 120 ? 15 : 30;
+  const span = Math.max(step, Math.ceil(oldest / step - 1e-9) * step);
+  return Math.min(window, span);
+}
+
+/**
  * Runs of consecutive measured points: a null (not measured) breaks the
  * line rather than drawing it down to zero.
  */
@@ -170,7 +194,7 @@ export interface LegendEntry {
 export function historyCharts(
   h: History,
   labels: ReadonlyMap<number, string>
-): { util: Chart; mem: Chart; legend: LegendEntry[] } {
+): { util: Chart; mem: Chart; legend: LegendEntry[]; span: number } {
   const legend = h.devices.map((d, i) => ({
     engine: d.engine,
     label: labels.get(d.engine) ?? `engine ${d.engine}`,
@@ -184,13 +208,15 @@ export function historyCharts(
       age: d.age,
       values: d[key]
     }));
+  const span = chartSpan(h);
   return {
     util: chartSvg({
       title: 'Utilisation',
-      window: h.window,
+      window: span,
       series: series('util')
     }),
-    mem: chartSvg({ title: 'Memory', window: h.window, series: series('mem') }),
-    legend
+    mem: chartSvg({ title: 'Memory', window: span, series: series('mem') }),
+    legend,
+    span
   };
 }

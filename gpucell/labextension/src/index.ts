@@ -23,7 +23,7 @@ import type { Kernel } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { start, stop } from './api';
+import { cancel, start, stop } from './api';
 import { OPEN_COMMAND, registerOpenCommand } from './commands';
 import { PanelLink } from './link';
 import { GpucellPanel, PANEL_ID, StatusItem, TimelineView } from './panel';
@@ -134,6 +134,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       start: args => void link?.send(start(args)),
       stop: () => void link?.send(stop()),
       select: ticks => void link?.select(ticks),
+      cancel: cell => void link?.send(cancel(cell)),
       openTimeline
     });
     panel.title.icon = gpuIcon;

@@ -8,13 +8,21 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { ChartsView, DeviceView, ViewModel } from './view';
+import {
+  BackgroundRunView,
+  BackgroundView,
+  ChartsView,
+  DeviceView,
+  ViewModel
+} from './view';
 
 /** What the panel's controls ask for. */
 export interface PanelActions {
   start(args: string): void;
   stop(): void;
   select(ticks: Array<{ engine: number; checked: boolean }>): void;
+  /** cancel the pending background run of cell [N] (its `cancel()`) */
+  cancel(cell: number): void;
   /** show the last run's timeline large (a main-area tab) */
   openTimeline(src: string, title: string): void;
 }
@@ -138,6 +146,51 @@ class DeviceRow {
   private note: HTMLDivElement;
 }
 
+/** A pending background run's row: `div.gpucell-bg-run[data-cell]`. */
+class BackgroundRow {
+  constructor(cell: number, onCancel: (cell: number) => void) {
+    this.root = el('div', 'gpucell-bg-run');
+    this.root.setAttribute('data-cell', String(cell));
+    const head = el('div', 'gpucell-bg-head', this.root);
+    this.text = el('span', 'gpucell-bg-text', head);
+    this.cancel = el(
+      'button',
+      'gpucell-bg-cancel jp-mod-styled jp-mod-warn',
+      head
+    );
+    this.cancel.textContent = 'Cancel';
+    this.cancel.title =
+      `gpucell.runs.cell(${cell}).cancel(): stop the run, merge nothing ` +
+      '(finished chunks are kept for --resume)';
+    this.cancel.addEventListener('click', () => onCancel(cell));
+    this.bar = new Bar('gpucell-bg-bar', this.root);
+    this.writes = el('div', 'gpucell-bg-writes', this.root);
+    this.writes.title =
+      'a later cell that uses one of these names waits for the run';
+    this.started = el('div', 'gpucell-bg-started', this.root);
+    this.note = el('div', 'gpucell-bg-note', this.root);
+  }
+
+  update(r: BackgroundRunView): void {
+    setAttr(this.root, 'data-state', r.state);
+    setText(this.text, r.text);
+    this.bar.update(r.pct, '');
+    setText(this.writes, r.writes);
+    show(this.writes, r.writes !== '');
+    setText(this.started, r.started);
+    setText(this.note, r.note);
+    show(this.note, r.note !== '');
+  }
+
+  readonly root: HTMLDivElement;
+  private text: HTMLSpanElement;
+  private cancel: HTMLButtonElement;
+  private bar: Bar;
+  private writes: HTMLDivElement;
+  private started: HTMLDivElement;
+  private note: HTMLDivElement;
+}
+
 /** The "GPU cluster" side panel. */
 export class GpucellPanel extends Widget {
   constructor(actions: PanelActions) {
@@ -195,6 +248,11 @@ export class GpucellPanel extends Widget {
     this._runBar = new Bar('gpucell-run-bar', this._run);
     this._runText = el('div', 'gpucell-run-text', this._run);
 
+    this._bg = el('div', 'gpucell-background', this._body);
+    this._bgTitle = el('div', 'gpucell-background-title', this._bg);
+    this._bgPending = el('div', 'gpucell-background-pending', this._bg);
+    this._bgRecent = el('div', 'gpucell-background-recent', this._bg);
+
     this._last = el('div', 'gpucell-last', this._body);
     this._lastTitle = el('div', 'gpucell-last-title', this._last);
     this._lastLines = el('div', 'gpucell-last-lines', this._last);
@@ -231,6 +289,8 @@ export class GpucellPanel extends Widget {
       setText(this._runText, vm.run.text);
     }
 
+    this._renderBackground(vm.background);
+
     show(this._last, vm.last !== null);
     if (vm.last) {
       setText(this._lastTitle, `Last run #${vm.last.id}: ${vm.last.status}`);
@@ -251,6 +311,50 @@ export class GpucellPanel extends Widget {
     show(this._reply, vm.reply !== null);
     setText(this._reply, vm.reply?.text ?? '');
     this._reply.classList.toggle('gpucell-reply-error', !!vm.reply?.error);
+  }
+
+  private _renderBackground(b: BackgroundView | null): void {
+    show(this._bg, b !== null);
+    if (b === null) {
+      return;
+    }
+    setText(this._bgTitle, b.title);
+    const seen = new Set<number>();
+    b.pending.forEach((r, i) => {
+      seen.add(r.cell);
+      let row = this._bgRows.get(r.cell);
+      if (!row) {
+        row = new BackgroundRow(r.cell, cell => this._actions.cancel(cell));
+        this._bgRows.set(r.cell, row);
+      }
+      if (this._bgPending.children[i] !== row.root) {
+        this._bgPending.insertBefore(
+          row.root,
+          this._bgPending.children[i] ?? null
+        );
+      }
+      row.update(r);
+    });
+    for (const [cell, row] of this._bgRows) {
+      if (!seen.has(cell)) {
+        row.root.remove();
+        this._bgRows.delete(cell);
+      }
+    }
+    const key = JSON.stringify(b.recent);
+    if (key !== this._bgRecentKey) {
+      this._bgRecentKey = key;
+      this._bgRecent.replaceChildren(
+        ...b.recent.map(r => {
+          const e = el('div', 'gpucell-bg-ended');
+          e.setAttribute('data-cell', String(r.cell));
+          e.setAttribute('data-outcome', r.outcome);
+          e.classList.toggle('gpucell-bg-failed', r.error);
+          e.textContent = r.text;
+          return e;
+        })
+      );
+    }
   }
 
   private _chart(kind: string, alt: string): HTMLImageElement {
@@ -395,6 +499,12 @@ export class GpucellPanel extends Widget {
   private _run: HTMLDivElement;
   private _runBar: Bar;
   private _runText: HTMLDivElement;
+  private _bg: HTMLDivElement;
+  private _bgTitle: HTMLDivElement;
+  private _bgPending: HTMLDivElement;
+  private _bgRecent: HTMLDivElement;
+  private _bgRows = new Map<number, BackgroundRow>();
+  private _bgRecentKey = '';
   private _last: HTMLDivElement;
   private _lastTitle: HTMLDivElement;
   private _lastLines: HTMLDivElement;

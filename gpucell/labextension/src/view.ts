@@ -6,6 +6,7 @@
  */
 
 import {
+  Background,
   Device,
   ReplyMessage,
   RunStatus,
@@ -13,7 +14,7 @@ import {
   StateMessage,
   select
 } from './api';
-import { LegendEntry, historyCharts } from './charts';
+import { LegendEntry, historyCharts, spanText } from './charts';
 
 /** The status-bar text whenever there is no gpucell cluster to describe. */
 export const NO_CLUSTER = 'gpucell: no cluster';
@@ -99,11 +100,41 @@ export interface ChartView {
 }
 
 export interface ChartsView {
-  /** "last 5 min" */
+  /** "last 5 min"; "last 15 s (of 5 min)" while the history fills */
   title: string;
+  /** seconds the x axis spans */
+  span: number;
   util: ChartView;
   mem: ChartView;
   legend: LegendEntry[];
+}
+
+export interface BackgroundRunView {
+  cell: number;
+  state: string;
+  /** progress bar width in percent, 0-100 */
+  pct: number;
+  /** "cell [5]: 37 of 120 iterations (30%), 12.3 s, running" */
+  text: string;
+  /** "writes out, total": a later cell that uses one waits for the run */
+  writes: string;
+  /** "started 10:42:03" (the browser's local time) */
+  started: string;
+  note: string;
+}
+
+export interface BackgroundEndView {
+  cell: number;
+  outcome: string;
+  text: string;
+  error: boolean;
+}
+
+export interface BackgroundView {
+  /** "1 background run": the section's title */
+  title: string;
+  pending: BackgroundRunView[];
+  recent: BackgroundEndView[];
 }
 
 export interface ReplyView {
@@ -129,6 +160,8 @@ export interface ViewModel {
   last: LastView | null;
   /** utilisation and memory over time; null without a cluster or history */
   charts: ChartsView | null;
+  /** `--background` runs: pending and recent; null when there are none */
+  background: BackgroundView | null;
   reply: ReplyView | null;
 }
 
@@ -241,13 +274,64 @@ export function chartsView(state: StateMessage | null): ChartsView | null {
   const labels = new Map(state.cluster.devices.map(d => [d.engine, d.label]));
   const c = historyCharts(h, labels);
   const minutes = h.window / 60;
+  const full = Number.isInteger(minutes)
+    ? `${minutes} min`
+    : `${Math.round(h.window)} s`;
   return {
-    title: Number.isInteger(minutes)
-      ? `last ${minutes} min`
-      : `last ${Math.round(h.window)} s`,
+    title:
+      c.span < h.window
+        ? `last ${spanText(c.span)} (of ${full})`
+        : `last ${full}`,
+    span: c.span,
     util: { src: svgDataUri(c.util.svg), points: c.util.points },
     mem: { src: svgDataUri(c.mem.svg), points: c.mem.points },
     legend: c.legend
+  };
+}
+
+function two(n: number): string {
+  return String(n).padStart(2, '0');
+}
+
+/** "10:42:03": epoch seconds as the browser's local time of day. */
+export function clockText(epochSeconds: number): string {
+  const d = new Date(epochSeconds * 1000);
+  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+}
+
+/** The background runs of a state (null: none pending or recent). */
+export function backgroundView(
+  b: Background | null | undefined
+): BackgroundView | null {
+  if (!b || (b.pending.length === 0 && b.recent.length === 0)) {
+    return null;
+  }
+  const n = b.pending.length;
+  return {
+    title:
+      n === 0
+        ? 'Background runs'
+        : `${n} background run${n === 1 ? '' : 's'} pending`,
+    pending: b.pending.map(p => ({
+      cell: p.cell,
+      state: p.state,
+      pct:
+        p.total > 0
+          ? (percent(p.done / p.total) ?? 0)
+          : p.state === 'running'
+            ? 0
+            : 100,
+      text: p.text,
+      writes: p.writes.length ? `writes ${p.writes.join(', ')}` : '',
+      started: `started ${clockText(p.started_at)}`,
+      note: p.note
+    })),
+    recent: b.recent.map(r => ({
+      cell: r.cell,
+      outcome: r.outcome,
+      text: r.text,
+      error: r.outcome === 'failed'
+    }))
   };
 }
 
@@ -297,6 +381,7 @@ export function viewModel(s: Snapshot): ViewModel {
         }
       : null,
     charts: chartsView(state),
+    background: backgroundView(state?.background),
     reply:
       loaded && s.reply
         ? { request: s.reply.request, text: s.reply.text, error: !s.reply.ok }

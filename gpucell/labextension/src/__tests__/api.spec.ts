@@ -10,6 +10,7 @@ import * as path from 'path';
 import {
   TARGET,
   VERSION,
+  cancel,
   hello,
   parse,
   select,
@@ -63,7 +64,8 @@ describe('the panel schema (v1)', () => {
       select([0, 2]),
       select(null),
       start('-n 2'),
-      stop()
+      stop(),
+      cancel(5)
     ]) {
       expect(validate(m)).toEqual([]);
     }
@@ -82,7 +84,7 @@ describe('the panel schema (v1)', () => {
       'cluster.devices[0].util must be a number in [0, 1] or null, not 1.5'
     ]);
     expect(validate({ v: 1, type: 'restart' })).toEqual([
-      'type must be one of state, reply, hello, select, start, stop, not "restart"'
+      'type must be one of state, reply, hello, select, start, stop, cancel, not "restart"'
     ]);
     expect(validate(null)).toEqual(['a message must be a JSON object']);
     expect(validate('{"v": 1}')).toEqual(['a message must be a JSON object']);

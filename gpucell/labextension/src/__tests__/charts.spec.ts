@@ -12,6 +12,7 @@ import {
   escapeXml,
   historyCharts,
   runs,
+  chartSpan,
   seriesColor,
   spanText
 } from '../charts';
@@ -147,9 +148,76 @@ describe('historyCharts and chartsView', () => {
     expect(chartsView(FULL)).toBeNull(); // no history
     const both = { ...FULL, history: WITH_HISTORY.history };
     const v = chartsView(both)!;
-    expect(v.title).toBe('last 5 min');
+    // 2 s of history: the axis spans 5 s, not the 5-minute window
+    expect(v.title).toBe('last 5 s (of 5 min)');
+    expect(v.span).toBe(5);
     expect(v.util.src.startsWith('data:image/svg+xml;base64,')).toBe(true);
     expect(v.mem.points).toBe(3);
     expect(v.legend[0].label).toBe(FULL.cluster!.devices[0].label);
+  });
+});
+
+describe('chartSpan: the x axis spans what exists until the window fills', () => {
+  const hist = (ages: number[][], window = 300): History => ({
+    window,
+    period: 1,
+    devices: ages.map((age, i) => ({
+      engine: i,
+      age,
+      util: age.map(() => 50),
+      mem: age.map(() => 10)
+    }))
+  });
+  const ramp = (n: number) => Array.from({ length: n }, (_, i) => i - n + 1);
+
+  it('rounds what exists up to 5 s under a minute, 15 s under two, 30 s beyond', () => {
+    expect(chartSpan(hist([[]]))).toBe(5);
+    expect(chartSpan(hist([[0]]))).toBe(5);
+    expect(chartSpan(hist([ramp(5)]))).toBe(5); // oldest -4 s
+    expect(chartSpan(hist([ramp(11)]))).toBe(10); // oldest -10 s: exactly
+    expect(chartSpan(hist([ramp(12)]))).toBe(15);
+    expect(chartSpan(hist([ramp(61)]))).toBe(60);
+    expect(chartSpan(hist([ramp(62)]))).toBe(75);
+    expect(chartSpan(hist([ramp(122)]))).toBe(150);
+    // the longest device's history decides; the window caps it
+    expect(chartSpan(hist([ramp(3), ramp(40)]))).toBe(40);
+    expect(chartSpan(hist([ramp(400)]))).toBe(300);
+    expect(chartSpan(hist([ramp(50)], 30))).toBe(30);
+  });
+
+  it('draws the first seconds across most of the width, the span labelled', () => {
+    // 12 s of history (13 points): a 15 s axis, the line from x >= 30 + 0.2 * 264
+    const h = hist([ramp(13)]);
+    const c = historyCharts(h, new Map());
+    expect(c.span).toBe(15);
+    const [line] = polylines(c.util.svg);
+    const xs = line.map(p => Number(p.split(',')[0]));
+    const width = 300 - 30 - 6;
+    expect(Math.max(...xs)).toBeCloseTo(30 + width, 1);
+    expect(Math.min(...xs)).toBeLessThanOrEqual(30 + 0.25 * width);
+    expect(c.util.svg).toContain('>-15 s<');
+    // with the 5-minute axis the same points took the last 4 % of the width
+    const fixed = chartSvg({
+      title: 't',
+      window: 300,
+      series: [
+        {
+          engine: 0,
+          name: 'e',
+          color: '#000',
+          age: ramp(13),
+          values: ramp(13).map(() => 5)
+        }
+      ]
+    });
+    const xf = polylines(fixed.svg)[0].map(p => Number(p.split(',')[0]));
+    expect(Math.min(...xf)).toBeGreaterThan(30 + 0.95 * width);
+  });
+
+  it('says the full window once the history spans it', () => {
+    const state = { ...FULL, history: hist([ramp(400)]) } as StateMessage;
+    const v = chartsView(state)!;
+    expect(v.title).toBe('last 5 min');
+    expect(v.span).toBe(300);
   });
 });
