@@ -206,7 +206,46 @@ def test_wheel_installs_without_node_and_lists_the_panel():
         # found where the wheel put it, in the fresh venv's prefix
         section = out[: line.start()].rsplit("labextensions", 1)[0]
         assert str(venv) in section.splitlines()[-1], out
+        _quickstart_runs_from(py, env, work, purelib)
     assert _ignored_state() == before, "the build touched the repo's panel build"
+
+
+def _quickstart_runs_from(
+    py: str, env: dict[str, str], work: Path, purelib: str
+) -> None:
+    """The README's main job (the quickstart notebook, headless, on a local
+    cluster) with the wheel's gpucell: a last cell says which gpucell the
+    notebook's kernel imported."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "examples/notebooks/quickstart.ipynb", as_version=4)
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "import gpucell\nprint('GPUCELL_FROM', gpucell.__file__)"
+        )
+    )
+    copy = work / "quickstart.ipynb"
+    nbformat.write(nb, copy)
+    ran = subprocess.run(
+        [py, str(ROOT / "examples/run_quickstart.py"), str(copy)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=300,
+    )
+    if ran.returncode != 0:
+        errors = [
+            "\n".join(o.get("traceback", [])[-6:])
+            for c in nbformat.read(work / "quickstart.executed.ipynb", 4).cells
+            for o in c.get("outputs", [])
+            if o.get("output_type") == "error"
+        ]
+        raise AssertionError(ran.stdout[-2000:] + "\n".join(errors)[-4000:])
+    summary = json.loads((work / "quickstart.executed.summary.json").read_text())
+    assert summary["error"] is None and summary["cells_run"] == summary["code_cells"]
+    executed = (work / "quickstart.executed.ipynb").read_text()
+    assert f"GPUCELL_FROM {purelib}" in executed, executed[-2000:]
 
 
 def test_a_gpucell_on_pythonpath_but_not_installed_starts_its_cluster():

@@ -209,3 +209,33 @@ def test_installed_libraries_and_gpucell_are_not_user_modules() -> None:
         module_writes({"np": numpy, "append": numpy.append}, frozenset({"append"}))
         == []
     )
+
+
+@pytest.mark.parametrize("folder", ["site-packages", "dist-packages"])
+def test_packages_from_any_installed_packages_folder_are_libraries(
+    tmp_path, monkeypatch, folder
+) -> None:
+    """A library found in a packages folder outside the interpreter's prefix (the
+    user site of `pip install --user`, a borrowed environment's site-packages on
+    a .pth line or PYTHONPATH) is not the user's module: torch found so made the
+    quickstart refuse its loop ("changes ... of your module torch._dynamo")."""
+    import importlib
+    import sys
+
+    for where, name in (
+        (tmp_path / "lib" / folder, "gc_lib_mod"),
+        (tmp_path / "proj", "gc_own_mod"),
+    ):
+        where.mkdir(parents=True)
+        (where / f"{name}.py").write_text(
+            "count = 0\ndef bump():\n    global count\n    count += 1\n"
+        )
+        monkeypatch.syspath_prepend(str(where))
+    try:
+        importlib.import_module("gc_lib_mod")
+        importlib.import_module("gc_own_mod")
+        assert user_module("gc_lib_mod") is None
+        assert user_module("gc_own_mod") is not None
+    finally:
+        sys.modules.pop("gc_lib_mod", None)
+        sys.modules.pop("gc_own_mod", None)

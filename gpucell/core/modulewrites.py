@@ -78,11 +78,33 @@ class ModuleWrite:
     what: str
 
 
-@functools.cache
+#: folders that hold installed distributions, wherever they are on sys.path
+_PACKAGE_FOLDERS = ("site-packages", "dist-packages")
+
+
 def _library_roots() -> tuple[str, ...]:
+    """The interpreter's own library folders, and every folder of installed
+    packages the interpreter searches: the user site (``pip install --user``),
+    the base interpreter's (a ``--system-site-packages`` venv), and any
+    ``site-packages`` added by a ``.pth`` file or ``PYTHONPATH`` (a conda or
+    shared environment borrowed): torch found there is a library, not the
+    user's module."""
+    return _roots_for(tuple(sys.path))
+
+
+@functools.cache
+def _roots_for(path: tuple[str, ...]) -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    try:
+        import site
+
+        roots |= set(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    except Exception:  # a frozen or embedded interpreter without them
+        pass
+    roots |= {p for p in path if os.path.basename(p.rstrip(os.sep)) in _PACKAGE_FOLDERS}
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 
