@@ -4817,3 +4817,205 @@ for v in totals.values():
 """,
     note="values() is a live view: serially the last value read is the changed one",
 )
+
+# ---------------------------------------------------------------- issue 28 §3:
+# a written frame or dict read at keys no iteration writes; running bests;
+# deletes; masks (written as tutorials write them)
+
+case(
+    "feat-diff-features",
+    "safe",
+    DF,
+    """
+for k in (1, 2, 7):
+    ts[f"diff_{k}"] = ts["y"].diff(k)
+""",
+)
+
+case(
+    "feat-ewm-spans",
+    "safe",
+    DF,
+    """
+for span in [3, 6, 12]:
+    ts[f"ewm{span}"] = ts["y"].ewm(span=span, adjust=False).mean()
+""",
+)
+
+case(
+    "feat-pct-change-literal-columns",
+    "safe",
+    DF,
+    """
+for col in ["qty", "price"]:
+    sales[col + "_pct"] = sales[col].pct_change()
+""",
+)
+
+case(
+    "feat-fill-then-flag",
+    "safe",
+    DF
+    + """
+sales.loc[[3, 8, 21], "price"] = np.nan
+""",
+    """
+for col in ["qty", "price"]:
+    sales[f"{col}_missing"] = sales[col].isna()
+    sales[f"{col}_filled"] = sales[col].fillna(sales[col].median())
+""",
+)
+
+case(
+    "feat-zscore-by-mask",
+    "safe",
+    DF,
+    """
+sales["qty_z"] = 0.0
+for prod in sorted(sales["product"].unique()):
+    m = sales["product"] == prod
+    grp = sales.loc[m, "qty"]
+    sales.loc[m, "qty_z"] = (grp - grp.mean()) / grp.std(ddof=0)
+""",
+)
+
+case(
+    "feat-threshold-bands-overlap",
+    "safe",
+    DF,
+    """
+sales["band"] = "low"
+for cut, name in [(5, "mid"), (10, "high"), (15, "top")]:
+    sel = sales["price"] >= cut
+    sales.loc[sel, "band"] = name
+""",
+    note="masks overlap: the last matching band wins, as serially",
+)
+
+case(
+    "feat-dict-derived-stats",
+    "safe",
+    NP,
+    """
+stats = {"sig": signal, "row0": M[0]}
+for name in ["sig", "row0"]:
+    stats[name + "_mean"] = float(np.mean(stats[name]))
+    stats[name + "_max"] = float(np.max(stats[name]))
+""",
+)
+
+case(
+    "feat-squared-columns",
+    "safe",
+    DF,
+    """
+for p in range(2, 5):
+    ts["x_pow" + str(p)] = ts["x"] ** p
+""",
+)
+
+case(
+    "u-feat-lag-of-lag",
+    "unsafe",
+    DF
+    + """
+ts["lag_0"] = ts["y"]
+""",
+    """
+for k in range(1, 4):
+    ts[f"lag_{k}"] = ts[f"lag_{k - 1}"].shift(1)
+""",
+    note="each lag reads the one the previous iteration wrote",
+)
+
+case(
+    "u-feat-prefix-collision",
+    "unsafe",
+    """
+d = {"x1": 10}
+""",
+    """
+for k in range(4):
+    d[f"x{k}"] = d["x1"] + k
+""",
+    note="iteration 1 writes the key every later iteration reads",
+)
+
+case(
+    "u-feat-literal-suffix-collision",
+    "unsafe",
+    DF
+    + """
+sales["qty_pct"] = 0.0
+""",
+    """
+for col in ["qty", "qty_pct"]:
+    sales[col + "_pct"] = sales[col] * 2
+""",
+    note="`qty_pct` is written by the first iteration and read by the second",
+)
+
+case(
+    "u-feat-width-from-frame",
+    "unsafe",
+    DF,
+    """
+for w in [2, 3, 4]:
+    ts[f"roll_{w}"] = ts["y"].rolling(w).mean() * len(ts.columns)
+""",
+    note="len(ts.columns) grows with every column added",
+)
+
+case(
+    "u-feat-new-row-labels",
+    "unsafe",
+    DF,
+    """
+for lab in ["p", "q", "r"]:
+    sales.loc[lab, "qty"] = sales["qty"].count()
+""",
+    note="each label adds a row; the next count sees it",
+)
+
+case(
+    "u-feat-mask-from-written-column",
+    "unsafe",
+    DF,
+    """
+sales["flag"] = False
+for t in [3, 6, 9]:
+    m = sales["flag"] | (sales["qty"] > t)
+    sales.loc[m, "flag"] = True
+    sales.loc[m, "n_seen"] = int(m.sum())
+""",
+    note="the mask reads the column the previous iteration wrote",
+)
+
+case(
+    "u-running-min-distance",
+    "unsafe",
+    NP,
+    """
+closest = None
+best = np.inf
+for j, p in enumerate(points):
+    dist = float(np.hypot(*p))
+    if dist < best:
+        best = dist
+        closest = j
+""",
+    note="a running minimum with its index (refused; the advice names min)",
+)
+
+case(
+    "safe-best-by-min-builtin",
+    "safe",
+    NP,
+    """
+dists = []
+for j, p in enumerate(points):
+    dists.append((float(np.hypot(*p)), j))
+best, closest = min(dists)
+""",
+    note="the running minimum rewritten as the advice says",
+)

@@ -125,21 +125,6 @@ KNOWN: dict[str, str] = {
         " read here before the iteration assigns it, so it would see the value "
         "left by the previous iteration (a loop-carried dependency)..."
     ),
-    "pd-rolling-features": (
-        "false refusal (own keys/columns/rows): line 3: `ts` is combined across"
-        " iterations (indexed write on line 3) and is also used here; while the"
-        " loop runs in parallel an iteration sees only ..."
-    ),
-    "pd-lag-features": (
-        "false refusal (own keys/columns/rows): line 3: `ts` is combined across"
-        " iterations (indexed write on line 3) and is also used here; while the"
-        " loop runs in parallel an iteration sees only ..."
-    ),
-    "pd-boolean-mask-disjoint-rows": (
-        "false refusal (own keys/columns/rows): line 4: `sales` is combined "
-        "across iterations (indexed write on line 5) and is also used here; "
-        "while the loop runs in parallel an iteration sees on..."
-    ),
     "sk-running-best-model": (
         "false refusal (running argmin/argmax (by design)): line 5: "
         "`best_score` is read here before the iteration assigns it, so it would"

@@ -74,7 +74,9 @@ def conclude(t: Admitted, results: list[Any]) -> None:
         raise
     keeping.merged()
     if not t.req.quiet:
-        print(record.summary())
+        choice = t.prep.plan.choice
+        several = "in the kernel, as written" in choice
+        print(record.summary() + (f"; in parallel: {choice}" if several else ""))
 
 
 def bind_last_item(ns: dict[str, Any], prep: Prepared, loop: Loop) -> None:

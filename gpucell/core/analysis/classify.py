@@ -18,6 +18,7 @@ Every problem becomes a :class:`Diagnostic`; the caller raises them all at once.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -279,6 +280,11 @@ class _Ctx:
         # write sinks whose every write and read is its own element `S[i]` (i the
         # loop's distinct index): S -> i
         self.own_elements: dict[str, str] = {}
+        # write sinks whose every written key differs from some constant keys
+        # (`ts[f"lag_{k}"] = ...` beside reads of `ts["y"]`): S -> the keys
+        self.write_keys: dict[str, list[ast.expr]] = {}
+        # the loop's variable, never rebound, over a literal list of strings
+        self.literal_keys: dict[str, tuple[str, ...]] = {}
         # write sinks used only at `S[i]` but written more than once: S -> (i,
         # the lines that write it)
         self.several_writes: dict[str, tuple[str, list[int]]] = {}
@@ -390,6 +396,8 @@ class _Flow:
                 f"before it: collect the matches (`hits.append(x)`) and take the "
                 f"first after the loop (`{n} = hits[0] if hits else None`)."
             )
+        if pick is not None and pick.kept and pick.op and len(pick.kept) > 1:
+            return why + _running_best_text(n, pick)
         if pick is not None:
             score = pick.score or "score"
             what = {"max": "running maximum", "min": "running minimum"}
@@ -1032,7 +1040,15 @@ class _Flow:
         if not isinstance(base, ast.Name) or self._shadowed(base.id):
             return None
         i = self.c.own_elements.get(base.id)
-        return base if i is not None and _is_own_key(e.slice, i) else None
+        if i is not None and _is_own_key(e.slice, i):
+            return base
+        keys = self.c.write_keys.get(base.id)
+        if keys is None:
+            return None
+        reads = _read_keys(e, ("loc",), self.c.literal_keys)
+        if reads and all(_differ(k, r) for k in keys for r in reads):
+            return base  # (keys no iteration writes: their values from before)
+        return None
 
     def expr(self, e: ast.AST, state: State) -> State:  # noqa: C901
         own = self._own_read(e)
@@ -1334,6 +1350,10 @@ class _Selection:
     kind: str
     op: str | None = None
     score: str | None = None
+    # `<`/`>` (the first of equal scores is kept) rather than `<=`/`>=`
+    strict: bool = True
+    # what the test's branch assigns: name -> the value's text (`closest = j`)
+    kept: tuple[tuple[str, str], ...] = ()
 
 
 #: ``x OP name``: a new ``x`` is taken when it is smaller (min) or larger (max)
@@ -1388,7 +1408,8 @@ def _selection_kind(
                     isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)
                 ):
                     op = None  # (under `not` or `or`: which way is not plain)
-                return _Selection("best", op, score)
+                strict = all(isinstance(o, (ast.Lt, ast.Gt)) for o in node.ops)
+                return _Selection("best", op, score, strict != when_false)
     return None
 
 
@@ -1422,10 +1443,56 @@ def _selections(stmts: Iterable[ast.stmt]) -> dict[str, _Selection]:
             }
             guarded.append((s.value.test, names - keeps, keeps))
         for test, if_true, if_false in guarded:
+            kept = _simple_assignments(s.body) if isinstance(s, ast.If) else {}
             for n in sorted(if_true | if_false):
                 kind = _selection_kind(test, n, when_false=n not in if_true)
+                if kind is not None and n in kept and not kind.kept:
+                    kind = dataclasses.replace(kind, kept=tuple(kept.items()))
                 if kind is not None:
                     out.setdefault(n, kind)
+    return out
+
+
+def _running_best_text(n: str, pick: _Selection) -> str:
+    """The advice for a running best kept with what goes with it (``if d <
+    best_d: best_i, best_d = i, d``): the pairs, and the pick after the loop
+    with the same choice among equal scores."""
+    kept = dict(pick.kept)
+    score = kept[n]
+    others = [k for k in kept if k != n]
+    names = ", ".join([n, *others])
+    values = ", ".join([score, *(kept[k] for k in others)])
+    what = {"max": "running maximum", "min": "running minimum"}[pick.op or "max"]
+    pairs = "pairs" if pick.strict else "reversed(pairs)"
+    ties = "first" if pick.strict else "last"
+    return (
+        f"`{n}` keeps a {what} (with {', '.join(f'`{k}`' for k in others)}), "
+        "which depends on the iterations before it: collect the candidates "
+        f"(`pairs = [({names})]` before the loop, `pairs.append(({values}))` in "
+        f"it) and pick after the loop (`{names} = "
+        f"{pick.op}({pairs}, key=lambda t: t[0])`, which keeps the {ties} of "
+        "equal scores, as the loop does)."
+    )
+
+
+def _simple_assignments(body: list[ast.stmt]) -> dict[str, str]:
+    """``name -> value text`` for the plain assignments of a branch
+    (``best = d``, ``best_i, best_d = i, d``), in order."""
+    out: dict[str, str] = {}
+    for st in body:
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+            continue
+        t, v = st.targets[0], st.value
+        if isinstance(t, ast.Name):
+            out[t.id] = ast.unparse(v)
+        elif (
+            isinstance(t, ast.Tuple)
+            and isinstance(v, ast.Tuple)
+            and len(t.elts) == len(v.elts)
+            and all(isinstance(e, ast.Name) for e in t.elts)
+        ):
+            for e, val in zip(t.elts, v.elts, strict=True):
+                out[e.id] = ast.unparse(val)  # type: ignore[attr-defined]
     return out
 
 
@@ -1864,6 +1931,167 @@ def _own_elements(
     return out
 
 
+def _column_key(e: ast.Subscript, indexers: tuple[str, ...]) -> str | None:
+    """The constant string key of ``S["c"]`` (a column, a dict key), or of
+    ``S.loc[rows, "c"]`` (the column part), else ``None``."""
+    key: ast.expr = e.slice
+    if isinstance(e.value, ast.Attribute):
+        if e.value.attr not in indexers:
+            return None
+        if not (isinstance(key, ast.Tuple) and len(key.elts) == 2):
+            return None
+        key = key.elts[1]
+    if isinstance(key, ast.Constant) and isinstance(key.value, str):
+        return key.value
+    return None
+
+
+def _read_keys(
+    e: ast.Subscript, indexers: tuple[str, ...], literal: dict[str, tuple[str, ...]]
+) -> tuple[str, ...]:
+    """The string keys ``e`` may read: a constant's, or every item of the
+    literal list the loop's variable walks (``for c in ["a", "b"]: S[c]``)."""
+    key = _column_key(e, indexers)
+    if key is not None:
+        return (key,)
+    part: ast.expr = e.slice
+    if isinstance(e.value, ast.Attribute):
+        if not (isinstance(part, ast.Tuple) and len(part.elts) == 2):
+            return ()
+        part = part.elts[1]
+    if isinstance(part, ast.Name):
+        return literal.get(part.id, ())
+    return ()
+
+
+def _differ(written: ast.expr, read: str) -> bool:
+    """Is every value ``written`` can take (a key of the loop's writes) other
+    than the string ``read``?  A constant other than it; an f-string or a
+    ``"p" + x`` / ``x + "s"`` whose constant prefix (suffix) ``read`` does not
+    start (end) with: every string it makes does."""
+    if isinstance(written, ast.Constant):
+        return isinstance(written.value, str) and written.value != read
+    parts: list[ast.expr] = []
+    if isinstance(written, ast.JoinedStr):
+        parts = list(written.values)
+    elif isinstance(written, ast.BinOp) and isinstance(written.op, ast.Add):
+        parts = [written.left, written.right]
+    if not parts:
+        return False
+    first, last = parts[0], parts[-1]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value:
+        if not read.startswith(first.value):
+            return True
+    if isinstance(last, ast.Constant) and isinstance(last.value, str) and last.value:
+        if not read.endswith(last.value):
+            return True
+    return False
+
+
+def _write_keys(
+    writes: dict[str, list[Candidate]],
+    own_elements: dict[str, str],
+    body: list[ast.stmt],
+) -> dict[str, list[ast.expr]]:
+    """Write sinks whose writes are all ``S[k] = ...`` (whole keys: a column,
+    a dict key) or ``S.loc[rows, k] = ...`` with ``rows`` ``:`` or a mask made
+    from ``S``'s own column (``m = S["c"] == v``: a boolean Series, so never a
+    new row): S -> every key ``k`` written.  A read of ``S`` at a constant key
+    that differs from every one of them sees the value from before the loop,
+    serially as on an engine (`_Flow._own_read`)."""
+    out: dict[str, list[ast.expr]] = {}
+    bound: dict[str, list[ast.expr]] = {}
+    for st in block_statements(body):
+        for node in ast.walk(st):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = (
+                    node.targets if isinstance(node, ast.Assign) else [node.target]
+                )
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                            v = node.value if isinstance(node, ast.Assign) else None
+                            bound.setdefault(n.id, []).append(v)  # type: ignore[arg-type]
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.NamedExpr)):
+                for n in ast.walk(node):
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                        bound.setdefault(n.id, []).append(None)  # type: ignore[arg-type]
+    for name, cands in writes.items():
+        if name in own_elements:
+            continue
+        masks = {
+            m
+            for m, values in bound.items()
+            if len(values) == 1 and values[0] is not None and _mask(values[0], name)
+        }
+        keys: list[ast.expr] = []
+        for c in cands:
+            if not isinstance(c.stmt, ast.Assign):
+                break
+            parts = [
+                part
+                for t in c.stmt.targets
+                for part in target_parts(t)
+                if isinstance(part, ast.Subscript)
+                and root_name(part) is not None
+                and root_name(part).id == name  # type: ignore[union-attr]
+            ]
+            if not parts or not all(_whole_key(p, name, masks) for p in parts):
+                break
+            keys += [_written_key(p) for p in parts]
+        else:
+            out[name] = keys
+    return out
+
+
+def _mask(e: ast.expr, name: str) -> bool:
+    """``S["c"] == v`` (any comparison led by a column of ``S``), and ``&``,
+    ``|``, ``~`` of such: a boolean Series of ``S``'s rows."""
+    if isinstance(e, ast.Compare):
+        left = e.left
+        return (
+            isinstance(left, ast.Subscript)
+            and isinstance(left.value, ast.Name)
+            and left.value.id == name
+            and _column_key(left, indexers=()) is not None
+        )
+    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.BitAnd, ast.BitOr)):
+        return _mask(e.left, name) and _mask(e.right, name)
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Invert):
+        return _mask(e.operand, name)
+    return False
+
+
+def _whole_key(part: ast.Subscript, name: str, masks: set[str]) -> bool:
+    """``S[k]``, or ``S.loc[mask, k]`` / ``S.loc[:, k]`` (rows that exist)."""
+    if isinstance(part.value, ast.Name):
+        return part.value.id == name and not isinstance(part.slice, ast.Slice)
+    v = part.value
+    if not (
+        isinstance(v, ast.Attribute)
+        and v.attr == "loc"
+        and isinstance(v.value, ast.Name)
+        and v.value.id == name
+        and isinstance(part.slice, ast.Tuple)
+        and len(part.slice.elts) == 2
+    ):
+        return False
+    rows = part.slice.elts[0]
+    return (
+        isinstance(rows, ast.Slice)
+        and rows.lower is None
+        and rows.upper is None
+        and rows.step is None
+    ) or (isinstance(rows, ast.Name) and rows.id in masks)
+
+
+def _written_key(part: ast.Subscript) -> ast.expr:
+    key = part.slice
+    if isinstance(part.value, ast.Attribute) and isinstance(key, ast.Tuple):
+        return key.elts[1]
+    return key
+
+
 def _only_at(name: str, i: str, body: list[ast.stmt]) -> bool:
     """Is every use of ``name`` in ``body`` a subscript at the own key ``i``?"""
     for s in body:
@@ -2257,7 +2485,30 @@ def classify_body(
     ctx.item_names = (ctx.target_names & tainted) - _rebound(body)
     ctx.assume_nonempty = assume_nonempty
     ctx.own_elements = own_elements
+    ctx.write_keys = _write_keys(
+        {n: cs for n, cs in by_name.items() if sinks[n].cls == WRITE},
+        own_elements,
+        body,
+    )
     ctx.several_writes = several_writes
+    if (
+        isinstance(loop_target, ast.Name)
+        and isinstance(loop_iter, (ast.List, ast.Tuple))
+        and not any(
+            isinstance(n, ast.Name)
+            and n.id == loop_target.id
+            and not isinstance(n.ctx, ast.Load)
+            for st in body
+            for n in ast.walk(st)
+        )
+        and all(
+            isinstance(v, ast.Constant) and isinstance(v.value, str)
+            for v in loop_iter.elts
+        )
+    ):
+        ctx.literal_keys = {
+            loop_target.id: tuple(v.value for v in loop_iter.elts)  # type: ignore[attr-defined]
+        }
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
     own_key = _own_key(loop_target, loop_iter, is_builtin)
