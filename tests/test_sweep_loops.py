@@ -115,11 +115,6 @@ KNOWN: dict[str, str] = {
     "str-regex-extract": (
         "SILENT (documented exception with a visible effect): m (only serially)"
     ),
-    "dict-delete-own-key": (
-        "false refusal (own keys/columns/rows): line 4: `del balances[k]` "
-        "changes an object in place; `balances` exists before the loop, and "
-        "each engine would change only its own copy, so the cha..."
-    ),
     "np-argmin-running-best": (
         "false refusal (running argmin/argmax (by design)): line 5: `best_d` is"
         " read here before the iteration assigns it, so it would see the value "

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpucell.core import writeback
+from gpucell.core.deleted import DELETED
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
 from gpucell.protocol.program import RESULT, Indexed, ItemError, Row
@@ -665,15 +666,33 @@ def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> M
         return _prepare_rows(name, target, entries)
     if any(isinstance(k, Indexed) for k, _v in entries):
         return _prepare_indexed(name, target, entries)
+    gone = any(v is DELETED for _k, v in entries)
     if isinstance(target, dict):
-        for k, _v in entries:
+        keys = set(target) if gone else set()
+        for k, v in entries:
             hash(k)
+            if v is DELETED and k not in keys:
+                raise KeyError(k)  # (serially the iteration's `del` raises)
+            if v is DELETED:
+                keys.discard(k)
+            else:
+                keys.add(k)
 
         def apply_dict() -> None:
             for k, v in entries:
-                target[k] = v
+                if v is DELETED:
+                    del target[k]
+                else:
+                    target[k] = v
 
         return Mutation(name, "setitem", apply_dict)
+    if gone and _is_frame(target):
+        return _prepare_frame_deletes(name, target, entries)
+    if gone:
+        raise TypeError(
+            f"`{name}` is a {type(target).__name__}: gpucell deletes an "
+            "iteration's own key (`del D[k]`) only from a dict"
+        )
     if isinstance(target, list):
         new = list(target)
         for k, v in entries:
@@ -702,6 +721,35 @@ def _prepare_writes(name: str, target: Any, entries: list[tuple[Any, Any]]) -> M
             target[k] = v
 
     return Mutation(name, "setitem", apply_other)
+
+
+def _is_frame(target: Any) -> bool:
+    cls = type(target)
+    return cls.__name__ == "DataFrame" and cls.__module__.startswith("pandas")
+
+
+def _prepare_frame_deletes(
+    name: str, target: Any, entries: list[tuple[Any, Any]]
+) -> Mutation:
+    """A DataFrame's own columns written and deleted (``del df[c]``), in
+    iteration order; a column deleted that is not there fails the merge."""
+    cols = set(target.columns)
+    for k, v in entries:
+        if v is DELETED and k not in cols:
+            raise KeyError(k)
+        if v is DELETED:
+            cols.discard(k)
+        else:
+            cols.add(k)
+
+    def apply_frame() -> None:
+        for k, v in entries:
+            if v is DELETED:
+                del target[k]
+            else:
+                target[k] = v
+
+    return Mutation(name, "setitem", apply_frame)
 
 
 def _keys_of(rs: Sequence[ChunkResultLike], name: str) -> list[tuple[Any, Any]]:

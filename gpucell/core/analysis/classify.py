@@ -209,6 +209,11 @@ def match_candidates(
             and op is not None
         ):
             out.append(Candidate(KEYED, t.value.id, stmt, [t.value], op, True))
+    elif isinstance(stmt, ast.Delete):
+        # `del D[k]`: a write of the key's absence (own keys only, below)
+        for target in stmt.targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
     elif isinstance(stmt, ast.Assign):
         v = stmt.value
         if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
@@ -949,6 +954,15 @@ class _Flow:
                     if state is not None:
                         state = state - {n}
                 else:
+                    if (
+                        isinstance(part, ast.Subscript)
+                        and isinstance(part.value, ast.Name)
+                        and part.value.id in self.c.own_elements
+                        and id(part.value) in self.c.own
+                    ):
+                        # `del D[k]` of the own key: recorded, deleted at merge
+                        state = self.expr(part.slice, state)
+                        continue
                     if isinstance(part, (ast.Subscript, ast.Attribute)):
                         state = self.expr(part.value, state)
                         if isinstance(part, ast.Subscript):
@@ -1897,6 +1911,10 @@ def _own_elements(
                 several[name] = (i, sorted({w.lineno for w in stmts.values()}))
             continue
         (w,) = stmts.values()
+        if isinstance(w, ast.Delete):
+            if _deletes_own_key(w, name, i, loop_iter, body):
+                out[name] = i
+            continue
         if not isinstance(w, ast.Assign):
             continue
         keys = [
@@ -2090,6 +2108,58 @@ def _written_key(part: ast.Subscript) -> ast.expr:
     if isinstance(part.value, ast.Attribute) and isinstance(key, ast.Tuple):
         return key.elts[1]
     return key
+
+
+def _deletes_own_key(
+    w: ast.Delete,
+    name: str,
+    i: str,
+    loop_iter: ast.expr | None,
+    body: list[ast.stmt],
+) -> bool:
+    """``del D[k]`` with ``k`` the loop's own key of ``D``, ``D`` read only as
+    ``D[k]`` and only before the ``del``, and the loop not iterating ``D``
+    itself (serially deleting from a dict being iterated raises): iteration
+    ``k`` alone removes ``D[k]``, and reads only what was there before."""
+    if len(w.targets) != 1:
+        return False
+    (t,) = w.targets
+    if not (
+        isinstance(t, ast.Subscript)
+        and isinstance(t.value, ast.Name)
+        and t.value.id == name
+        and isinstance(t.slice, ast.Name)
+        and t.slice.id == i
+    ):
+        return False
+    if loop_iter is None or any(
+        isinstance(n, ast.Name) and n.id == name
+        for n in ([loop_iter] if isinstance(loop_iter, ast.Name) else [])
+    ):
+        return False
+    if (
+        isinstance(loop_iter, ast.Call)
+        and isinstance(loop_iter.func, ast.Attribute)
+        and isinstance(loop_iter.func.value, ast.Name)
+        and loop_iter.func.value.id == name
+    ):
+        return False  # (`D.keys()`, `D.items()`: a live view)
+    start = (w.lineno, w.col_offset)
+    for s in body:
+        for node in ast.walk(s):
+            for child in ast.iter_child_nodes(node):
+                if not (isinstance(child, ast.Name) and child.id == name):
+                    continue
+                if child is t.value:
+                    continue
+                at_own = (
+                    isinstance(node, ast.Subscript)
+                    and node.value is child
+                    and _is_own_key(node.slice, i)
+                )
+                if not at_own or (child.lineno, child.col_offset) >= start:
+                    return False
+    return True
 
 
 def _only_at(name: str, i: str, body: list[ast.stmt]) -> bool:

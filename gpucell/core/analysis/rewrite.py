@@ -286,6 +286,25 @@ class _SinkRewriter:
         return out
 
     def visit_Delete(self, node: ast.Delete) -> Any:
+        if (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and isinstance(node.targets[0].value, ast.Name)
+            and node.targets[0].value.id in self.writes
+        ):
+            # `del D[k]` of the own key: recorded as a write of DELETED
+            t = node.targets[0]
+            gone = ast.parse(
+                "__import__('gpucell.core.deleted', fromlist=['DELETED']).DELETED",
+                mode="eval",
+            ).body
+            for n in ast.walk(gone):
+                ast.copy_location(n, node)
+            return _rec_call(
+                Method.SETITEM,
+                [gone, _const(cast(ast.Name, t.value).id, node), t.slice],
+                node,
+            )
         names = [
             p.id
             for t in node.targets
