@@ -152,9 +152,15 @@ def test_states_and_dead_engine_shown_dead():
     # a dead engine shows dead, with no stale load figures
     assert r1.state == "dead" and r1.util is None and r1.mem_text == "–"
     assert "dead" in model.state_html("dead") and "#c62828" in model.state_html("dead")
-    # telemetry seeing the process gone marks it dead before the dispatcher does
+    # telemetry seeing the process gone blanks its figures; whether the device
+    # is dead or restarting is the run's to say (a restart brings it back)
     r0, _ = model.run_view(snap(), [sample(0, state="dead", error="gone")]).rows
-    assert r0.state == "dead" and r0.note == "gone"
+    assert r0.state == "busy" and r0.note == "gone" and r0.util is None
+    s = snap(engines=engines(("restarting", "dead")), status="error")
+    r0, r1 = model.run_view(s).rows
+    assert (r0.state, r1.state) == ("restarting", "dead")
+    assert r0.util is None and "restarting" in model.state_html("restarting")
+    assert "1 engine lost · 1 engine restarting" in model.run_view(s).overall.text
 
 
 def test_final_state_all_done():

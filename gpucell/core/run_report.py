@@ -4,7 +4,7 @@ engines' descriptions are passed in)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpucell.core.provenance import ChunkRecord
@@ -15,6 +15,7 @@ from gpucell.core.states import (
     BUSY,
     DEAD,
     IDLE,
+    RESTARTING,
     RETRYING,
     ChunkState,
     EngineState,
@@ -42,33 +43,65 @@ def snapshot(
     sched: Schedule,
     elapsed: float,
     status: RunStatus,
+    restarting: Collection[int] = (),
+    replaces: Mapping[int, int] | None = None,
 ) -> RunSnapshot:
     """The run as the display shows it (``infos``: engine id -> its
-    description, ``gpucell.cluster`` ``EngineInfo``-shaped)."""
-    rows = []
-    for eid in engines:
-        info = infos.get(eid)
-        done_its, done_secs = sched.engine_progress(eid)
-        rows.append(
-            EngineProgress(
-                engine=eid,
-                host=info.host if info else "",
-                device=info.device if info else "",
-                name=info.name if info else "",
-                pid=info.pid if info else 0,
-                kind=info.kind if info else "cpu",
-                index=info.index if info else -1,
-                done=done_its,
-                busy_seconds=done_secs,
-                state=_engine_state(sched, eid, status),
-            )
-        )
+    description, ``gpucell.cluster`` ``EngineInfo``-shaped).
+
+    One row per device: an engine restarted after dying (``replaces``: new
+    engine -> the one it replaced) takes its predecessor's row and iterations;
+    a dead engine being restarted now (``restarting``) is ``restarting``, and
+    ``dead`` only once nothing restarts it."""
+    replaces = replaces or {}
+    after = {old: new for new, old in replaces.items() if new in engines}
+    rows, shown = [], set()
+    for first in engines:  # each device where its first engine was
+        chain = [first]
+        while chain[-1] in after and after[chain[-1]] not in chain:
+            chain.append(after[chain[-1]])
+        if chain[-1] in shown:
+            continue
+        shown.add(chain[-1])
+        rows.append(_row(infos, chain[::-1], sched, status, restarting))
     return RunSnapshot(
         total=sched.n,
         done=sched.done_iterations,
         elapsed=elapsed,
         engines=tuple(rows),
         status=status,
+    )
+
+
+def _row(
+    infos: Mapping[int, Any],
+    chain: list[int],
+    sched: Schedule,
+    status: RunStatus,
+    restarting: Collection[int],
+) -> EngineProgress:
+    """The row of the device whose engines were ``chain`` (newest first)."""
+    eid = chain[0]
+    info = infos.get(eid)
+    done_its, done_secs = 0, 0.0
+    for e in chain:
+        its, secs = sched.engine_progress(e)
+        done_its, done_secs = done_its + its, done_secs + secs
+    state = _engine_state(sched, eid, status)
+    if state == DEAD and eid in restarting:
+        state = RESTARTING
+    return EngineProgress(
+        engine=eid,
+        host=info.host if info else "",
+        device=info.device if info else "",
+        name=info.name if info else "",
+        pid=info.pid if info else 0,
+        kind=info.kind if info else "cpu",
+        index=info.index if info else -1,
+        done=done_its,
+        busy_seconds=done_secs,
+        state=state,
+        slot=chain[-1],
     )
 
 

@@ -9,9 +9,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpucell.core.states import BUSY, DEAD, IDLE, RETRYING, EngineState, RunStatus
+from gpucell.core.states import (
+    BUSY,
+    DEAD,
+    IDLE,
+    RESTARTING,
+    RETRYING,
+    EngineState,
+    RunStatus,
+)
 
-__all__ = ["BUSY", "DEAD", "IDLE", "RETRYING", "EngineProgress", "RunSnapshot"]
+__all__ = [
+    "BUSY",
+    "DEAD",
+    "IDLE",
+    "RESTARTING",
+    "RETRYING",
+    "EngineProgress",
+    "RunSnapshot",
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +44,9 @@ class EngineProgress:
     done: int = 0  # iterations finished
     busy_seconds: float = 0.0  # engine compute time of finished chunks
     state: EngineState = IDLE
+    # the first engine of its device in this run (-1: the engine itself): an
+    # engine restarted after dying is the same device's row, not a new one
+    slot: int = -1
 
     @property
     def rate(self) -> float:

@@ -22,6 +22,7 @@ __all__ = [
     "IDLE",
     "LOST",
     "PENDING",
+    "RESTARTING",
     "RETRYING",
     "RUNNING",
     "ChunkState",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 ChunkState = Literal["pending", "running", "done", "lost", "failed", "cancelled"]
-EngineState = Literal["idle", "busy", "retrying", "dead"]
+EngineState = Literal["idle", "busy", "retrying", "restarting", "dead"]
 RunStatus = Literal["running", "ok", "error", "interrupted", "timeout"]
 
 PENDING: Final = "pending"  # cut, not yet sent
@@ -45,6 +46,9 @@ CANCELLED: Final = "cancelled"  # aborted by an interrupt, a timeout or an error
 IDLE: Final = "idle"
 BUSY: Final = "busy"
 RETRYING: Final = "retrying"  # running chunks that were lost once
+# dead, and a new engine is being started on its device (dead is final: the
+# restart budget gave up, or nothing restarts it)
+RESTARTING: Final = "restarting"
 DEAD: Final = "dead"
 
 #: chunk state -> the states it may move to; done, lost, failed and cancelled

@@ -456,12 +456,15 @@ class Run(InputShipping, Executor):
 
     def snapshot(self, status: RunStatus | None = None) -> RunSnapshot:
         """The run as the display shows it now."""
+        restarts = self._restarts()
         return snapshot(
             self.gc.engines,
             self.alive,
             self.sched,
             time.perf_counter() - self.t0,
             status or self.status,
+            restarting={r.dead for r in restarts.pending} if restarts else (),
+            replaces=self.state.restarted_from,
         )
 
     def report(self, force: bool = False) -> None:

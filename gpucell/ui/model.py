@@ -20,6 +20,7 @@ from gpucell.core.runstate import (
     BUSY,
     DEAD,
     IDLE,
+    RESTARTING,
     RETRYING,
     EngineProgress,
     RunSnapshot,
@@ -55,6 +56,7 @@ STATE_COLORS: dict[str, str] = {
     BUSY: "#2e7d32",
     IDLE: "#757575",
     RETRYING: "#ef6c00",
+    RESTARTING: "#ef6c00",
     DEAD: "#c62828",
     DONE: "#1565c0",
     STOPPED: "#6a1b9a",
@@ -262,6 +264,9 @@ class DeviceRow:
     note: str = ""  # why telemetry is missing, when it is
     host: str = ""
     host_cpu: float | None = None  # the whole host's CPU load (see host_loads)
+    # what the displays key the row's widgets by: its device, so an engine
+    # restarted after dying (a new id) redraws its device's row, not a new one
+    key: Any = None
 
     @property
     def color(self) -> str:
@@ -295,7 +300,7 @@ class RunView:
 
 
 def _state(e: EngineProgress, status: str) -> str:
-    if e.state == DEAD or status == "running":
+    if e.state in (DEAD, RESTARTING) or status == "running":
         return e.state
     return DONE if status == "ok" else STOPPED
 
@@ -316,6 +321,9 @@ def overall_row(snap: RunSnapshot) -> OverallRow:
         dead = sum(1 for e in snap.engines if e.state == DEAD)
         if dead:
             parts.append(f"{dead} engine{'s' if dead > 1 else ''} lost")
+        back = sum(1 for e in snap.engines if e.state == RESTARTING)
+        if back:
+            parts.append(f"{back} engine{'s' if back > 1 else ''} restarting")
     return OverallRow(_clamp(snap.fraction) or 0.0, " · ".join(parts), snap.status)
 
 
@@ -343,9 +351,11 @@ def run_view(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> RunView
     rows = []
     for e in _by_host(snap.engines):
         load = _load(by.get(e.engine))
-        # telemetry sees a vanished process before the dispatcher's next poll
-        state = DEAD if load.dead else _state(e, snap.status)
-        if state == DEAD:
+        state = _state(e, snap.status)
+        # telemetry may see a vanished process before the dispatcher's next
+        # poll: its figures go, but whether the device is dead or restarting
+        # is the run's to say
+        if load.dead or state in (DEAD, RESTARTING):
             load = _Load(None, NA, None, NA, "", note=load.note, dead=True)
         rows.append(
             DeviceRow(
@@ -364,6 +374,7 @@ def run_view(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> RunView
                 note=load.note,
                 host=e.host,
                 host_cpu=load.host_cpu,
+                key=e.slot if e.slot >= 0 else e.engine,
             )
         )
     return RunView(overall_row(snap), tuple(rows))
@@ -386,7 +397,8 @@ def monitor_rows(
         seen.add((info.host, info.kind, info.index))
         load = _load(by.get(eid))
         if load.dead or state == DEAD:
-            state = DEAD
+            # a dead engine being restarted is its device's next engine coming
+            state = RESTARTING if getattr(info, "restarting", False) else DEAD
             load = _Load(None, NA, None, NA, "", note=load.note, dead=True)
         rows.append(
             DeviceRow(
@@ -401,6 +413,7 @@ def monitor_rows(
                 note=load.note,
                 host=info.host,
                 host_cpu=load.host_cpu,
+                key=(info.host, info.label) if getattr(info, "label", "") else eid,
             )
         )
     for s in samples:
@@ -437,7 +450,7 @@ def host_loads(rows: Iterable[DeviceRow]) -> str:
     """
     seen: dict[str, float] = {}
     for r in rows:
-        if r.host_cpu is not None and r.state != DEAD:
+        if r.host_cpu is not None and r.state not in (DEAD, RESTARTING):
             seen.setdefault(r.host or "?", r.host_cpu)
     if not seen:
         return ""
@@ -498,7 +511,7 @@ def text_line(
             note = r.rate_text if r.rate > 0 else r.state
         else:
             note = r.state
-        if r.util is not None and r.state != DEAD:
+        if r.util is not None and r.state not in (DEAD, RESTARTING):
             note += f" {r.util_text}"
         parts.append(f"e{r.engine} {note}")
     line = " | ".join(parts)
@@ -535,7 +548,7 @@ def summary_lines(snap: RunSnapshot, samples: Iterable[Any] | None = None) -> li
             r.mem_text,
             r.state,
         )
-        for e, r in zip(snap.engines, view.rows, strict=True)
+        for e, r in zip(_by_host(snap.engines), view.rows, strict=True)
     ]
     if body:
         head = ("engine", "host", "device", "iterations", "pace", "util", "memory")

@@ -9,6 +9,7 @@ monitor is closed or the cluster it watches stops.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import sys
 import threading
@@ -202,7 +203,7 @@ class DeviceMonitor:
         """Sample once and redraw the rows (what the thread does each period)."""
         samples = list(self.telemetry.sample()) if self.telemetry else []
         engines = [self.gc.engines[e] for e in model.engine_order(self.gc.engines)]
-        rows = model.monitor_rows(engines, samples)
+        rows = model.monitor_rows(_restarting(self.gc, engines), samples)
         self._hosts = model.host_loads(rows)
         self._apply(self.table.changes(rows))
         self._set_title(f"updated {time.strftime('%H:%M:%S')}")
@@ -222,3 +223,19 @@ class DeviceMonitor:
         rows = model.monitor_rows([self.gc.engines[e] for e in order])
         data["text/plain"] = "gpucell monitor: " + ", ".join(r.label for r in rows)
         return data
+
+
+def _restarting(gc: Any, engines: list[Any]) -> list[Any]:
+    """``engines`` with ``restarting`` as it is now: a dead engine whose device
+    is being restarted reads ``restarting``, not ``dead`` (read only; the
+    restarts are stepped by cells and ``%gpu_cluster status``)."""
+    restarts = getattr(gc, "restarts", None)
+    if restarts is None:
+        return engines
+    out = []
+    for e in engines:
+        now = restarts.restarting(e.id)
+        if dataclasses.is_dataclass(e) and bool(getattr(e, "restarting", now)) != now:
+            e = dataclasses.replace(e, restarting=now)
+        out.append(e)
+    return out

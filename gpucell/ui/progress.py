@@ -207,7 +207,7 @@ class _RowWidgets:
         )
 
     def changes(self, r: model.DeviceRow) -> list[tuple[Any, dict[str, Any]]]:
-        dead = r.state == "dead"
+        dead = r.state in ("dead", "restarting")
         mem_style = "warning" if (r.mem or 0.0) > 0.9 else ""
         host = "" if r.host_cpu is None else f"host CPU {r.host_cpu:.0f}%"
         return [
@@ -241,9 +241,11 @@ def _esc(s: str) -> str:
 class DeviceTable:
     """A header and one row per device; shared by the cell widget and the monitor.
 
-    Rows are keyed by their label's device (engine id, or the label for devices
-    no engine uses) and added when a new one appears, so a refresh never rebuilds
-    the widget tree (that would re-render every view in the front end).
+    Rows are keyed by their device (``DeviceRow.key``: an engine restarted
+    after dying redraws its device's row; else the engine id, or the label for
+    devices no engine uses), added when a new one appears and dropped when one
+    goes, so a refresh rebuilds the widget tree only then (that re-renders
+    every view in the front end).
     """
 
     def __init__(self, stats_title: str = "iterations · pace") -> None:
@@ -272,18 +274,25 @@ class DeviceTable:
         self, rows: Sequence[model.DeviceRow]
     ) -> list[tuple[Any, dict[str, Any]]]:
         out: list[tuple[Any, dict[str, Any]]] = []
-        added = False
-        for r in rows:
-            key = r.engine if r.engine is not None else r.label
+        keys = [_key(r) for r in rows]
+        changed = set(keys) != set(self.rows)
+        for key in set(self.rows) - set(keys):
+            self.rows.pop(key).box.close()
+        for key, r in zip(keys, rows, strict=True):
             rw = self.rows.get(key)
             if rw is None:
                 rw = self.rows[key] = _RowWidgets(self._w, self._shared)
-                added = True
             out += rw.changes(r)
-        if added:
+        if changed:
             children = (self.header, *(rw.box for rw in self.rows.values()))
             out.append((self.box, {"children": children}))
         return out
+
+
+def _key(r: model.DeviceRow) -> Any:
+    if r.key is not None:
+        return r.key
+    return r.engine if r.engine is not None else r.label
 
 
 class WidgetProgress:
