@@ -89,6 +89,20 @@ def private_cluster(cluster) -> Iterator[gc_mod.GpuCluster]:
 
 
 @pytest.fixture
+def own_cluster(cluster) -> Iterator[gc_mod.GpuCluster]:
+    """A fresh 2-engine cluster for one test, active while it runs: for tests
+    that kill its engines (the session cluster must stay whole)."""
+    saved = gc_mod._current
+    gc_mod._current = None
+    try:
+        yield gpucell.start_cluster(2, gpus="none")
+    finally:
+        if gc_mod._current is not None:
+            gpucell.stop()
+        gc_mod._current = saved
+
+
+@pytest.fixture
 def no_active_cluster() -> Iterator[None]:
     """Set the session cluster aside so a test can start or connect its own."""
     saved = gc_mod._current

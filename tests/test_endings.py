@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,18 +16,6 @@ import gpucell.cluster.lifecycle as gc_mod
 from gpucell.errors import ClusterStopped
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def own_cluster(cluster) -> Iterator[gc_mod.GpuCluster]:
-    saved = gc_mod._current
-    gc_mod._current = None
-    try:
-        yield gpucell.start_cluster(2, gpus="none")
-    finally:
-        if gc_mod._current is not None:
-            gpucell.stop()
-        gc_mod._current = saved
 
 
 def test_a_stop_from_another_thread_is_reported_as_a_stop(ip, own_cluster):

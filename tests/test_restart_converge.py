@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,18 +21,6 @@ from gpucell.cluster import restart
 from gpucell.errors import ControllerLost
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def own_cluster(cluster) -> Iterator[gc_mod.GpuCluster]:
-    saved = gc_mod._current
-    gc_mod._current = None
-    try:
-        yield gpucell.start_cluster(2, gpus="none")
-    finally:
-        if gc_mod._current is not None:
-            gpucell.stop()
-        gc_mod._current = saved
 
 
 def _until(cond, seconds: float, what: str) -> None:

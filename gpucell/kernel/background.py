@@ -333,16 +333,9 @@ def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> Backgr
     quiet = tail.req.quiet
     display = None if quiet or has_widget_frontend(shell) else _LaterSummary()
     bg.watched = Watched(
-        shell,
-        tail.gc,
+        tail,
         targets,
-        programs,
-        tail.loop,
         options,
-        tail.record,
-        quiet,
-        tail.kept,
-        tail.keeping.add,
         relay=bg._out,
         echo=bg._note,
         display=display,

@@ -333,18 +333,7 @@ def run(c: Cell, a: Admitted) -> list[Any]:
         if a.advice.inline and not a.kept and c.req.checkpoint is None:
             program = a.prep.code("program", a.prep.plan.engine_program)
             return run_in_kernel(program, a.loop.inputs, a.loop.chunker, a.record)
-        return run_with_display(
-            c.shell,
-            a.gc,
-            list(c.targets),
-            a.programs,
-            a.loop,
-            options(a.advice, c.req, a),
-            a.record,
-            c.req.quiet,
-            kept=a.kept,
-            on_chunk=a.keeping.add,
-        )
+        return run_with_display(a, list(c.targets), options(a.advice, c.req, a))
     except BaseException as e:
         a.keeping.failed(type(e).__name__)
         raise

@@ -12,30 +12,16 @@ from typing import TYPE_CHECKING, Any
 from gpucell import config as _config
 
 if TYPE_CHECKING:
-    from gpucell.cluster.lifecycle import GpuCluster
-    from gpucell.core.provenance import LastRun
     from gpucell.kernel.dispatch import Options
-    from gpucell.kernel.stages import Loop, Shell
+    from gpucell.kernel.stages import Admitted
 
 __all__ = ["Watched", "run_with_display"]
 
 
-def run_with_display(
-    shell: Shell,
-    gc: GpuCluster,
-    targets: list[int],
-    programs: dict[int, Any],
-    loop: Loop,
-    options: Options,
-    record: LastRun,
-    quiet: bool,
-    kept: Any = (),
-    on_chunk: Callable[..., Any] | None = None,
-) -> list[Any]:
-    """The dispatcher's run, watched by the live display, driven to its end."""
-    watched = Watched(
-        shell, gc, targets, programs, loop, options, record, quiet, kept, on_chunk
-    )
+def run_with_display(a: Admitted, targets: list[int], options: Options) -> list[Any]:
+    """The dispatcher's run of ``a`` on ``targets``, watched by the live
+    display, driven to its end."""
+    watched = Watched(a, targets, options)
     try:
         watched.run.ship_inputs()
         return list(watched.run.execute())
@@ -52,16 +38,9 @@ class Watched:
 
     def __init__(
         self,
-        shell: Shell,
-        gc: GpuCluster,
+        a: Admitted,
         targets: list[int],
-        programs: dict[int, Any],
-        loop: Loop,
         options: Options,
-        record: LastRun,
-        quiet: bool,
-        kept: Any = (),
-        on_chunk: Any = None,
         *,
         relay: Callable[[str], None] | None = None,
         echo: Callable[[str], None] = print,
@@ -73,6 +52,7 @@ class Watched:
         from gpucell.ui.model import initial_snapshot
         from gpucell.ui.progress import make_progress
 
+        shell, gc, loop, record, quiet = a.shell, a.gc, a.loop, a.record, a.req.quiet
         first = initial_snapshot([gc.engines[e] for e in targets], loop.chunker.count)
         self.tele = None if quiet else for_cluster(gc, targets)
         self.display = (
@@ -88,7 +68,7 @@ class Watched:
             self.run = Run(
                 gc,
                 targets,
-                programs=programs,
+                programs=a.programs,
                 inputs=loop.inputs,
                 n=loop.chunker.count,
                 chunk_of=loop.chunker.chunk,
@@ -103,8 +83,8 @@ class Watched:
                     if record.plan is not None and _config.settings().check_inputs
                     else None
                 ),
-                kept=kept,
-                on_chunk=on_chunk,
+                kept=a.kept,
+                on_chunk=a.keeping.add,
                 drop_inputs=lambda name: name not in shell.user_ns,
                 cache_bytes=_config.settings().engine_cache_bytes,
                 namespace=shell.user_ns,
