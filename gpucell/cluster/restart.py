@@ -26,12 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["BUDGET", "BUDGET_WINDOW", "MAX_ATTEMPTS", "Restart", "Restarts"]
+
+#: what the restarts do (an engine lost, each attempt, an engine back, the
+#: budget spent), for users who ask: ``logging.getLogger("gpucell")`` with a
+#: handler and a level
+log = logging.getLogger(__name__)
 
 #: launches per dead engine before gpucell gives up on its device
 MAX_ATTEMPTS = 3
@@ -94,8 +100,16 @@ class Restarts:
         device is within its restart budget."""
         info = gc.engines.get(eid)
         spec = _spec_for(gc, info)
+        first = eid not in self.gone
         self.gone.add(eid)
         if spec is None or gc.stopping or self.restarting(eid):
+            if spec is None and first and not gc.stopping:
+                log.warning(
+                    "engine %d (%s) was lost; it is not restarted (this kernel "
+                    "did not start it)",
+                    eid,
+                    _who(info),
+                )
             return None
         if spec.label in self.retired:
             return None
@@ -111,6 +125,7 @@ class Restarts:
                 f"{_log_dir(gc)}; `%gpu_cluster stop` then `start` tries again)"
             )
             self.retired[spec.label] = why
+            log.warning("restart budget of %s spent: %s", spec.label, why)
             self._tell(gc, why)
             return None
         r = Restart(
@@ -120,6 +135,15 @@ class Restarts:
             next_at=now + BACKOFF,
         )
         self.pending.append(r)
+        log.warning(
+            "engine %d (%s) was lost; restarting it (its device's restart %d of "
+            "%d within %.0f s)",
+            eid,
+            _who(info),
+            len(times),
+            BUDGET,
+            BUDGET_WINDOW,
+        )
         return r
 
     def step(self, gc: Any) -> list[tuple[Restart, Any]]:
@@ -140,6 +164,7 @@ class Restarts:
             elif r.gave_up is not None:
                 self.pending.remove(r)
                 if not gc.stopping:
+                    log.warning("%s", r.gave_up)
                     self._tell(gc, r.gave_up)
         return back
 
@@ -187,6 +212,13 @@ class Restarts:
         r.launchers = tuple(getattr(es, "launchers", {}).values()) if es else ()
         r.launched = True
         r.deadline = now + config.settings().start_timeout
+        log.info(
+            "restart attempt %d/%d of engine %d (%s)",
+            r.attempt,
+            MAX_ATTEMPTS,
+            r.dead,
+            r.label,
+        )
 
     def _match_arrivals(self, gc: Any) -> None:
         """Describe every newly registered engine once, and hand each to the
@@ -220,6 +252,7 @@ class Restarts:
                 r.launched = True
                 self.pending.append(r)
             if r is None:  # a late engine of an attempt given up: not wanted
+                log.info("engine %d registered late for no restart; shut down", eid)
                 self.gone.add(eid)
                 self._shut_down(gc, eid)
                 continue
@@ -239,6 +272,15 @@ class Restarts:
         if gc.selected is not None and r.dead in gc.selected:
             gc.selected = tuple(r.new_id if e == r.dead else e for e in gc.selected)
         engines.preimport(gc.client, [r.new_id])
+        if r.dead >= 0:
+            log.info(
+                "engine %d (%s) is back as engine %d (pid %s), after %d attempt(s)",
+                r.dead,
+                r.label,
+                r.new_id,
+                getattr(r.info, "pid", "?"),
+                r.attempt,
+            )
         return r.info
 
     def _failed(self, gc: Any, r: Restart, why: str) -> None:
@@ -247,6 +289,14 @@ class Restarts:
                 gc.cluster.stop_engines_sync(engine_set_id=r.engine_set)
         if r.new_id is not None:
             self._shut_down(gc, r.new_id)
+        log.warning(
+            "restart attempt %d/%d of engine %d (%s) failed: %s",
+            r.attempt,
+            MAX_ATTEMPTS,
+            r.dead,
+            r.label,
+            why,
+        )
         if r.attempt >= MAX_ATTEMPTS:
             r.gave_up = (
                 f"engine {r.dead} ({r.label}) could not be restarted after "
@@ -279,6 +329,13 @@ def _exited(launchers: tuple[Any, ...]) -> str | None:
     errors = [x for x in lines if "rror" in x]  # Python's own last words first
     tail = (errors or lines or ["no output"])[-1].strip()[:200]
     return f"its process exited: {tail}"
+
+
+def _who(info: Any) -> str:
+    """``cpu1: CPU on node2, pid 4242``: a dead engine as a user finds it."""
+    if info is None:
+        return "unknown"
+    return f"{info.label}: {info.device} on {info.host}, pid {info.pid}"
 
 
 def _log_dir(gc: Any) -> str:

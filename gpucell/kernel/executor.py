@@ -7,6 +7,7 @@ of what the run held once it ends.  A mixin of ``Run``, whose state it reads.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -19,13 +20,18 @@ from gpucell.core.run_events import Flight, Instruction
 from gpucell.core.run_report import chunk_record
 from gpucell.core.run_state import RunState
 from gpucell.core.schedule import Schedule
-from gpucell.core.states import DONE, RunStatus
+from gpucell.core.states import DONE, LOST, RunStatus
 from gpucell.devices.host import kernel_key, pid_running
 from gpucell.kernel.chunk_errors import raise_iteration_error
 from gpucell.kernel.feedback import Feedback
 from gpucell.protocol import shm
 
 __all__ = ["Executor", "engine_alive", "live_engines", "signal_engines"]
+
+#: the dispatcher's decisions in a run (a lost engine's chunks sent again, a
+#: stalled engine ended, a chunk that failed, device memory retries, the stop),
+#: for users who ask: ``logging.getLogger("gpucell")`` with a handler and a level
+log = logging.getLogger(__name__)
 
 
 def engine_alive(gc: GpuCluster, eid: int) -> bool:
@@ -76,6 +82,7 @@ def live_engines(
             f"cell; running on {len(alive)} of {len(targets)} selected "
             "engines (`%gpu_cluster status`)"
         )
+        log.warning("%s", msg)
         record.warnings.append(msg)
         echo(f"gpucell: warning: {msg}")
     return alive
@@ -129,6 +136,14 @@ class Executor:
 
     def _tell(self, event: ev.Event) -> None:
         """Tell the state ``event`` and carry out what it answers."""
+        if isinstance(event, ev.Stop):
+            log.warning(
+                "the run is stopped (%s): nothing is merged; chunks in flight "
+                "are cancelled",
+                "the stop button"
+                if event.reason == "interrupt"
+                else f"its --timeout of {event.timeout} s passed",
+            )
         self._do(self.state.handle(event))
 
     def _do(self, instructions: list[Instruction]) -> None:
@@ -145,6 +160,11 @@ class Executor:
 
     def _do_kill(self, ins: ev.Kill) -> None:
         info = self.gc.engines.get(ins.engine)
+        log.warning(
+            "engine %d (%s) is ended: it stopped answering",
+            ins.engine,
+            _who(info),
+        )
         if info is not None and info.local:
             for sig in (signal.SIGKILL, signal.SIGCONT):
                 try:
@@ -170,6 +190,15 @@ class Executor:
 
     def _do_record(self, ins: ev.Record) -> None:
         c, timing, record = ins.chunk, ins.timing, self.record
+        if ins.state == LOST:
+            log.warning(
+                "iterations %d-%d were lost with engine %d; they are sent again "
+                "to the engines left (attempt %d)",
+                c.start,
+                c.stop - 1,
+                c.engine,
+                c.attempt + 2,
+            )
         rec = chunk_record(c, self.gc.engines.get(c.engine), timing, ins.state)
         if ins.state == DONE and timing is not None:
             record.drew.update(timing.get("drew") or ())
@@ -190,6 +219,7 @@ class Executor:
             )
 
     def _do_warn(self, ins: ev.Warn) -> None:
+        log.warning("%s", ins.text)
         self.record.warnings.append(ins.text)
         self.echo(f"gpucell: warning: {ins.text}")
 
@@ -197,16 +227,34 @@ class Executor:
         self.record.errors.append(ins.text)
 
     def _do_chunk_failed(self, ins: ev.ChunkFailed) -> NoReturn:
+        c, p = ins.chunk, ins.payload
+        log.warning(
+            "iterations %d-%d failed on engine %d: iteration %s (loop values %s) "
+            "raised %s: %s; the run stops and nothing is merged",
+            c.start,
+            c.stop - 1,
+            c.engine,
+            p.get("iteration"),
+            p.get("item"),
+            p.get("type"),
+            p.get("message"),
+        )
         raise_iteration_error(ins.payload, ins.chunk, self.gc, self.record)
         raise AssertionError("unreachable")  # (raise_iteration_error raises)
 
     def _do_fail(self, ins: ev.Fail) -> NoReturn:
+        log.warning("the run fails: %s", _first_line(ins.error))
         raise ins.error
 
     def _do_fail_unless_restarting(self, ins: ev.FailUnlessRestarting) -> None:
         restarts = self._restarts()
         if restarts is None or not restarts.pending:
+            log.warning("the run fails: %s", _first_line(ins.error))
             raise ins.error
+        log.warning(
+            "every engine of the run is gone; the run waits for %d restart(s)",
+            len(restarts.pending),
+        )
 
     def cancel(self) -> None:
         """Abort queued chunk tasks, signal running ones, wait until engines are
@@ -221,6 +269,11 @@ class Executor:
             return
         grace = self.options.interrupt_grace
         ars = list(inflight)
+        log.info(
+            "cancelling %d chunk(s) in flight on engine(s) %s",
+            len(ars),
+            ", ".join(map(str, sorted({f.engine for f in inflight.values()}))),
+        )
         try:
             gc.client.abort([m for ar in ars for m in ar.msg_ids], block=False)
         except Exception:
@@ -297,6 +350,18 @@ class Executor:
             gone = set(ids)
             history[:] = [m for m in history if m not in gone]
         self._msg_ids.clear()
+
+
+def _who(info: Any) -> str:
+    """``cpu1 on node2, pid 4242``: an engine as its logs and status name it."""
+    if info is None:
+        return "gone"
+    return f"{info.device} on {info.host}, pid {info.pid}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 #: instruction type -> the Run method that carries it out
