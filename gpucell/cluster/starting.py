@@ -106,8 +106,10 @@ def launch(
     ip = _listen_on(remote, slurm, controller_ip)
     if ip:
         profile_kw["controller_ip"] = ip
-    local = remote is None and slurm is None and not ip
-    cluster, engine_args = _new_cluster(s, p.specs, profile_kw, local)
+    # encrypted on this host and to --ssh hosts (their engines take the server
+    # key from the connection info ipyparallel sends through ssh's stdin); a
+    # Slurm job's engines are signed only (their nodes' pyzmq is not checked)
+    cluster, engine_args = _new_cluster(s, p.specs, profile_kw, slurm is None)
     channel = shm_channel.open_for_cluster()
     try:
         client = _start_and_connect(
@@ -161,20 +163,21 @@ def _listen_on(remote: _Remote | None, slurm: Any, controller_ip: str | None) ->
     return controller_ip or ""
 
 
-#: A local cluster's messages are encrypted (CurveZMQ, ipyparallel's
+#: A cluster's messages are encrypted (CurveZMQ, ipyparallel's
 #: ``IPController.enable_curve``): without it any local user could subscribe to
-#: the controller's loopback ports and read every cell's output and inputs in
-#: clear.  The server key is only in the 0600 connection files, so another user
-#: cannot complete the handshake.  Cost measured by bench/bench_curve.py.
+#: the controller's loopback ports (anyone on the network to the ports it opens
+#: for --ssh hosts) and read every cell's output and inputs in clear.  The server
+#: key is only in the 0600 connection files and the engines' environment, so no
+#: one else can complete the handshake.  Cost measured by bench/bench_curve.py.
 LOCAL_CURVE = True
 
 
 def _new_cluster(
-    s: Any, specs: Sequence[EngineSpec], profile_kw: dict[str, Any], local: bool
+    s: Any, specs: Sequence[EngineSpec], profile_kw: dict[str, Any], curve: bool
 ) -> tuple[ipp.Cluster, list[str]]:
     """ipyparallel's Cluster (nothing started yet) and the engines' arguments."""
     cluster_kw, controller_args, engine_args = fast_start_settings(s.fast_start)
-    if local and LOCAL_CURVE:
+    if curve and LOCAL_CURVE:
         controller_args.append("--IPController.enable_curve=True")
         _quiet_unsigned_warning()
     controller_args += [f"--IPController.log_level={s.cluster_log_level}"]
