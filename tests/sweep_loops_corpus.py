@@ -5019,3 +5019,26 @@ best, closest = min(dists)
 """,
     note="the running minimum rewritten as the advice says",
 )
+
+case(
+    "edge-lazy-cache-property",
+    "safe",
+    """
+class Data:
+    def __init__(self, xs):
+        self.xs = xs
+        self._total = None
+    @property
+    def total(self):
+        if self._total is None:
+            self._total = sum(self.xs)
+        return self._total
+d = Data([1, 2, 3])
+""",
+    """
+out = []
+for i in range(4):
+    out.append(d.total + i)
+""",
+    note="a property that caches on first read: serially the notebook's `d` keeps the cache",
+)

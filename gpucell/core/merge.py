@@ -50,6 +50,7 @@ from typing import Any, Protocol
 
 from gpucell.core import writeback
 from gpucell.core.deleted import DELETED
+from gpucell.core.reducers import selects
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
 from gpucell.protocol.program import RESULT, Indexed, ItemError, Row
@@ -504,7 +505,7 @@ def prepare(
             continue
         c = combine(op, partials)
         v0 = _current(current, name)
-        if op in ("max", "min"):
+        if selects(op):
             up.assign[name] = BINARY[op](v0, c)
         elif red.augmented:
             new, action = _plan_inplace(name, v0, op, c)
@@ -877,7 +878,7 @@ def _prepare_keyed(
                 "...` in the loop: serially the two differ for such a value. Use "
                 "one form. Nothing was merged."
             )
-        if op in ("max", "min") or (rebinding and not is_array):
+        if selects(op) or (rebinding and not is_array):
             new: Any = BINARY[op](base, c)
             action: Callable[[], Any] = _returner(new)
         elif is_array:

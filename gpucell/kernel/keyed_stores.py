@@ -10,7 +10,6 @@ twice.  Keys that are the loop's own positions cannot repeat, so those run.
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic
@@ -32,8 +31,8 @@ def of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
     for name, _op in plan.keyed:
         if name not in ns or _stores_what_it_is_given(ns[name]):
             continue
-        if _keys_are_positions_of_one_iteration(plan, name):
-            continue  # each key once: one store per key, as serially
+        if name in plan.facts.position_keyed:
+            continue  # each key once (the loop's own position): as serially
         kind = type(ns[name])
         line = _line_of(plan, name)
         out.append(
@@ -52,82 +51,6 @@ def of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
             )
         )
     return out
-
-
-def _keys_are_positions_of_one_iteration(plan: LoopPlan, name: str) -> bool:
-    """Every ``name[k]`` the loop writes is keyed by the loop's own position
-    (``for i in range(n)``, ``range(a, n)`` with ``a`` a literal >= 0, or the
-    count of ``enumerate``), never rebound in the body: no key repeats, and
-    no negative position names another iteration's element."""
-    loop = _loop_node(plan)
-    if loop is None:
-        return False
-    var = _position_variable(loop)
-    if var is None:
-        return False
-    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
-        if isinstance(node, ast.Name) and node.id == var:
-            if isinstance(node.ctx, ast.Store):
-                return False  # rebound: keys may repeat
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        for t in targets:
-            if (
-                isinstance(t, ast.Subscript)
-                and isinstance(t.value, ast.Name)
-                and t.value.id == name
-                and not (isinstance(t.slice, ast.Name) and t.slice.id == var)
-            ):
-                return False
-    return True
-
-
-def _loop_node(plan: LoopPlan) -> Any:
-    """The parallel loop's ``for`` statement, parsed from the cell's text."""
-    if plan.loop_lines is None:
-        return None
-    try:
-        tree = ast.parse(plan.source)
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.For) and node.lineno == plan.loop_lines[0]:
-            return node
-    return None
-
-
-def _position_variable(loop: Any) -> str | None:
-    """The name bound to the iteration's position, if the loop has one."""
-    it, target = loop.iter, loop.target
-    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)):
-        return None
-    if it.keywords and it.func.id == "range":
-        return None
-
-    def non_negative_literal(e: ast.expr) -> bool:
-        return isinstance(e, ast.Constant) and type(e.value) is int and e.value >= 0
-
-    if it.func.id == "range" and isinstance(target, ast.Name):
-        if len(it.args) == 1 or (
-            len(it.args) in (2, 3)
-            and non_negative_literal(it.args[0])
-            and (len(it.args) == 2 or non_negative_literal(it.args[2]))
-        ):
-            return target.id
-        return None
-    if (
-        it.func.id == "enumerate"
-        and isinstance(target, ast.Tuple)
-        and len(target.elts) == 2
-        and isinstance(target.elts[0], ast.Name)
-    ):
-        start = it.args[1:] or [kw.value for kw in it.keywords if kw.arg == "start"]
-        if not start or non_negative_literal(start[0]):
-            return target.elts[0].id
-    return None
 
 
 def _stores_what_it_is_given(target: Any) -> bool:

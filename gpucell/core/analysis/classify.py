@@ -42,6 +42,7 @@ from gpucell.core.analysis.scope import (
     target_names,
     target_parts,
 )
+from gpucell.core.reducers import BY_AST, SELECTING
 from gpucell.protocol.program import INDEXERS
 
 __all__ = [
@@ -67,16 +68,8 @@ KEYED = "keyed reduction"
 KEYED_GATHER = "keyed gather"
 UNION = "set union"
 
-#: operators accepted in reductions, by AST class
-BIN_OPS: dict[type[ast.operator], str] = {
-    ast.Add: "+",
-    ast.Sub: "-",
-    ast.Mult: "*",
-    ast.BitOr: "|",
-    ast.BitAnd: "&",
-    ast.BitXor: "^",
-    ast.MatMult: "@",
-}
+#: operators accepted in reductions, by AST class (core/reducers.py)
+BIN_OPS: dict[type[ast.operator], str] = BY_AST
 
 State = frozenset[str] | None  # names definitely assigned; None: unreachable
 
@@ -229,7 +222,7 @@ def match_candidates(
             elif (
                 isinstance(v, ast.Call)
                 and isinstance(v.func, ast.Name)
-                and v.func.id in ("max", "min")
+                and v.func.id in SELECTING
                 and is_builtin(v.func.id)
                 and len(v.args) == 2
                 and not v.keywords
@@ -1964,6 +1957,29 @@ def _column_key(e: ast.Subscript, indexers: tuple[str, ...]) -> str | None:
     return None
 
 
+def _literal_keys(
+    loop_target: ast.expr, loop_iter: ast.expr | None, body: list[ast.stmt]
+) -> dict[str, tuple[str, ...]]:
+    """``{c: ("a", "b")}`` for ``for c in ["a", "b"]`` (a literal list or
+    tuple of strings) whose ``c`` the body never rebinds: the keys ``S[c]``
+    may read."""
+    if not (
+        isinstance(loop_target, ast.Name)
+        and isinstance(loop_iter, (ast.List, ast.Tuple))
+        and all(
+            isinstance(v, ast.Constant) and isinstance(v.value, str)
+            for v in loop_iter.elts
+        )
+    ):
+        return {}
+    for st in body:
+        for n in ast.walk(st):
+            if isinstance(n, ast.Name) and n.id == loop_target.id:
+                if not isinstance(n.ctx, ast.Load):
+                    return {}
+    return {loop_target.id: tuple(str(v.value) for v in loop_iter.elts)}  # type: ignore[attr-defined]
+
+
 def _read_keys(
     e: ast.Subscript, indexers: tuple[str, ...], literal: dict[str, tuple[str, ...]]
 ) -> tuple[str, ...]:
@@ -2561,24 +2577,7 @@ def classify_body(
         body,
     )
     ctx.several_writes = several_writes
-    if (
-        isinstance(loop_target, ast.Name)
-        and isinstance(loop_iter, (ast.List, ast.Tuple))
-        and not any(
-            isinstance(n, ast.Name)
-            and n.id == loop_target.id
-            and not isinstance(n.ctx, ast.Load)
-            for st in body
-            for n in ast.walk(st)
-        )
-        and all(
-            isinstance(v, ast.Constant) and isinstance(v.value, str)
-            for v in loop_iter.elts
-        )
-    ):
-        ctx.literal_keys = {
-            loop_target.id: tuple(v.value for v in loop_iter.elts)  # type: ignore[attr-defined]
-        }
+    ctx.literal_keys = _literal_keys(loop_target, loop_iter, body)
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
     own_key = _own_key(loop_target, loop_iter, is_builtin)
@@ -2639,6 +2638,19 @@ def classify_body(
             **{n: (r.index, check) for n, r in own_rows.items() if r.index == i},
             **{n: (k, check) for n, k in own_elements.items()},
         }
+    _fill(result, ctx, nodes, loop_target, body_bound, is_builtin)
+    return result
+
+
+def _fill(
+    result: Classification,
+    ctx: _Ctx,
+    nodes: list[ast.AST],
+    loop_target: ast.expr,
+    body_bound: set[str],
+    is_builtin: Callable[[str], bool],
+) -> None:
+    """What the flow walk found, as the classification's names and lines."""
     result.inputs = {
         n: line
         for n, line in ctx.inputs.items()
@@ -2661,4 +2673,3 @@ def classify_body(
     result.watch_all = ctx.watch_all
     result.random_calls = sorted(set(ctx.random_calls))
     result.nonempty = list(ctx.nonempty)
-    return result

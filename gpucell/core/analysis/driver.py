@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from gpucell.core.analysis.split import (
     source_of,
     split_cell,
 )
+from gpucell.core.reducers import spelling
 from gpucell.protocol.program import ITEM_ERROR, RESULT
 
 __all__ = ["analyse"]
@@ -163,16 +164,7 @@ def _names(cl: Classification, hidden: set[str], result: str | None) -> list[Nam
     for n, line in cl.writes.items():
         infos.append(NameInfo(n, WRITE, line, "item writes in iteration order"))
     for n, (op, aug, line) in cl.reductions.items():
-        form = (
-            f"{n} {op}= ..."
-            if aug and op not in ("max", "min")
-            else (
-                f"{n} = {op}({n}, ...)"
-                if op in ("max", "min")
-                else f"{n} = {n} {op} ..."
-            )
-        )
-        infos.append(NameInfo(n, REDUCTION, line, form))
+        infos.append(NameInfo(n, REDUCTION, line, spelling(n, op, aug)))
     for n, (op, line) in cl.keyed.items():
         infos.append(NameInfo(n, KEYED, line, f"{n}[k] {op}= ..."))
     for n, line in cl.unions.items():
@@ -325,6 +317,64 @@ def _loop_parts(loop: ast.stmt, diag: DiagnosticSink) -> _LoopParts:
     )
 
 
+def _classify(
+    body: list[ast.stmt],
+    target: ast.expr,
+    iterable: ast.expr | None,
+    is_builtin: Callable[[str], bool],
+    prelude_modules: Iterable[str],
+    diag: DiagnosticSink,
+) -> tuple[Classification, Spelled]:
+    """The body's classification, its problems added to ``diag``.
+
+    `D[k] = D.get(k, 0) + e`, `D.setdefault(k, []).append(e)`, `lo, hi =
+    min(lo, x), max(hi, x)`: rewritten to the forms classify_body proves only when
+    that turns a refusal into an acceptance. A loop accepted as written keeps
+    its own reading (`for c in df.columns: df[c] = df[c] + 1` is an own-key
+    write, not a keyed reduction over the columns it iterates); one refused
+    either way is refused for what the user wrote.
+
+    ``classify_body`` reads the statements, never changes them: the trial's
+    classification is the loop's own when it is kept."""
+
+    def classified(stmts: list[ast.stmt]) -> tuple[Classification, DiagnosticSink]:
+        trial = DiagnosticSink()
+        found = classify_body(
+            stmts,
+            loop_target=target,
+            loop_iter=iterable,
+            diag=trial,
+            is_builtin=is_builtin,
+            module_names=prelude_modules,
+        )
+        return found, trial
+
+    spelled = Spelled()
+    cl, trial = classified(body)
+    if trial:
+        respelled = copy.deepcopy(body)
+        trial_spelled = respell(respelled, is_builtin)
+        cl_spelled, trial_of_spelled = classified(respelled)
+        if not trial_of_spelled:
+            body[:] = respelled
+            spelled = trial_spelled
+            cl, trial = cl_spelled, trial_of_spelled
+    if diag:
+        # problems found before the body change what it says (the refit of an
+        # estimator is named only in a refused loop): classified again
+        cl = classify_body(
+            body,
+            loop_target=target,
+            loop_iter=iterable,
+            diag=diag,
+            is_builtin=is_builtin,
+            module_names=prelude_modules,
+        )
+    else:
+        diag.extend(trial.sorted())
+    return cl, spelled
+
+
 def analyse(
     source: str,
     *,
@@ -412,41 +462,8 @@ def analyse(
     kind, header, hidden = parts.kind, parts.header, parts.hidden
     result_name, result_kind = parts.result_name, parts.result_kind
 
-    # `D[k] = D.get(k, 0) + e`, `D.setdefault(k, []).append(e)`, `lo, hi =
-    # min(lo, x), max(hi, x)`: rewritten to the forms proved below only when
-    # that turns a refusal into an acceptance. A loop accepted as written keeps
-    # its own reading (`for c in df.columns: df[c] = df[c] + 1` is an own-key
-    # write, not a keyed reduction over the columns it iterates); one refused
-    # either way is refused for what the user wrote.
-    def refused(stmts: list[ast.stmt]) -> bool:
-        trial = DiagnosticSink()
-        classify_body(
-            copy.deepcopy(stmts),
-            loop_target=target,
-            loop_iter=iterable,
-            diag=trial,
-            is_builtin=is_builtin,
-            module_names=prelude_modules,
-        )
-        return bool(trial.sorted())
-
-    spelled = Spelled()
-    if refused(body):
-        respelled = copy.deepcopy(body)
-        trial_spelled = respell(respelled, is_builtin)
-        if not refused(respelled):
-            body[:] = respelled
-            spelled = trial_spelled
+    cl, spelled = _classify(body, target, iterable, is_builtin, prelude_modules, diag)
     hidden = set(hidden) | spelled.hidden
-
-    cl = classify_body(
-        body,
-        loop_target=target,
-        loop_iter=iterable,
-        diag=diag,
-        is_builtin=is_builtin,
-        module_names=prelude_modules,
-    )
     nonempty: tuple[tuple[int, str], ...] = ()
     unless_nonempty: tuple[Diagnostic, ...] = ()
     if cl.nonempty and not diag.sorted():

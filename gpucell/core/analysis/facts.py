@@ -45,6 +45,9 @@ class LoopFacts:
     epilogue_draw: tuple[int, str] | None = None
     # the body runs autograd itself (loss.backward()): engines check every input
     uses_autograd: bool = False
+    # names whose every item the body stores (`y[i] = ..`, `y[i] += ..`) is
+    # keyed by the loop's own position, never rebound: no key repeats
+    position_keyed: frozenset[str] = frozenset()
 
 
 def loop_facts(
@@ -72,7 +75,67 @@ def loop_facts(
         top_expressions=top,
         epilogue_draw=draw,
         uses_autograd=uses_autograd(source, loop_line),
+        position_keyed=_position_keyed(loop) if loop is not None else frozenset(),
     )
+
+
+def _position_keyed(loop: ast.For) -> frozenset[str]:
+    """Names every stored item of which is keyed by the loop's own position
+    (``for i in range(n)``, ``range(a, n)`` with ``a`` a literal >= 0, or the
+    count of ``enumerate``), that name never rebound in the body: no key
+    repeats, and no negative position names another iteration's element."""
+    var = _position_variable(loop)
+    if var is None:
+        return frozenset()
+    stored: set[str] = set()
+    other: set[str] = set()
+    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if isinstance(node, ast.Name) and node.id == var:
+            if isinstance(node.ctx, ast.Store):
+                return frozenset()  # rebound: keys may repeat
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                if isinstance(t.slice, ast.Name) and t.slice.id == var:
+                    stored.add(t.value.id)
+                else:
+                    other.add(t.value.id)
+    return frozenset(stored - other)
+
+
+def _position_variable(loop: ast.For) -> str | None:
+    """The name bound to the iteration's position, if the loop has one."""
+    it, target = loop.iter, loop.target
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)):
+        return None
+    if it.keywords and it.func.id == "range":
+        return None
+
+    def non_negative_literal(e: ast.expr) -> bool:
+        return isinstance(e, ast.Constant) and type(e.value) is int and e.value >= 0
+
+    if it.func.id == "range" and isinstance(target, ast.Name):
+        if len(it.args) == 1 or (
+            len(it.args) in (2, 3)
+            and non_negative_literal(it.args[0])
+            and (len(it.args) == 2 or non_negative_literal(it.args[2]))
+        ):
+            return target.id
+        return None
+    if (
+        it.func.id == "enumerate"
+        and isinstance(target, ast.Tuple)
+        and len(target.elts) == 2
+        and isinstance(target.elts[0], ast.Name)
+    ):
+        start = it.args[1:] or [kw.value for kw in it.keywords if kw.arg == "start"]
+        if not start or non_negative_literal(start[0]):
+            return target.elts[0].id
+    return None
 
 
 def _first_draw(source: str, lines: tuple[int, int] | None) -> tuple[int, str] | None:
