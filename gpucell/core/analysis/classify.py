@@ -2481,6 +2481,169 @@ def _alias_taint(
     return tainted
 
 
+@dataclass
+class _Sinks:
+    """The body's sink candidates by name, and which names they are."""
+
+    stmts: list[ast.stmt]
+    nodes: list[ast.AST]
+    by_name: dict[str, list[Candidate]]
+    sinks: dict[str, Candidate]
+    own_rows: dict[str, OwnRow]
+    own: set[int]
+    body_bound: set[str]
+
+
+def _find_sinks(
+    body: list[ast.stmt],
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    diag: DiagnosticSink,
+    is_builtin: Callable[[str], bool],
+    result: Classification,
+) -> _Sinks:
+    """Match every statement against the sink forms and keep the names whose
+    every binding is a sink's own store (a name also assigned by ordinary code
+    is a plain local)."""
+    stmts = list(block_statements(body))
+    nodes = [n for s in body for n in scope_nodes(s)]
+    cands: list[Candidate] = []
+    for s in stmts:
+        cands.extend(match_candidates(s, is_builtin))
+    own_store_ids = {
+        id(n) for c in cands for n in c.own if isinstance(n.ctx, ast.Store)
+    }
+    other_bound = {n.id for n in target_names(loop_target)} | bindings_of(
+        nodes, exclude=own_store_ids
+    )
+
+    own_rows = _own_rows(body, nodes, loop_target, loop_iter, other_bound, is_builtin)
+    by_name: dict[str, list[Candidate]] = {}
+    for c in cands:
+        if c.name in other_bound or c.name in own_rows:
+            continue
+        by_name.setdefault(c.name, []).append(c)
+    sinks = _resolve_sinks(by_name, diag, result)
+    own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
+    own |= {
+        id(node)
+        for st in body
+        for node in ast.walk(st)
+        if isinstance(node, ast.Name) and node.id in own_rows
+    }
+    return _Sinks(stmts, nodes, by_name, sinks, own_rows, own, other_bound - set(sinks))
+
+
+def _flow_context(
+    body: list[ast.stmt],
+    found: _Sinks,
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    diag: DiagnosticSink,
+    is_builtin: Callable[[str], bool],
+    module_names: Iterable[str],
+    assume_nonempty: bool,
+) -> _Ctx:
+    """What the flow walk is told before it starts: the sinks, the taint, the
+    own elements and keys, the running bests."""
+    stmts, nodes, sinks = found.stmts, found.nodes, found.sinks
+    writes = {n: cs for n, cs in found.by_name.items() if sinks[n].cls == WRITE}
+    several_writes: dict[str, tuple[str, list[int]]] = {}
+    own_elements = _own_elements(
+        writes,
+        body,
+        loop_target,
+        loop_iter,
+        bindings_of(nodes),
+        is_builtin,
+        several_writes,
+    )
+    # alias taint: locals that may hold objects from outside the iteration
+    tainted = _alias_taint(
+        stmts, nodes, loop_target, loop_iter, found.body_bound, is_builtin
+    )
+    ctx = _Ctx(
+        sink=diag,
+        body_bound=found.body_bound,
+        sinks=sinks,
+        own=found.own,
+        tainted=tainted,
+        module_names=set(module_names) | set(WELL_KNOWN_MODULES),
+        is_builtin=is_builtin,
+    )
+    ctx.target_names = {n.id for n in target_names(loop_target)}
+    ctx.item_names = (ctx.target_names & tainted) - _rebound(body)
+    ctx.assume_nonempty = assume_nonempty
+    ctx.own_elements = own_elements
+    ctx.write_keys = _write_keys(writes, own_elements, body)
+    ctx.several_writes = several_writes
+    ctx.literal_keys = _literal_keys(loop_target, loop_iter, body)
+    ctx.loop_stored = _loop_bindings(stmts)
+    ctx.selections = _selections(stmts)
+    own_key = _own_key(loop_target, loop_iter, is_builtin)
+    if (
+        isinstance(loop_target, ast.Name)
+        and loop_iter is not None
+        and _own_index(loop_target, loop_iter, is_builtin) is None
+        # keys that may repeat, or a name's own (distinct for that name only)
+        and (own_key is None or own_key[1] is not None)
+    ):
+        ctx.key_loop = (loop_target.id, ast.unparse(loop_iter))
+    return ctx
+
+
+def _refuse_target_parts(loop_target: ast.expr, diag: DiagnosticSink) -> None:
+    """``for d[k] in ...``, ``for self.x in ...``: a loop target that stores
+    into an object changes something outside the iteration."""
+    for part in target_parts(loop_target):
+        if not isinstance(part, ast.Name):
+            diag.add(
+                part.lineno,
+                part.col_offset,
+                ast.unparse(part),
+                "loop-target",
+                f"the loop assigns each item to `{ast.unparse(part)}`, which changes "
+                f"an object outside the iteration. Use plain names as loop targets "
+                f"(`for i, x in ...`) and store the values in the body.",
+            )
+
+
+def _own_row_results(
+    result: Classification,
+    found: _Sinks,
+    ctx: _Ctx,
+    flow: _Flow,
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    is_builtin: Callable[[str], bool],
+) -> None:
+    """Own rows as writes, the inputs their values name watched, and the keys
+    the kernel checks distinct before the run."""
+    own_rows = found.own_rows
+    for name, row in own_rows.items():
+        result.writes[name] = row.line
+        ctx.inputs.setdefault(name, row.line)  # engines copy the rows they write
+    result.own_rows = own_rows
+    # a row's value handed to a function or a method (`d[k] = [x]`, then
+    # `f(d[k])`) may have what it holds changed: the engines check the inputs
+    # the written values name, as for a call's arguments
+    for row in own_rows.values():
+        for st in found.stmts:
+            if st.lineno in row.handed and isinstance(st, ast.Assign):
+                for sub in ast.walk(st.value):
+                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                        flow.watch(sub, st.lineno)
+    check = _key_check(loop_iter, is_builtin)
+    if check is not None:
+        # (a row made new under any loop variable never reads what was there:
+        # two keys for one element are a repeated key, the last one wins)
+        i = _own_index(loop_target, loop_iter, is_builtin)
+        result.key_checks = {
+            **{n: (r.index, check) for n, r in own_rows.items() if r.index == i},
+            **{n: (k, check) for n, k in ctx.own_elements.items()},
+        }
+
+
 def classify_body(
     body: list[ast.stmt],
     *,
@@ -2514,98 +2677,27 @@ def classify_body(
         Take a nested loop over inputs (``for xb in loader``) to run at least
         once, recording its iterable in ``nonempty`` for the kernel to check.
     """
-    stmts = list(block_statements(body))
-    nodes = [n for s in body for n in scope_nodes(s)]
-    cands: list[Candidate] = []
-    for s in stmts:
-        cands.extend(match_candidates(s, is_builtin))
-    own_store_ids = {
-        id(n) for c in cands for n in c.own if isinstance(n.ctx, ast.Store)
-    }
-    # names bound in the body other than by a candidate's own store: a name that
-    # is also assigned by ordinary code is a plain local, not a sink
-    other_bound = {n.id for n in target_names(loop_target)} | bindings_of(
-        nodes, exclude=own_store_ids
-    )
-
-    own_rows = _own_rows(body, nodes, loop_target, loop_iter, other_bound, is_builtin)
-    by_name: dict[str, list[Candidate]] = {}
-    for c in cands:
-        if c.name in other_bound or c.name in own_rows:
-            continue
-        by_name.setdefault(c.name, []).append(c)
     result = Classification()
-    sinks = _resolve_sinks(by_name, diag, result)
-    own = {id(n) for name in sinks for c in by_name[name] for n in c.own}
-    own |= {
-        id(node)
-        for st in body
-        for node in ast.walk(st)
-        if isinstance(node, ast.Name) and node.id in own_rows
-    }
-    body_bound = other_bound - set(sinks)
-    several_writes: dict[str, tuple[str, list[int]]] = {}
-    own_elements = _own_elements(
-        {n: cs for n, cs in by_name.items() if sinks[n].cls == WRITE},
+    found = _find_sinks(body, loop_target, loop_iter, diag, is_builtin, result)
+    ctx = _flow_context(
         body,
+        found,
         loop_target,
         loop_iter,
-        bindings_of(nodes),
+        diag,
         is_builtin,
-        several_writes,
+        module_names,
+        assume_nonempty,
     )
-
-    # alias taint: locals that may hold objects from outside the iteration
-    tainted = _alias_taint(stmts, nodes, loop_target, loop_iter, body_bound, is_builtin)
-
-    ctx = _Ctx(
-        sink=diag,
-        body_bound=body_bound,
-        sinks=sinks,
-        own=own,
-        tainted=tainted,
-        module_names=set(module_names) | set(WELL_KNOWN_MODULES),
-        is_builtin=is_builtin,
-    )
-    ctx.target_names = {n.id for n in target_names(loop_target)}
-    ctx.item_names = (ctx.target_names & tainted) - _rebound(body)
-    ctx.assume_nonempty = assume_nonempty
-    ctx.own_elements = own_elements
-    ctx.write_keys = _write_keys(
-        {n: cs for n, cs in by_name.items() if sinks[n].cls == WRITE},
-        own_elements,
-        body,
-    )
-    ctx.several_writes = several_writes
-    ctx.literal_keys = _literal_keys(loop_target, loop_iter, body)
-    ctx.loop_stored = _loop_bindings(stmts)
-    ctx.selections = _selections(stmts)
-    own_key = _own_key(loop_target, loop_iter, is_builtin)
-    if (
-        isinstance(loop_target, ast.Name)
-        and loop_iter is not None
-        and _own_index(loop_target, loop_iter, is_builtin) is None
-        # keys that may repeat, or a name's own (distinct for that name only)
-        and (own_key is None or own_key[1] is not None)
-    ):
-        ctx.key_loop = (loop_target.id, ast.unparse(loop_iter))
     flow = _Flow(ctx)
     entry: State = frozenset(n.id for n in target_names(loop_target))
-    for part in target_parts(loop_target):
-        if not isinstance(part, ast.Name):
-            diag.add(
-                part.lineno,
-                part.col_offset,
-                ast.unparse(part),
-                "loop-target",
-                f"the loop assigns each item to `{ast.unparse(part)}`, which changes "
-                f"an object outside the iteration. Use plain names as loop targets "
-                f"(`for i, x in ...`) and store the values in the body.",
-            )
+    _refuse_target_parts(loop_target, diag)
     flow.block(body, entry)
 
     if loop_iter is not None:
-        _refuse_mutated_iterable(loop_iter, is_builtin, sinks, own_elements, ctx, diag)
+        _refuse_mutated_iterable(
+            loop_iter, is_builtin, found.sinks, ctx.own_elements, ctx, diag
+        )
 
     if diag:
         # refused anyway: name the refit of an estimator from before the loop
@@ -2616,29 +2708,8 @@ def classify_body(
                 _refit_text(name, call),
             )  # fmt: skip
 
-    for name, row in own_rows.items():
-        result.writes[name] = row.line
-        ctx.inputs.setdefault(name, row.line)  # engines copy the rows they write
-    result.own_rows = own_rows
-    # a row's value handed to a function or a method (`d[k] = [x]`, then
-    # `f(d[k])`) may have what it holds changed: the engines check the inputs
-    # the written values name, as for a call's arguments
-    for row in own_rows.values():
-        for st in stmts:
-            if st.lineno in row.handed and isinstance(st, ast.Assign):
-                for sub in ast.walk(st.value):
-                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
-                        flow.watch(sub, st.lineno)
-    check = _key_check(loop_iter, is_builtin)
-    if check is not None:
-        # (a row made new under any loop variable never reads what was there:
-        # two keys for one element are a repeated key, the last one wins)
-        i = _own_index(loop_target, loop_iter, is_builtin)
-        result.key_checks = {
-            **{n: (r.index, check) for n, r in own_rows.items() if r.index == i},
-            **{n: (k, check) for n, k in own_elements.items()},
-        }
-    _fill(result, ctx, nodes, loop_target, body_bound, is_builtin)
+    _own_row_results(result, found, ctx, flow, loop_target, loop_iter, is_builtin)
+    _fill(result, ctx, found.nodes, loop_target, found.body_bound, is_builtin)
     return result
 
 

@@ -29,6 +29,7 @@ from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_na
 from gpucell.core.analysis.spellings import Spelled, respell
 from gpucell.core.analysis.split import (
     SHORT_CIRCUIT,
+    CellSplit,
     Layer,
     comprehension_kind,
     comprehension_of,
@@ -375,6 +376,168 @@ def _classify(
     return cl, spelled
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """What the kernel binds before the loop: the names of the user's namespace,
+    the prelude's and the ``with`` blocks' bindings and its imported modules."""
+
+    known: frozenset[str]
+    prelude_bound: set[str]
+    with_targets: set[str]
+    prelude_modules: set[str]
+
+    def shadowed(self, name: str) -> bool:
+        return name in self.known or name in self.prelude_bound
+
+    def is_builtin(self, name: str) -> bool:
+        return name in BUILTIN_NAMES and not self.shadowed(name)
+
+
+def _cell_scope(split: CellSplit, known: frozenset[str]) -> _Scope:
+    """The scope the loop runs in, from the statements the kernel runs first."""
+    # what runs in the kernel before the loop: the prelude, and inside each
+    # `with` around the loop its `as` targets and the statements before the loop
+    before: list[ast.AST] = [
+        *split.prelude,
+        *(s for layer in split.layers for s in layer.before),
+    ]
+    with_targets = {
+        n.id
+        for layer in split.layers
+        for item in layer.node.items
+        if item.optional_vars is not None
+        for n in target_names(item.optional_vars)
+    }
+    prelude_bound = scope_bindings(before) | with_targets
+    prelude_modules = {
+        a.asname or a.name.split(".")[0]
+        for s in before
+        if isinstance(s, (ast.Import, ast.ImportFrom))
+        for a in s.names
+    }
+    return _Scope(known, prelude_bound, with_targets, prelude_modules)
+
+
+def _nonempty_checks(
+    cl: Classification,
+    diag: DiagnosticSink,
+    body: list[ast.stmt],
+    target: ast.expr,
+    iterable: ast.expr,
+    scope: _Scope,
+) -> tuple[tuple[tuple[int, str], ...], tuple[Diagnostic, ...]]:
+    """The nested loops over inputs the kernel checks nonempty, and the
+    refusals the loop would have without that assumption."""
+    if not cl.nonempty or diag.sorted():
+        return (), ()
+    # accepted by taking nested loops over inputs to run: keep the checks
+    # only if the loop needs them (what it would be refused for otherwise)
+    bare = DiagnosticSink()
+    classify_body(
+        body,
+        loop_target=target,
+        loop_iter=iterable,
+        diag=bare,
+        is_builtin=scope.is_builtin,
+        module_names=scope.prelude_modules,
+        assume_nonempty=False,
+    )
+    unless_nonempty = tuple(bare.sorted())
+    if not unless_nonempty:
+        return (), ()
+    return tuple(sorted(cl.nonempty)), unless_nonempty
+
+
+def _undefined_inputs(cl: Classification, scope: _Scope) -> DiagnosticSink:
+    """Warnings for inputs neither the namespace nor the prelude defines."""
+    warnings = DiagnosticSink()
+    if not scope.known:
+        return warnings
+    for n, line in cl.inputs.items():
+        if n not in scope.known and n not in scope.prelude_bound:
+            warnings.add(
+                line,
+                0,
+                n,
+                "undefined-input",
+                f"`{n}` is read in the loop but is not defined before it; the "
+                f"loop will raise NameError unless the prelude defines it.",
+            )
+    return warnings
+
+
+def _chunk_program(
+    loop: ast.stmt,
+    target: ast.expr,
+    body: list[ast.stmt],
+    contexts: list[ast.expr],
+    locals_: tuple[str, ...],
+    cl: Classification,
+    for_cpu: bool,
+) -> tuple[ast.Module, tuple[int, ...]]:
+    """The engines' chunk program, and the lines whose CUDA selections became
+    the engine's device (``for_cpu``)."""
+    cuda_lines: tuple[int, ...] = ()
+    if for_cpu:
+        # CUDA selections become the engine's device before the sinks are
+        # rewritten, so the recorder's spec says at once whether it binds one
+        cuda_mod, cuda_lines, wrapped = rewrite_cuda(
+            ast.Module(body=body, type_ignores=[])
+        )
+        body = cuda_mod.body
+        needs_device = bool(cuda_lines or wrapped)
+    else:
+        needs_device = False
+    # the loop's nodes are rewritten in place: the plan keeps only the
+    # prelude and epilogue trees, and classification is done
+    program = build_program(
+        loop_node=loop,
+        target=target,
+        body=body,
+        contexts=contexts,
+        locals_=locals_,
+        reduction_ops={n: op for n, (op, _aug, _line) in cl.reductions.items()},
+        keyed_ops={n: op for n, (op, _line) in cl.keyed.items()},
+        device=needs_device,
+        gathers=cl.gathers,
+        writes=cl.writes,
+        reductions=cl.reductions,
+        keyed=cl.keyed,
+        unions=cl.unions,
+        deleted=cl.deleted_locals,
+        keyed_gathers=cl.keyed_gathers,
+        own_rows=cl.own_rows,
+        key_checks=cl.key_checks,
+    )
+    return program, cuda_lines
+
+
+def _classified_fields(
+    cl: Classification, locals_: tuple[str, ...], hidden: set[str], result: str | None
+) -> dict[str, Any]:
+    """The plan's fields that say what the body does with each name."""
+    return dict(
+        inputs=tuple(cl.inputs),
+        locals=locals_,
+        gathers=tuple(n for n in cl.gathers if n != RESULT),
+        writes=tuple(cl.writes),
+        reductions=tuple(
+            Reduction(n, op, aug, line) for n, (op, aug, line) in cl.reductions.items()
+        ),
+        keyed=tuple((n, op) for n, (op, _line) in cl.keyed.items()),
+        keyed_gathers=tuple(cl.keyed_gathers),
+        own_rows=tuple(cl.own_rows.values()),
+        unions=tuple(cl.unions),
+        hidden=tuple(sorted(hidden)),
+        names=tuple(_names(cl, hidden, result)),
+        prints=tuple(cl.prints),
+        watch=tuple((n, tuple(lines)) for n, lines in cl.watch.items()),
+        watch_items=tuple(cl.watch_items),
+        watch_all=cl.watch_all,
+        random_calls=tuple(cl.random_calls),
+    )
+
+
 def analyse(
     source: str,
     *,
@@ -417,35 +580,11 @@ def analyse(
     cell_bound = scope_bindings(list(module.body))
     split = split_cell(module, lambda n: n in known or n in cell_bound)
     diag = DiagnosticSink()
-    # what runs in the kernel before the loop: the prelude, and inside each
-    # `with` around the loop its `as` targets and the statements before the loop
-    before: list[ast.AST] = [
-        *split.prelude,
-        *(s for layer in split.layers for s in layer.before),
-    ]
-    with_targets = {
-        n.id
-        for layer in split.layers
-        for item in layer.node.items
-        if item.optional_vars is not None
-        for n in target_names(item.optional_vars)
-    }
-    prelude_bound = scope_bindings(before) | with_targets
-    prelude_modules = {
-        a.asname or a.name.split(".")[0]
-        for s in before
-        if isinstance(s, (ast.Import, ast.ImportFrom))
-        for a in s.names
-    }
-
-    def shadowed(name: str) -> bool:
-        return name in known or name in prelude_bound
-
-    def is_builtin(name: str) -> bool:
-        return name in BUILTIN_NAMES and not shadowed(name)
+    scope = _cell_scope(split, known)
+    is_builtin = scope.is_builtin
 
     loop = split.loop
-    common = dict(
+    common: dict[str, Any] = dict(
         source=source,
         filename=filename,
         prelude_source=source_of(source, split.prelude),
@@ -459,118 +598,46 @@ def analyse(
     loop_lines = (loop.lineno, loop.end_lineno or loop.lineno)
     parts = _loop_parts(loop, diag)
     target, iterable, body = parts.target, parts.iterable, parts.body
-    kind, header, hidden = parts.kind, parts.header, parts.hidden
-    result_name, result_kind = parts.result_name, parts.result_kind
+    kind, result_name = parts.kind, parts.result_name
 
-    cl, spelled = _classify(body, target, iterable, is_builtin, prelude_modules, diag)
-    hidden = set(hidden) | spelled.hidden
-    nonempty: tuple[tuple[int, str], ...] = ()
-    unless_nonempty: tuple[Diagnostic, ...] = ()
-    if cl.nonempty and not diag.sorted():
-        # accepted by taking nested loops over inputs to run: keep the checks
-        # only if the loop needs them (what it would be refused for otherwise)
-        bare = DiagnosticSink()
-        classify_body(
-            body,
-            loop_target=target,
-            loop_iter=iterable,
-            diag=bare,
-            is_builtin=is_builtin,
-            module_names=prelude_modules,
-            assume_nonempty=False,
-        )
-        unless_nonempty = tuple(bare.sorted())
-        if unless_nonempty:
-            nonempty = tuple(sorted(cl.nonempty))
-    contexts = _engine_contexts(split.layers, cl.inputs, with_targets, diag)
+    cl, spelled = _classify(
+        body, target, iterable, is_builtin, scope.prelude_modules, diag
+    )
+    hidden = parts.hidden | spelled.hidden
+    nonempty, unless_nonempty = _nonempty_checks(
+        cl, diag, body, target, iterable, scope
+    )
+    contexts = _engine_contexts(split.layers, cl.inputs, scope.with_targets, diag)
     for item in contexts:  # what the engines evaluate to re-enter a context
         for node in ast.walk(item):
             if isinstance(node, ast.Name) and not is_builtin(node.id):
                 cl.inputs.setdefault(node.id, node.lineno)
-    space = describe_iterable(iterable, shadowed)
+    space = describe_iterable(iterable, scope.shadowed)
     # names the iterable reads are inputs of the kernel, not of the engines
-    warnings = DiagnosticSink()
-    if known:
-        for n, line in cl.inputs.items():
-            if n not in known and n not in prelude_bound:
-                warnings.add(
-                    line,
-                    0,
-                    n,
-                    "undefined-input",
-                    f"`{n}` is read in the loop but is not defined before it; the "
-                    f"loop will raise NameError unless the prelude defines it.",
-                )
+    warnings = _undefined_inputs(cl, scope)
 
     locals_ = tuple(n for n in cl.locals if n not in hidden)
-    reductions = tuple(
-        Reduction(n, op, aug, line) for n, (op, aug, line) in cl.reductions.items()
-    )
-    keyed = tuple((n, op) for n, (op, _line) in cl.keyed.items())
     diagnostics = diag.sorted()
     epi_src = source_of(source, split.epilogue, avoid=loop_lines)
     chunk_ast = None
     cuda_lines: tuple[int, ...] = ()
     if not diagnostics:
-        if for_cpu:
-            # CUDA selections become the engine's device before the sinks are
-            # rewritten, so the recorder's spec says at once whether it binds one
-            cuda_mod, cuda_lines, wrapped = rewrite_cuda(
-                ast.Module(body=body, type_ignores=[])
-            )
-            body = cuda_mod.body
-            needs_device = bool(cuda_lines or wrapped)
-        else:
-            needs_device = False
-        # the loop's nodes are rewritten in place: the plan keeps only the
-        # prelude and epilogue trees, and classification is done
-        chunk_ast = build_program(
-            loop_node=loop,
-            target=target,
-            body=body,
-            contexts=contexts,
-            locals_=locals_,
-            reduction_ops={r.name: r.op for r in reductions},
-            keyed_ops=dict(keyed),
-            device=needs_device,
-            gathers=cl.gathers,
-            writes=cl.writes,
-            reductions=cl.reductions,
-            keyed=cl.keyed,
-            unions=cl.unions,
-            deleted=cl.deleted_locals,
-            keyed_gathers=cl.keyed_gathers,
-            own_rows=cl.own_rows,
-            key_checks=cl.key_checks,
+        chunk_ast, cuda_lines = _chunk_program(
+            loop, target, body, contexts, locals_, cl, for_cpu
         )
     elif raise_errors:
         raise_if_any(diagnostics)
 
     return LoopPlan(
-        **common,  # type: ignore[arg-type]
+        **common,
         kind=kind,
         loop_lines=loop_lines,
-        loop_header=header,
+        loop_header=parts.header,
         iter_space=space,
-        inputs=tuple(cl.inputs),
-        locals=locals_,
-        gathers=tuple(n for n in cl.gathers if n != RESULT),
-        writes=tuple(cl.writes),
-        reductions=reductions,
-        keyed=keyed,
-        keyed_gathers=tuple(cl.keyed_gathers),
+        **_classified_fields(cl, locals_, hidden, result_name),
         spelled=spelled,
-        own_rows=tuple(cl.own_rows.values()),
-        unions=tuple(cl.unions),
         result_name=result_name,
-        result_kind=result_kind,
-        hidden=tuple(sorted(hidden)),
-        names=tuple(_names(cl, hidden, result_name)),
-        prints=tuple(cl.prints),
-        watch=tuple((n, tuple(lines)) for n, lines in cl.watch.items()),
-        watch_items=tuple(cl.watch_items),
-        watch_all=cl.watch_all,
-        random_calls=tuple(cl.random_calls),
+        result_kind=parts.result_kind,
         facts=loop_facts(
             source,
             kind,
