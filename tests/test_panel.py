@@ -80,13 +80,20 @@ def test_the_history_keeps_a_point_a_period_within_the_window():
         "util": [50.0, 100.0],  # a CPU engine's 350 % is one full device
         "mem": [25.0, 50.0],
     }
-    assert d1 == {"engine": 1, "age": [-0.9, 0.0], "util": [None, 10.0], "mem": [None, None]}
+    assert d1 == {
+        "engine": 1,
+        "age": [-0.9, 0.0],
+        "util": [None, 10.0],
+        "mem": [None, None],
+    }
 
 
 def test_the_history_is_bounded_and_forgets_engines_gone_for_a_window():
     h = LoadHistory(window=60.0, period=1.0)
     for t in range(10_000):
-        h.record(float(t), [_load(0, t % 100, 1)] + ([_load(1, 5, 1)] if t < 100 else []))
+        h.record(
+            float(t), [_load(0, t % 100, 1)] + ([_load(1, 5, 1)] if t < 100 else [])
+        )
     v = h.view()
     assert [d["engine"] for d in v["devices"]] == [0]
     (d0,) = v["devices"]
@@ -186,6 +193,78 @@ def test_a_dead_engine_is_counted_apart():
     msg = _cluster_state(engines)
     assert msg["status"] == "gpucell: 1 CPU engine · 1 host · – busy · 1 dead"
     assert msg["cluster"]["devices"][1]["state"] == "dead"
+
+
+def test_a_device_being_restarted_is_counted_apart_and_keeps_its_row():
+    """Its engine died and a new one is being started: ``restarting`` (not
+    dead, not a present engine), in a colour that is not dead's."""
+    engines = [_engine(0, "box"), _engine(1, "box", state="dead"), _engine(2, "box")]
+    engines[1].restarting = True
+    msg = _cluster_state(engines)
+    rows = msg["cluster"]["devices"]
+    assert [d["state"] for d in rows] == ["idle", "restarting", "idle"]
+    assert msg["status"] == "gpucell: 2 CPU engines · 1 host · – busy · 1 restarting"
+    dead = _cluster_state([_engine(1, "box", state="dead")])["cluster"]["devices"]
+    assert rows[1]["color"] != dead[0]["color"]
+    # the new engine (4) takes the dead one's place, not the end of the rows
+    engines[1] = _engine(4, "box")
+    conn = panel_state.connection_view("local", engines, None, "")
+    c = panel_state.cluster_view(engines, conn, None, slots={4: 1})
+    assert [d["engine"] for d in c["devices"]] == [0, 4, 2]
+    assert panel_state.status_text(c) == "gpucell: 3 CPU engines · 1 host · – busy"
+
+
+def test_restarting_and_dead_are_both_said():
+    engines = [
+        _engine(0, "box", state="dead"),
+        _engine(1, "box", state="dead"),
+        _engine(2, "box"),
+    ]
+    engines[0].restarting = True
+    msg = _cluster_state(engines)
+    assert msg["status"] == (
+        "gpucell: 1 CPU engine · 1 host · – busy · 1 restarting · 1 dead"
+    )
+
+
+def test_the_fixtures_restarting_state_is_what_python_says():
+    (msg,) = [
+        m
+        for m in _fixture()["valid"]
+        if m["type"] == "state"
+        and any(
+            d["state"] == "restarting" for d in (m["cluster"] or {}).get("devices", [])
+        )
+    ]
+    assert panel_state.status_text(msg["cluster"]) == msg["status"]
+
+
+def test_every_state_a_row_can_have_is_in_the_schema():
+    from typing import get_args
+
+    from gpucell.core.states import EngineState
+    from gpucell.ui import model
+
+    assert set(get_args(EngineState)) | {model.DONE, model.STOPPED} == set(
+        schema.DEVICE_STATES
+    )
+
+
+def test_a_restarted_engine_takes_its_devices_place_in_the_panel():
+    from gpucell.kernel.panel import Slots
+
+    def eng(eid, label, host="box"):
+        return SimpleNamespace(id=eid, host=host, label=label)
+
+    slots, gc = Slots(), object()
+    assert slots(gc, [eng(0, "gpu0"), eng(1, "gpu1"), eng(2, "gpu2")]) == {}
+    assert slots(gc, [eng(0, "gpu0"), eng(3, "gpu1"), eng(2, "gpu2")]) == {3: 1}
+    # restarted again: still the device's first place
+    assert slots(gc, [eng(0, "gpu0"), eng(5, "gpu1"), eng(2, "gpu2")]) == {5: 1}
+    # the same label on another host is another device; no label, no place
+    assert slots(gc, [eng(6, "gpu1", "node2"), eng(7, "")]) == {}
+    # another cluster starts afresh
+    assert slots(object(), [eng(3, "gpu1")]) == {}
 
 
 def test_no_cluster():
@@ -347,8 +426,10 @@ def test_the_panel_follows_the_kernel_and_acts_through_the_magics(kernel):
     assert s["status"].startswith("gpucell: 2 CPU engines · 1 host · ")
     # the charts' history: a point a second per engine, kept across cells
     h = kernel.wait(
-        lambda s: s.get("history") is not None
-        and all(len(d["age"]) >= 2 for d in s["history"]["devices"]),
+        lambda s: (
+            s.get("history") is not None
+            and all(len(d["age"]) >= 2 for d in s["history"]["devices"])
+        ),
         what="two history points per engine",
     )["history"]
     assert [d["engine"] for d in h["devices"]] == [0, 1]

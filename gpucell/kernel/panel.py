@@ -14,6 +14,7 @@ the background run's own ``cancel()``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import sys
@@ -106,6 +107,44 @@ def _connection(gc: Any) -> dict[str, Any]:
     return panel_state.connection_view(kind, engines, profile, "")
 
 
+def _engines(gc: Any) -> list[Any]:
+    """The cluster's engines, a dead one whose device is being restarted now
+    marked ``restarting`` (its ``EngineInfo`` says so only as of the last
+    status; the restarts themselves are read, not stepped: that is the main
+    thread's)."""
+    restarts = getattr(gc, "restarts", None)
+    out = []
+    for e in list(gc.engines.values()):
+        now = restarts is not None and restarts.restarting(int(e.id))
+        if dataclasses.is_dataclass(e) and bool(getattr(e, "restarting", now)) != now:
+            e = dataclasses.replace(e, restarting=now)
+        out.append(e)
+    return out
+
+
+class Slots:
+    """Which row each engine goes on in: a device's first engine's, so an
+    engine restarted after dying (a new id, the same device) takes its
+    predecessor's place instead of going to the end of its host's rows."""
+
+    def __init__(self) -> None:
+        self._of: Any = None
+        self._first: dict[tuple[str, str], int] = {}
+
+    def __call__(self, gc: Any, engines: list[Any]) -> dict[int, int]:
+        if self._of != id(gc):  # another cluster: its own devices
+            self._of, self._first = id(gc), {}
+        slots = {}
+        for e in sorted(engines, key=lambda e: int(e.id)):
+            label = getattr(e, "label", "") or ""
+            if not label:
+                continue
+            first = self._first.setdefault((e.host, label), int(e.id))
+            if first != int(e.id):
+                slots[int(e.id)] = first
+        return slots
+
+
 class PanelEndpoint:
     """Every open panel comm of this kernel, and the thread that feeds them."""
 
@@ -128,6 +167,7 @@ class PanelEndpoint:
         self._last: tuple[Any, ...] = ()
         self._last_view: dict[str, Any] | None = None
         self._runs = 0
+        self._slots = Slots()
         self._thread = threading.Thread(
             target=self._loop, name="gpucell-panel", daemon=True
         )
@@ -229,9 +269,14 @@ class PanelEndpoint:
             except Exception:  # telemetry never breaks the panel
                 self.errors += 1
             history = self._record(gc, samples)
-            engines = list(gc.engines.values())
+            engines = _engines(gc)
             cluster = panel_state.cluster_view(
-                engines, _connection(gc), gc.selected, samples, snap
+                engines,
+                _connection(gc),
+                gc.selected,
+                samples,
+                snap,
+                self._slots(gc, engines),
             )
         else:
             if self._tele is not None:

@@ -20,8 +20,8 @@ Kernel -> panel::
                        "profile": "gpucell" | null, "hosts": ["node1", "node2"]},
         "selected": [0, 2] | null,              # null: every engine
         "devices": [{"engine": 0, "host": "node1", "label": "0 · node1 · GPU 0",
-                     "state": "idle" | "busy" | "retrying" | "dead" | "done"
-                              | "stopped",
+                     "state": "idle" | "busy" | "retrying" | "restarting"
+                              | "dead" | "done" | "stopped",   # DEVICE_STATES
                      "color": "#2e7d32", "selected": true,
                      "util": 0.63 | null, "util_text": "63%",    # fraction 0-1
                      "mem": 0.25 | null, "mem_text": "2.0 / 8.0 GiB",
@@ -70,6 +70,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "DEVICE_STATES",
     "REQUESTS",
     "TARGET",
     "VERSION",
@@ -84,6 +85,18 @@ TARGET = "gpucell.panel"
 VERSION = 1
 #: what the panel may ask the kernel to do
 REQUESTS = ("select", "start", "stop", "cancel")
+#: what a device's row may say: an engine's state, or how the last run left it;
+#: ``restarting``: its engine died and a new one is being started on the device
+#: (the row goes on under the new engine's id), ``dead``: nothing restarts it
+DEVICE_STATES = (
+    "idle",
+    "busy",
+    "retrying",
+    "restarting",
+    "dead",
+    "done",
+    "stopped",
+)
 
 _NUM = (int, float)
 
@@ -131,7 +144,7 @@ _DEVICE: dict[str, _Check] = {
     "engine": _INT,
     "host": _STR,
     "label": _STR,
-    "state": _STR,
+    "state": _one_of(*DEVICE_STATES),
     "color": _STR,
     "selected": _BOOL,
     "util": _nullable(_FRACTION),

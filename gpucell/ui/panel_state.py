@@ -8,11 +8,11 @@ plain dicts out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucell.core.runstate import DEAD, RunSnapshot
+from gpucell.core.runstate import DEAD, RESTARTING, RunSnapshot
 from gpucell.protocol.panel import VERSION
 from gpucell.ui import model
 
@@ -79,12 +79,27 @@ def cluster_view(
     selected: Sequence[int] | None,
     samples: Iterable[Any] | None = None,
     snap: RunSnapshot | None = None,
+    slots: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """One row per engine (``EngineInfo``-like), this host's first, then each
-    host's together; a running cell's rows carry its progress."""
+    host's together; a running cell's rows carry its progress.
+
+    ``slots``: engine id -> the id of the engine whose place it takes (an
+    engine restarted after dying goes on in its device's row, not at the end).
+    """
     samples = list(samples or ())
+    slots = slots or {}
     by_id = {int(e.id): e for e in engines}
-    order = model.engine_order(by_id)
+    # model.engine_order, with a restarted engine where its device was
+    order = sorted(
+        by_id,
+        key=lambda e: (
+            not getattr(by_id[e], "local", True),
+            by_id[e].host,
+            slots.get(e, e),
+            e,
+        ),
+    )
     rows = {
         r.engine: r
         for r in model.monitor_rows([by_id[i] for i in order], samples)
@@ -106,10 +121,15 @@ def status_text(
     cluster: dict[str, Any] | None, background: dict[str, Any] | None = None
 ) -> str:
     """``gpucell: 4 GPUs · 2 hosts · 63% busy`` (``– busy`` when unknown), and
-    `` · 1 background run 37%`` while one is pending."""
+    `` · 1 background run 37%`` while one is pending.
+
+    Only the devices with a live engine are counted and averaged; a device
+    whose engine is being restarted is said apart (`` · 1 restarting``), as is
+    one nothing restarts (`` · 1 dead``)."""
     if cluster is None:
         return NO_CLUSTER
-    devices = [d for d in cluster["devices"] if d["state"] != DEAD]
+    gone = (DEAD, RESTARTING)
+    devices = [d for d in cluster["devices"] if d["state"] not in gone]
     gpus = sum(1 for d in devices if " GPU " in f" {d['label']} ")
     cpus = len(devices) - gpus
     parts = []
@@ -121,8 +141,10 @@ def status_text(
     hosts = _plural(len(cluster["connection"]["hosts"]), "host")
     utils = [d["util"] for d in devices if d["util"] is not None]
     busy = f"{100 * sum(utils) / len(utils):.0f}%" if utils else model.NA
-    dead = len(cluster["devices"]) - len(devices)
-    tail = f" · {dead} dead" if dead else ""
+    tail = ""
+    for state in (RESTARTING, DEAD):
+        n = sum(1 for d in cluster["devices"] if d["state"] == state)
+        tail += f" · {n} {state}" if n else ""
     tail += background_status(background)
     return f"gpucell: {what} · {hosts} · {busy} busy{tail}"
 

@@ -26,6 +26,22 @@ export const RUN_STATUSES = [
 ] as const;
 export type RunStatus = (typeof RUN_STATUSES)[number];
 
+/**
+ * What a device's row may say: an engine's state, or how the last run left it.
+ * `restarting`: its engine died and a new one is being started on the device
+ * (the row goes on under the new engine's id); `dead`: nothing restarts it.
+ */
+export const DEVICE_STATES = [
+  'idle',
+  'busy',
+  'retrying',
+  'restarting',
+  'dead',
+  'done',
+  'stopped'
+] as const;
+export type DeviceState = (typeof DEVICE_STATES)[number];
+
 export interface Connection {
   kind: ConnectionKind;
   /** e.g. "4 engines on node1, node2 (profile gpucell)" */
@@ -38,8 +54,7 @@ export interface Device {
   engine: number;
   host: string;
   label: string;
-  /** "idle" | "busy" | "retrying" | "dead" | "done" | "stopped" (any string is valid) */
-  state: string;
+  state: DeviceState;
   /** a CSS colour for the state */
   color: string;
   selected: boolean;
@@ -276,7 +291,7 @@ const DEVICE: Record<string, Check> = {
   engine: INT,
   host: STR,
   label: STR,
-  state: STR,
+  state: oneOf(...DEVICE_STATES),
   color: STR,
   selected: BOOL,
   util: nullable(FRACTION),

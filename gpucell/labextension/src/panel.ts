@@ -119,6 +119,8 @@ class DeviceRow {
     setAttr(this.label, 'title', d.label);
     setText(this.state, d.state);
     setAttr(this.state, 'data-state', d.state);
+    setAttr(this.state, 'title', d.stateTitle || null);
+    setAttr(this.root, 'data-state', d.state);
     if (
       this.state.style.getPropertyValue('--gpucell-state-color') !== d.color
     ) {

@@ -8,6 +8,7 @@
 import {
   Background,
   Device,
+  DeviceState,
   ReplyMessage,
   RunStatus,
   SelectMessage,
@@ -57,7 +58,9 @@ export const NOT_LOADED_HINT =
 export interface DeviceView {
   engine: number;
   label: string;
-  state: string;
+  state: DeviceState;
+  /** what the state means, for the badge's tooltip ('' when it says it all) */
+  stateTitle: string;
   color: string;
   selected: boolean;
   /** bar width in percent, 0-100; null: not measured */
@@ -201,11 +204,29 @@ export function percent(fraction: number | null): number | null {
   return Math.min(1, Math.max(0, fraction)) * 100;
 }
 
+/** The tooltip of a device's state badge ('' for the plain states). */
+export function stateTitle(state: DeviceState): string {
+  switch (state) {
+    case 'restarting':
+      return (
+        'its engine died; a new engine is being started on this device ' +
+        'and takes over this row'
+      );
+    case 'dead':
+      return 'its engine died and nothing restarts it';
+    case 'retrying':
+      return 'running chunks that were lost once';
+    default:
+      return '';
+  }
+}
+
 export function deviceView(d: Device, selected?: boolean): DeviceView {
   return {
     engine: d.engine,
     label: d.label,
     state: d.state,
+    stateTitle: stateTitle(d.state),
     color: d.color,
     selected: selected ?? d.selected,
     utilPct: percent(d.util),
