@@ -24,7 +24,7 @@ from gpucell.core.analysis.diagnostics import Diagnostic, DiagnosticSink, raise_
 from gpucell.core.analysis.facts import loop_facts
 from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
-from gpucell.core.analysis.rewrite import build_program, rewrite_cuda
+from gpucell.core.analysis.rewrite import ProgramPlan, build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
 from gpucell.core.analysis.spellings import Spelled, respell
 from gpucell.core.analysis.split import (
@@ -491,23 +491,23 @@ def _chunk_program(
     # the loop's nodes are rewritten in place: the plan keeps only the
     # prelude and epilogue trees, and classification is done
     program = build_program(
-        loop_node=loop,
-        target=target,
-        body=body,
-        contexts=contexts,
-        locals_=locals_,
-        reduction_ops={n: op for n, (op, _aug, _line) in cl.reductions.items()},
-        keyed_ops={n: op for n, (op, _line) in cl.keyed.items()},
-        device=needs_device,
-        gathers=cl.gathers,
-        writes=cl.writes,
-        reductions=cl.reductions,
-        keyed=cl.keyed,
-        unions=cl.unions,
-        deleted=cl.deleted_locals,
-        keyed_gathers=cl.keyed_gathers,
-        own_rows=cl.own_rows,
-        key_checks=cl.key_checks,
+        ProgramPlan(
+            loop_node=loop,
+            target=target,
+            body=body,
+            contexts=contexts,
+            locals_=locals_,
+            device=needs_device,
+            gathers=cl.gathers,
+            writes=cl.writes,
+            reductions={n: op for n, (op, _aug, _ln) in cl.reductions.items()},
+            keyed={n: op for n, (op, _line) in cl.keyed.items()},
+            unions=cl.unions,
+            deleted=cl.deleted_locals,
+            keyed_gathers=cl.keyed_gathers,
+            own_rows=cl.own_rows,
+            key_checks=cl.key_checks,
+        )
     )
     return program, cuda_lines
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import ast
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpucell.core.analysis.ownrows import OwnRow
@@ -47,7 +48,7 @@ from gpucell.protocol.program import (
     partial_name,
 )
 
-__all__ = ["build_program", "rewrite_cuda"]
+__all__ = ["ProgramPlan", "build_program", "rewrite_cuda"]
 
 
 def _rec_call(method: str, args: list[ast.expr], loc: ast.AST) -> ast.Expr:
@@ -576,59 +577,93 @@ def _spec_expr(spec: Spec, loc: ast.AST) -> ast.expr:
     return expr
 
 
-def build_program(
-    *,
-    loop_node: ast.stmt,
-    target: ast.expr,
-    body: list[ast.stmt],
-    contexts: Sequence[ast.expr] = (),
-    locals_: tuple[str, ...] = (),
-    reduction_ops: Mapping[str, str],
-    keyed_ops: Mapping[str, str],
-    device: bool,
-    gathers: Iterable[str],
-    writes: Iterable[str],
-    reductions: Iterable[str],
-    keyed: Iterable[str],
-    unions: Iterable[str],
-    deleted: Iterable[str],
-    keyed_gathers: Iterable[str] = (),
-    own_rows: Mapping[str, OwnRow] | None = None,
-    key_checks: Mapping[str, tuple[str, str]] | None = None,
-) -> ast.Module:
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What the engines' chunk program is made from: the loop, its body, the
+    ``with`` contexts around it, and what the body does with each name.
+
+    ``reductions`` and ``keyed`` map each name to its operator; the other sinks
+    are the names of their kind."""
+
+    loop_node: ast.stmt
+    target: ast.expr
+    body: list[ast.stmt]
+    contexts: Sequence[ast.expr] = ()
+    locals_: tuple[str, ...] = ()
+    device: bool = False
+    gathers: Collection[str] = ()
+    writes: Collection[str] = ()
+    reductions: Mapping[str, str] = field(default_factory=dict)
+    keyed: Mapping[str, str] = field(default_factory=dict)
+    unions: Collection[str] = ()
+    deleted: Collection[str] = ()
+    keyed_gathers: Collection[str] = ()
+    own_rows: Mapping[str, OwnRow] = field(default_factory=dict)
+    key_checks: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def _in_contexts(loop: ast.For, contexts: Sequence[ast.expr], loc: ast.AST) -> ast.stmt:
+    """The chunk's loop inside the `with` blocks around the cell's loop,
+    re-entered on the engine around each chunk (expressions copied: the kernel
+    evaluates the originals)."""
+    items = [
+        ast.withitem(context_expr=copy.deepcopy(c), optional_vars=None)
+        for c in contexts
+    ]
+    # a context may swallow the loop's exception (contextlib.suppress): the
+    # recorder keeps it, and the engine raises it anyway (serially the later
+    # iterations would not run: this chunk's results must not be merged)
+    exc = "__gpucell_exc__"
+    handler = ast.ExceptHandler(
+        type=ast.copy_location(ast.Name("BaseException", ast.Load()), loc),
+        name=exc,
+        body=[
+            _rec_call(
+                Method.RAISED, [ast.copy_location(ast.Name(exc, ast.Load()), loc)], loc
+            ),
+            ast.Raise(),
+        ],
+    )
+    guarded = ast.Try(body=[loop], handlers=[handler], orelse=[], finalbody=[])
+    wrapped: ast.stmt = ast.With(items=items, body=[guarded])
+    return ast.fix_missing_locations(ast.copy_location(wrapped, loc))
+
+
+def build_program(plan: ProgramPlan) -> ast.Module:
     """The chunk program as an ``ast.Module`` with the cell's line numbers.
 
-    ``body`` and ``target`` are rewritten in place: pass a tree the analysis does
-    not keep (re-parsing the cell is much cheaper than ``copy.deepcopy``).
+    ``plan.body`` and ``plan.target`` are rewritten in place: pass a tree the
+    analysis does not keep (re-parsing the cell is much cheaper than
+    ``copy.deepcopy``).
     """
-    rows = _OwnRowRewriter(own_rows or {})
+    body, loc = plan.body, plan.loop_node
+    rows = _OwnRowRewriter(plan.own_rows)
     if rows.rows:
         body = [rows.visit(st) for st in body]
         body = [x for st in body for x in (st if isinstance(st, list) else [st])]
     rw = _SinkRewriter(
-        gathers=gathers,
-        writes=set(writes) - set(rows.rows),
-        reductions=reductions,
-        keyed=keyed,
-        unions=unions,
-        deleted=deleted,
-        keyed_gathers=keyed_gathers,
+        gathers=plan.gathers,
+        writes=set(plan.writes) - set(rows.rows),
+        reductions=plan.reductions,
+        keyed=plan.keyed,
+        unions=plan.unions,
+        deleted=plan.deleted,
+        keyed_gathers=plan.keyed_gathers,
     )
-    rw.reduction_ops = reduction_ops
+    rw.reduction_ops = plan.reductions
     new_body = rw.block(list(body))
-    loc = loop_node
     deletes = bool(rw.deleted)
     spec: Spec = {
-        "locals": locals_,
-        "reductions": dict(reduction_ops),
-        "keyed": dict(keyed_ops),
-        "device": device,
+        "locals": plan.locals_,
+        "reductions": dict(plan.reductions),
+        "keyed": dict(plan.keyed),
+        "device": plan.device,
         "gathers": tuple(sorted(rw.gathers)),
         "end": deletes,
     }
     setup = _rec_call(Method.SETUP, [_spec_expr(spec, loc)], loc)
     idx_store = ast.copy_location(ast.Name(INDEX, ast.Store()), loc)
-    tgt = ast.copy_location(ast.Tuple([idx_store, target], ast.Store()), loc)
+    tgt = ast.copy_location(ast.Tuple([idx_store, plan.target], ast.Store()), loc)
 
     def name(n: str) -> ast.expr:
         return ast.copy_location(ast.Name(n, ast.Load()), loc)
@@ -646,9 +681,9 @@ def build_program(
     per_iteration: list[ast.stmt] = new_body
     if rows.rows:
         per_iteration = rows.wrap(per_iteration, loc)
-    if key_checks:
+    if plan.key_checks:
         per_iteration = [
-            *(_key_guard(n, k, how, loc) for n, (k, how) in key_checks.items()),
+            *(_key_guard(n, k, how, loc) for n, (k, how) in plan.key_checks.items()),
             *per_iteration,
         ]
     if deletes:
@@ -667,28 +702,9 @@ def build_program(
         ),
         loc,
     )
-    if contexts:
-        # the `with` blocks around the loop, re-entered on the engine around
-        # each chunk (expressions copied: the kernel evaluates the originals)
-        items = [
-            ast.withitem(context_expr=copy.deepcopy(c), optional_vars=None)
-            for c in contexts
-        ]
-        # a context may swallow the loop's exception (contextlib.suppress): the
-        # recorder keeps it, and the engine raises it anyway (serially the later
-        # iterations would not run: this chunk's results must not be merged)
-        exc = "__gpucell_exc__"
-        handler = ast.ExceptHandler(
-            type=name("BaseException"),
-            name=exc,
-            body=[_rec_call(Method.RAISED, [name(exc)], loc), ast.Raise()],
-        )
-        guarded = ast.Try(body=[loop], handlers=[handler], orelse=[], finalbody=[])
-        wrapped: ast.stmt = ast.With(items=items, body=[guarded])
-        wrapped = ast.fix_missing_locations(ast.copy_location(wrapped, loc))
+    if plan.contexts:
+        wrapped = _in_contexts(loop, plan.contexts, loc)
         return ast.Module(body=[setup, *guards, wrapped], type_ignores=[])
-    # every node made here got a location from the loop or the node it replaces,
-    # so no whole-tree ast.fix_missing_locations pass is needed
     return ast.Module(body=[setup, *guards, loop], type_ignores=[])
 
 
