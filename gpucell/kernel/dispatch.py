@@ -44,6 +44,7 @@ from gpucell.devices.host import kernel_key, process_state
 from gpucell.errors import EnginesLost
 from gpucell.kernel.executor import Executor, engine_alive, live_engines, signal_engines
 from gpucell.kernel.feedback import Feedback
+from gpucell.kernel.gcpause import kernel_heap_frozen
 from gpucell.kernel.interrupts import interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
 from gpucell.kernel.sending import (
@@ -485,7 +486,8 @@ class Run(InputShipping, Executor):
         """Ship, submit and wait until every iteration is done; the chunk results
         in iteration order.  On an interrupt, a timeout or an error, outstanding
         work is cancelled, engines are left idle and nothing is returned."""
-        with stop_button() as pressed:
+        # (no full collection of the kernel's heap holds the GIL meanwhile)
+        with stop_button() as pressed, kernel_heap_frozen():
             return self._execute(pressed)
 
     def _execute(self, pressed: list[int]) -> list[Any]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpucell.kernel import ippdates
 from gpucell.protocol import wire
 from gpucell.protocol.conversation import ChunkTask
 
 __all__ = ["WAVE_BYTES", "cheap_to_resend", "one_message", "plain", "send_wave"]
+
+ippdates.install()  # every chunk's reply passes the client's date parser
 
 #: a first wave of chunks goes as one message to every engine only while all of
 #: them together are this small (each engine receives every engine's part)
