@@ -16,6 +16,9 @@ checked as a user meets it:
   "no cluster" and the hint for a notebook without gpucell, the cluster again
   when the tab of the notebook that runs it is clicked.
 - a click on the panel's timeline opens it large in a main-area tab;
+- an engine killed between cells: its row says "restarting" (amber stripes, not
+  the dead red) and the status bar "· 1 restarting" until the new engine takes
+  the same row over (issue 29);
 - the command palette ("GPU cluster (gpucell)") and the View menu open the panel;
   with a cluster of 2 fake GPUs (NVML faked through tests/fake_nvml.py, the
   engines real), its charts of utilisation and memory (up to the last 5
@@ -451,3 +454,81 @@ def test_palette_and_view_menu_open_the_panel_and_its_charts_fill(lab, page):
     nb.run_ok("stop")
     c = poll(lambda: _charts(page), lambda c: not c.get("shown"), 30)
     assert not c.get("shown"), f"charts still shown without a cluster: {c}"
+
+
+RESTART = {
+    "start": "%load_ext gpucell\n%gpu_cluster start -n 2 --gpus none",
+    # engine 0 dies; %gpu_cluster status notices it and starts a new engine
+    "kill": (
+        "import os, signal, time\nimport gpucell.cluster.lifecycle as L\n"
+        "os.kill(L.current().engines[0].pid, signal.SIGKILL)\ntime.sleep(0.5)\n"
+        "%gpu_cluster status"
+    ),
+    # each status steps the restart; the new engine joins at one of them
+    "back": (
+        "import time\nimport gpucell.cluster.lifecycle as L\n"
+        "t = time.monotonic()\n"
+        "while L.current().restarts.pending and time.monotonic() - t < 60:\n"
+        "    L.status()\n    time.sleep(0.2)\n"
+        'print("ENGINES", sorted(L.current().engines))'
+    ),
+}
+
+PROBE_BADGE = """
+(engine) => {
+  const b = document.querySelector(
+    `#gpucell-panel .gpucell-device[data-engine="${engine}"] .gpucell-state`);
+  if (!b) return null;
+  const s = getComputedStyle(b);
+  return {text: b.textContent, title: b.getAttribute('title'),
+          background: s.backgroundColor, animation: s.animationName};
+}
+"""
+
+
+def test_a_restarting_device_in_the_panel_then_its_new_engine(lab, page):
+    """Issue 29: the row says restarting (amber stripes, not dead's red), the
+    status bar counts it apart, then the new engine takes the same row."""
+    name = "gpucell_restart.ipynb"
+    write_notebook(lab.root / name, RESTART)
+
+    def leave(dialog) -> None:
+        dialog.accept()
+
+    # a workspace of its own: the notebooks of the tests before stay closed
+    page.on("dialog", leave)
+    page.goto(f"{lab.url}/lab/workspaces/restart/tree/{quote(name)}?token={lab.token}")
+    page.remove_listener("dialog", leave)
+    cells = _open_tab(page, name, RESTART)
+    if not _panel(page).get("visible"):
+        page.locator(STATUS).click()
+    cells.run_ok("start", timeout=90)
+    p = _wait_panel(page, _two_cpu_engines, "2 CPU engines")
+    assert [r["engine"] for r in p["rows"]] == ["0", "1"], p
+
+    cells.run_ok("kill")
+    p = _wait_panel(
+        page,
+        lambda p: [r["state"] for r in p.get("rows") or []] == ["restarting", "idle"],
+        "engine 0 restarting",
+    )
+    assert [r["engine"] for r in p["rows"]] == ["0", "1"], p
+    assert p["status"].startswith("gpucell: 1 CPU engine · 1 host · "), p
+    assert p["status"].endswith(" busy · 1 restarting"), p
+    badge = page.evaluate(PROBE_BADGE, "0")
+    shot(page, "lab-panel-30-restarting")
+    assert badge["animation"] == "gpucell-restarting", badge
+    assert badge["background"] == "rgb(239, 108, 0)", badge  # amber, not dead's
+    assert "new engine" in (badge["title"] or ""), badge
+
+    text = cells.run_ok("back", timeout=90)
+    (new,) = {int(x) for x in re.findall(r"\d+", text.split("ENGINES", 1)[1])} - {1}
+    p = _wait_panel(
+        page,
+        lambda p: [r["engine"] for r in p.get("rows") or []] == [str(new), "1"],
+        f"engine {new} in engine 0's row",
+    )
+    assert _two_cpu_engines(p), p
+    assert "restarting" not in p["status"] and "dead" not in p["status"], p
+    assert page.evaluate(PROBE_BADGE, str(new))["animation"] == "none"
+    shot(page, "lab-panel-31-back")
