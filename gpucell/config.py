@@ -78,6 +78,29 @@ class GpuCell(Configurable):
         help="The first line of a --slurm job's script, e.g. '#!/bin/bash -l' "
         "where the prologue needs a login shell's `module`.",
     )
+    slurm_resubmit = Int(
+        0,
+        config=True,
+        help="Times a --slurm job that Slurm ends during a run (time limit, "
+        "preemption, scancel) is submitted again by itself, the run going on on "
+        "its engines (--checkpoint N).",
+    )
+    slurm_partition = Unicode(
+        "", config=True, help="A site's --partition for --slurm jobs ('': none)."
+    )
+    slurm_account = Unicode(
+        "", config=True, help="A site's --account for --slurm jobs ('': none)."
+    )
+    slurm_time = Unicode(
+        "", config=True, help="A site's --time limit for --slurm jobs ('': none)."
+    )
+    slurm_jobs = Int(1, config=True, help="A site's --jobs for --slurm starts.")
+    slurm_scheduler = Unicode(
+        "",
+        config=True,
+        help="A site's batch system (--scheduler: slurm, pbs, torque, lsf, sge); "
+        "set, `%gpu_cluster start --profile P` alone submits a job ('': none).",
+    )
     connect_timeout = Float(
         30.0,
         config=True,

@@ -14,6 +14,7 @@ from helpers import children, wait_gone
 from IPython.core.error import UsageError
 
 import gpucell.cluster.lifecycle as gc_mod
+import gpucell.cluster.slurm as slurm_mod
 from gpucell.cluster.slurm import (
     SlurmRequest,
     batch_template,
@@ -121,7 +122,18 @@ def test_the_preview_is_the_script_that_is_submitted(site, tmp_path):
         f"#SBATCH --output={profile}/log/ipengine-1700000000-abcd-slurm-"
         f"{os.getpid()}.log"
     ]
-    assert lines[-2] == 'export GPUCELL_SITE="{braces} $HOME"'
+    assert lines[-3] == 'export GPUCELL_SITE="{braces} $HOME"'
+    # then the check that the kernel's controller still answers (slurm_check)
+    assert shlex.split(lines[-2]) == [
+        "/opt/venv/bin/python",
+        "-m",
+        "gpucell.cluster.slurm_check",
+        str(profile),
+        "1700000000-abcd",
+        "||",
+        "exit",
+        "0",
+    ]
     assert shlex.split(lines[-1]) == [
         "srun",
         "/opt/venv/bin/python",
@@ -141,7 +153,10 @@ def test_the_preview_is_the_script_that_is_submitted(site, tmp_path):
     kw = {
         "environment": dict(p.environment),
         "engine_args": args,
-        "batch_template": batch_template(site_request(req)),
+        # the script as start_slurm_engines gives it (the controller check added)
+        "batch_template": slurm_mod._engine_set(
+            site_request(req), args, "/opt/venv/bin/python", str(profile / "log")
+        )["batch_template"],
         "batch_file_name": batch,
         "engine_cmd": ["/opt/venv/bin/python", "-m", "gpucell.cluster.boot"]
         + ["ipyparallel.engine"],
@@ -182,7 +197,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(
     out = capsys.readouterr().out
     assert "#SBATCH --ntasks=8" in out and "#SBATCH --time=1:00:00" in out
     assert "#SBATCH --mem-per-cpu=4G\n#SBATCH --constraint=a100\n" in out
-    assert "export GPUCELL_SITE=1\nsrun " in out
+    assert "export GPUCELL_SITE=1\n" in out and "slurm_check" in out
     assert "# submitted with: sbatch " in out and "nothing was submitted" in out
     assert gc_mod._current is None
     assert not wait_gone(children() - before, timeout=2)

@@ -32,6 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+#: a restart any new engine fills (a resubmitted batch job's: slurm_jobs)
+ANY_ENGINE = "*"
+
 __all__ = ["BUDGET", "BUDGET_WINDOW", "MAX_ATTEMPTS", "Restart", "Restarts"]
 
 #: what the restarts do (an engine lost, each attempt, an engine back, the
@@ -90,6 +93,9 @@ class Restarts:
     # engines still to come from batch jobs pending at the start (--jobs N):
     # an arrival no restart claims is one of them, and joins (replacing none)
     joining: int = 0
+    # a Slurm cluster's jobs (gpucell.cluster.slurm_jobs.JobWatch): a job Slurm
+    # ends is noticed, and with --checkpoint submitted again
+    batch: Any = None
 
     def restarting(self, eid: int) -> bool:
         """Whether engine ``eid`` is dead and being restarted now."""
@@ -149,6 +155,8 @@ class Restarts:
     def step(self, gc: Any) -> list[tuple[Restart, Any]]:
         """Advance every restart; the ``(restart, EngineInfo)`` of each engine
         that is back now (already in ``gc.engines``)."""
+        if self.batch is not None:
+            self.batch.step(gc, self)
         if self.pending or self.arrivals or self.joining:
             self._match_arrivals(gc)
         back = []
@@ -242,7 +250,9 @@ class Restarts:
                 (
                     r
                     for r in self.pending
-                    if r.label == d.get("label") and r.launched and r.new_id is None
+                    if r.label in (d.get("label"), ANY_ENGINE)
+                    and r.launched
+                    and r.new_id is None
                 ),
                 None,
             )

@@ -25,12 +25,19 @@ writes the script, for ipyparallel's PBS, LSF or SGE launcher.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucell.cluster.slurm_jobs import (  # noqa: F401 (the API's own names)
+    Job,
+    JobWatch,
+    Resubmitter,
+    job_state,
+    job_states,
+    wait_for_job,
+)
 from gpucell.errors import ClusterError
 from gpucell.protocol.devices import THREAD_ENV_VARS
 
@@ -72,6 +79,12 @@ class SlurmRequest:
     jobs: int = 1
     #: the batch system: slurm, or pbs, torque, lsf, sge (gpucell.cluster.batch)
     scheduler: str = "slurm"
+    #: times a job Slurm ends is submitted again by itself (--checkpoint;
+    #: None: GpuCell.slurm_resubmit)
+    checkpoint: int | None = None
+    #: the site's settings (a profile's, the kernel's) are already in it
+    #: (gpucell.cluster.site): :func:`site_request` adds none again
+    settled: bool = False
 
     def __post_init__(self) -> None:
         for name in ("directives", "prologue", "skip"):  # lists from JSON too
@@ -91,6 +104,11 @@ class SlurmRequest:
             raise ClusterError(
                 f"--jobs {self.jobs} for {self.nodes} node(s): each job needs at "
                 "least one node, so 1 to --nodes jobs."
+            )
+        if self.checkpoint is not None and self.checkpoint < 0:
+            raise ClusterError(
+                f"--checkpoint {self.checkpoint}: times a job is submitted again, "
+                "so 0 or more."
             )
         if self.cpus_per_node < 0:
             raise ClusterError(
@@ -221,6 +239,8 @@ def site_request(req: SlurmRequest, settings: Any = None) -> SlurmRequest:
     first, then the request's own."""
     from dataclasses import replace
 
+    if req.settled:
+        return req
     if settings is None:
         from gpucell.config import settings as current
 
@@ -234,6 +254,11 @@ def site_request(req: SlurmRequest, settings: Any = None) -> SlurmRequest:
         prologue=(*settings.slurm_prologue, *req.prologue),
         skip=(*settings.slurm_skip, *req.skip),
         shebang=shebang,
+        checkpoint=(
+            req.checkpoint
+            if req.checkpoint is not None
+            else getattr(settings, "slurm_resubmit", 0)
+        ),
     )
 
 
@@ -274,11 +299,29 @@ def _engine_set(
         # the script goes beside the cluster's logs, not the notebook's folder
         "batch_file_name": os.path.join(log_dir, f"gpucell{set_id(k)[5:]}.{ext}"),
     }
+    if req.scheduler == "slurm":
+        kw["batch_template"] = _checked(kw["batch_template"], python)
     if req.cpus_per_node and req.scheduler == "slurm":  # (batch's script: its own)
         kw["environment"]["CUDA_VISIBLE_DEVICES"] = ""
     if python:
         kw["engine_cmd"] = [python, "-m", "gpucell.cluster.boot", "ipyparallel.engine"]
     return kw
+
+
+def _checked(template: str, python: str | None) -> str:
+    """The script with, before ``srun``, the check that its cluster's controller
+    still answers (:mod:`gpucell.cluster.slurm_check`): a job that starts after
+    its kernel was killed cancels itself, starting no engine."""
+    import shlex
+    import sys
+
+    py = _braces(shlex.quote(python or sys.executable))
+    check = (
+        f"{py} -m gpucell.cluster.slurm_check '{{profile_dir}}' '{{cluster_id}}' "
+        "|| exit 0"
+    )
+    head, sep, tail = template.rpartition("srun {program_and_args}")
+    return f"{head}{check}\n{sep}{tail}" if sep else template
 
 
 def start_slurm_engines(
@@ -291,17 +334,24 @@ def start_slurm_engines(
     log = os.path.join(cluster.profile_dir, "log")
     saved = cluster.engine_launcher_class
     cluster.engine_launcher_class = launcher_class(req)
-    ids = []
+    jobs = []
     try:
         for k, part in enumerate(req.parts()):
             kw = _engine_set(part, engine_args, python, log, k)
             got = cluster.start_engines_sync(
                 part.engines, engine_set_id=set_id(k), **kw
             )
-            ids.append(str(cluster.engines[got].job_id))
+            job_id = str(cluster.engines[got].job_id)
+            jobs.append(Job(set_id(k), job_id, part.engines, kw))
     finally:
         cluster.engine_launcher_class = saved
-    return ",".join(ids)
+    if req.scheduler == "slurm":  # (squeue: Slurm's only)
+        # what the cluster's Restarts watches (starting.launch hands it over);
+        # a resubmission goes through the Slurm launcher too
+        cluster.gpucell_jobs = JobWatch(
+            Resubmitter(cluster, launcher_class(req)), jobs, req.checkpoint or 0
+        )
+    return ",".join(j.job_id for j in jobs)
 
 
 def launcher_class(req: SlurmRequest) -> type:
@@ -473,86 +523,3 @@ def _profile_location(profile: str | None) -> str:
         )
     except ProfileDirError:
         return os.path.join(get_ipython_dir(), f"profile_{name}")
-
-
-def job_states(jobs: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(state, reason) of each of ``jobs`` squeue still lists."""
-    try:
-        p = subprocess.run(
-            ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if p.returncode != 0:
-        return {}
-    out = {}
-    for line in p.stdout.strip().splitlines():
-        job, _, rest = line.partition("|")
-        state, _, reason = rest.partition("|")
-        out[job.strip()] = (state, reason)
-    return out
-
-
-def job_state(job_id: str) -> tuple[str, str] | None:
-    """(state, reason) of a job squeue still lists, or None; of several
-    (``a,b``: ``--jobs``): running if one runs, else pending if one is
-    (the first one's reason), else ended."""
-    got = job_states(job_id.split(",")).values()
-    for want in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
-        for st in got:
-            if st[0] == want:
-                return st
-    return next(iter(got), None)
-
-
-_ENDED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
-
-
-def wait_for_job(
-    client: Any,
-    job_id: str,
-    total: int,
-    timeout: float,
-    echo: Callable[[str], None] | None,
-    state: Callable[[str], tuple[str, str] | None] = job_state,
-) -> None:
-    """Wait for the job's engines, watching the job: pending is said once, an
-    ended job or the timeout is a ClusterError (the caller stops the cluster)."""
-    t0 = time.monotonic()
-    said = False
-    last: tuple[str, str] | None = None
-    while True:
-        try:
-            client.wait_for_engines(total, timeout=1.0, interactive=False)
-            return
-        except TimeoutError:
-            pass
-        last = state(job_id) or last
-        waited = time.monotonic() - t0
-        if last is not None and last[0] in _ENDED:
-            raise ClusterError(
-                f"Slurm job {job_id} ended ({last[0]}: {last[1]}) before its engines "
-                "registered; its output is in the cluster's log directory."
-            )
-        if last is not None and last[0] == "PENDING" and not said and echo:
-            echo(
-                f"gpucell: Slurm job {job_id} is pending ({last[1]}); waiting up to "
-                f"{timeout:.0f} s"
-            )
-            said = True
-        if waited > timeout:
-            if last is not None and last[0] == "PENDING":
-                raise ClusterError(
-                    f"Slurm job {job_id} was still pending after {timeout:.0f} s "
-                    f"({last[1]}); it was cancelled. Ask for fewer nodes or GPUs, "
-                    "another --partition, or a longer --timeout."
-                )
-            raise ClusterError(
-                f"Only {len(client.ids)} of {total} engines of batch job {job_id} "
-                f"registered within {timeout:.0f} s; the job was cancelled. The "
-                "engines' output is in the cluster's log directory."
-            )

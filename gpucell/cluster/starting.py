@@ -138,6 +138,7 @@ def launch(
     gc.description = f"{len(engines)} engines ({summary(engines)})"
     if slurm is not None:  # --jobs: the later jobs' engines join as they start
         gc.restarts.joining = max(0, slurm.engines - len(engines))
+        gc.restarts.batch = getattr(cluster, "gpucell_jobs", None)  # slurm_jobs
     if p.discovery.gpus == () and p.discovery.notes and p.select != "none":
         # the user asked for GPUs (the default): say why there are none
         gc.warnings.append("no GPU found (" + "; ".join(p.discovery.notes) + ")")

@@ -120,6 +120,9 @@ class EngineGone:
     """The engine died (its process, or the controller says so)."""
 
     engine: int
+    #: its batch job ended (Slurm's time limit, preemption, scancel): the loss
+    #: is not counted against the iterations it ran
+    job_ended: bool = False
 
 
 @dataclass(frozen=True)

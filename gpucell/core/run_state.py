@@ -326,13 +326,13 @@ class RunState:
         eid = ev.engine
         lost = self.sched.lose_engine(eid)
         out: list[Instruction] = [MarkDead(eid)]
-        for c in lost:
+        for c in lost if not ev.job_ended else ():  # (no iteration's fault)
             self.losses.append((c.start, c.stop, eid))
         for cid in [k for k, f in self.flights.items() if f.engine == eid]:
             del self.flights[cid]
             out.append(Forget(cid, lost=True))
         out += [Record(c, None, LOST) for c in lost]
-        killer = self._killer(lost, eid)
+        killer = [] if ev.job_ended else self._killer(lost, eid)
         if killer:
             return out + killer
         out.append(

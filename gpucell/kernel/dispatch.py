@@ -382,7 +382,10 @@ class Run(InputShipping, Executor):
     def on_lost(self, eid: int) -> None:
         """Engine ``eid`` died: its chunks go back to the schedule for the others."""
         self._check_stopping()
-        self._tell(ev.EngineGone(eid))
+        restarts = self._restarts()
+        batch = getattr(restarts, "batch", None)  # a job Slurm ended: no one's fault
+        ended = batch is not None and batch.lost(self.gc, restarts, eid)
+        self._tell(ev.EngineGone(eid, job_ended=ended))
 
     def _check_stopping(self) -> None:
         if getattr(self.gc, "stopping", False):
@@ -430,7 +433,9 @@ class Run(InputShipping, Executor):
     def _join_restarted(self) -> None:
         """Engines restarted after dying take work in this cell as they come back."""
         restarts = self._restarts()
-        if restarts is None or not (restarts.pending or restarts.joining):
+        if restarts is None or not (
+            restarts.pending or restarts.joining or getattr(restarts, "batch", None)
+        ):
             return
         for r, info in restarts.step(self.gc):
             eid = info.id

@@ -24,11 +24,7 @@ def _start(args: Any) -> None:
 
     slurm = None
     job = ("nodes", "gpus_per_node", "cpus_per_node", "partition", "time", "account")
-    job += ("slurm_directive", "dry_run", "jobs")
-    stray = [o for o in job if getattr(args, o) is not None]
-    if stray and not args.slurm and not args.scheduler:
-        flag = "--" + stray[0].replace("_", "-")
-        raise UsageError(f"%gpu_cluster start: {flag} is for --slurm (or --scheduler).")
+    job += ("slurm_directive", "dry_run", "jobs", "checkpoint")
     if args.cpus_per_node is not None and args.gpus_per_node is not None:
         raise UsageError(
             "%gpu_cluster start: --gpus-per-node or --cpus-per-node: engines are "
@@ -38,23 +34,23 @@ def _start(args: Any) -> None:
         raise UsageError(
             f"%gpu_cluster start: --slurm or --scheduler {args.scheduler}; choose one."
         )
-    if args.slurm or args.scheduler:
-        from gpucell.cluster.slurm import SlurmRequest
+    if args.slurm or args.scheduler or args.profile:
+        from gpucell.cluster.site import merge
 
-        slurm = SlurmRequest(
-            nodes=args.nodes or 1,
-            gpus_per_node=args.gpus_per_node or 1,
-            cpus_per_node=args.cpus_per_node or 0,
-            jobs=args.jobs or 1,
-            scheduler=args.scheduler or "slurm",
-            partition=args.partition,
-            time=args.time,
-            account=args.account,
-            directives=tuple(args.slurm_directive or ()),
-        )
+        line = {k: getattr(args, k) for k in job if k != "slurm_directive"}
+        line.update(slurm=args.slurm, scheduler=args.scheduler)
+        line["directives"] = args.slurm_directive
+        merged = merge(line, args.profile)  # the profile's site settings under
+        slurm = merged.request
+    stray = [o for o in job if getattr(args, o) is not None]
+    if stray and slurm is None:  # (a profile may name the scheduler)
+        flag = "--" + stray[0].replace("_", "-")
+        raise UsageError(f"%gpu_cluster start: {flag} is for --slurm (or --scheduler).")
+    if slurm is not None:
         if args.dry_run:
             from gpucell.cluster.slurm import dry_run
 
+            print(merged.describe())
             print(dry_run(slurm, args.python, args.profile))
             return
     api.start_cluster(
@@ -178,6 +174,17 @@ def _add_slurm_options(start: MagicArgumentParser) -> None:
         help="--slurm: N smaller jobs (nodes shared out); cells start with the "
         "first job's engines, the others join as their jobs start.",
     )
+    start.add_argument(
+        "--checkpoint",
+        type=int,
+        nargs="?",
+        const=1,
+        default=None,
+        metavar="N",
+        help="--slurm: a job Slurm ends during a run (time limit, preemption, "
+        "scancel) is submitted again, up to N times (default 1), and the run goes "
+        "on on its engines (GpuCell.slurm_resubmit).",
+    )
     start.add_argument("--partition", default=None, help="--slurm: partition.")
     start.add_argument("--time", default=None, help="--slurm: time limit.")
     start.add_argument("--account", default=None, help="--slurm: account.")
@@ -239,8 +246,8 @@ Usage:
                       [--controller-ip IP]]
                      [--slurm | --scheduler pbs|torque|lsf|sge
                       [--nodes N] [--gpus-per-node G | --cpus-per-node C]
-                      [--jobs J] [--partition P] [--time T] [--account A]
-                      [--slurm-directive OPT]... [--dry-run]]
+                      [--jobs J] [--checkpoint [N]] [--partition P] [--time T]
+                      [--account A] [--slurm-directive OPT]... [--dry-run]]
   %gpu_cluster connect --profile P | --cluster-id ID | --file ipcontroller-client.json
                        [--ssh user@host[:port] [--ssh-key KEY]] [--timeout S]
   %gpu_cluster status
@@ -280,6 +287,7 @@ def _check(cmd: str, args: Any) -> None:
         )
         usage.check_int(m, "--cpus-per-node", args.cpus_per_node, 1, 4096)
         usage.check_int(m, "--jobs", args.jobs, 1, usage.MAX_NODES)
+        usage.check_int(m, "--checkpoint", args.checkpoint, 0, 100)
     elif cmd == "select":
         usage.check_ids(m, "engines", args.engines, ("all",))
 
@@ -300,7 +308,8 @@ class GpuClusterMagics(Magics):
                               [--python PATH] [--controller-ip IP]]
                              [--slurm | --scheduler pbs|torque|lsf|sge
                               [--nodes N] [--gpus-per-node G]
-                              [--cpus-per-node C] [--jobs J] [--partition P] [--time T]
+                              [--cpus-per-node C] [--jobs J] [--checkpoint [N]]
+                              [--partition P] [--time T]
                               [--account A] [--slurm-directive OPT]... [--dry-run]]
           %gpu_cluster connect --profile P | --cluster-id ID | --file F
                                [--ssh u@h[:port] [--ssh-key K]]
