@@ -1159,7 +1159,7 @@ def test_augmented_operator_is_quoted_as_written(op: str) -> None:
 
 
 def test_every_operator_has_its_text() -> None:
-    from gpucell.core.analysis.classify import OP_TEXT
+    from gpucell.core.analysis.messages import OP_TEXT
 
     assert set(OP_TEXT) == set(ast.operator.__subclasses__())
 

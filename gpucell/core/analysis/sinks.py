@@ -1,0 +1,199 @@
+"""The sink kinds and the statements that may be one (a candidate per
+statement: ``L.append(e)``, ``D[k] = e``, ``acc += e``...): the first pass of
+the classification."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from gpucell.core.analysis.ownrows import OwnRow
+from gpucell.core.analysis.scope import (
+    indexer_write,
+    target_parts,
+)
+from gpucell.core.reducers import BY_AST, SELECTING
+
+__all__ = [
+    "BIN_OPS",
+    "Candidate",
+    "Classification",
+    "GATHER",
+    "INPUT",
+    "KEYED",
+    "KEYED_GATHER",
+    "LOCAL",
+    "REDUCTION",
+    "UNION",
+    "WRITE",
+    "block_statements",
+    "match_candidates",
+]
+
+
+INPUT = "input"
+LOCAL = "local"
+GATHER = "ordered gather"
+WRITE = "indexed write"
+REDUCTION = "reduction"
+KEYED = "keyed reduction"
+KEYED_GATHER = "keyed gather"
+UNION = "set union"
+
+#: operators accepted in reductions, by AST class (core/reducers.py)
+BIN_OPS: dict[type[ast.operator], str] = BY_AST
+
+
+@dataclass
+class Candidate:
+    """A statement that may be a sink pattern for ``name``."""
+
+    cls: str
+    name: str
+    stmt: ast.stmt
+    own: list[ast.Name]
+    op: str | None = None
+    augmented: bool = True
+
+
+@dataclass
+class Classification:
+    """Result of classifying a loop body. Line numbers are the cell's."""
+
+    inputs: dict[str, int] = field(default_factory=dict)
+    locals: dict[str, int] = field(default_factory=dict)
+    gathers: dict[str, int] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)
+    reductions: dict[str, tuple[str, bool, int]] = field(default_factory=dict)
+    keyed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    unions: dict[str, int] = field(default_factory=dict)
+    deleted_locals: set[str] = field(default_factory=set)
+    keyed_gathers: dict[str, int] = field(default_factory=dict)
+    # writes whose iteration reads its own row back (see ownrows.py)
+    own_rows: dict[str, OwnRow] = field(default_factory=dict)
+    prints: list[int] = field(default_factory=list)
+    # inputs a call could change in place (receivers, arguments, callees), with
+    # the lines: the engines check them before and after each chunk
+    watch: dict[str, list[int]] = field(default_factory=dict)
+    # lines where an item of the loop's data is a receiver or an argument
+    watch_items: list[int] = field(default_factory=list)
+    # an alias of outer data is a receiver or argument: check every input
+    watch_all: bool = False
+    # (line, call) drawing from a global random generator
+    random_calls: list[tuple[int, str]] = field(default_factory=list)
+    # (line, iterable) of nested loops taken to run at least once because
+    # their iterable, made of inputs, is checked non-empty before the run
+    nonempty: list[tuple[int, str]] = field(default_factory=list)
+    # own elements and own rows whose keys may name one element twice:
+    # sink -> (the loop's key, "range" or "any"); `y[-3]` and `y[0]` are one
+    # element of a 3-item list, `a[True]` and `a[(0, 1)]` overlap `a[0]`: the
+    # engine program checks each key of a sink that is not a dict
+    key_checks: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
+    """The except clauses of a ``try`` / ``try*`` statement; none for others."""
+    if isinstance(s, ast.Try):
+        return s.handlers
+    if sys.version_info >= (3, 11) and isinstance(s, ast.TryStar):
+        return s.handlers
+    return []
+
+
+def block_statements(stmts: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of the body's scope, through compound statements."""
+    for s in stmts:
+        yield s
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            yield from block_statements(getattr(s, name, []))
+        for h in _handlers(s):
+            yield from block_statements(h.body)
+        if isinstance(s, ast.Match):
+            for c in s.cases:
+                yield from block_statements(c.body)
+
+
+def match_candidates(
+    stmt: ast.stmt, is_builtin: Callable[[str], bool]
+) -> list[Candidate]:
+    """Sink patterns in one statement (structure only; names decided later)."""
+    out: list[Candidate] = []
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        f = call.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            nargs = len(call.args)
+            star = any(isinstance(a, ast.Starred) for a in call.args)
+            if not call.keywords and not star:
+                if f.attr in ("append", "extend") and nargs == 1:
+                    out.append(Candidate(GATHER, f.value.id, stmt, [f.value]))
+                elif f.attr == "add" and nargs == 1 or f.attr == "update" and nargs:
+                    out.append(Candidate(UNION, f.value.id, stmt, [f.value]))
+        elif (
+            isinstance(f, ast.Attribute)
+            and f.attr in ("append", "extend")
+            and isinstance(f.value, ast.Subscript)
+            and isinstance(f.value.value, ast.Name)
+            and len(call.args) == 1
+            and not call.keywords
+            and not isinstance(call.args[0], ast.Starred)
+        ):
+            # D[k].append(e): the list under each key gathers in iteration order
+            d = f.value.value
+            out.append(Candidate(KEYED_GATHER, d.id, stmt, [d]))
+    elif isinstance(stmt, ast.AugAssign):
+        op = BIN_OPS.get(type(stmt.op))
+        t = stmt.target
+        if isinstance(t, ast.Name) and op is not None:
+            if op == "+" and isinstance(stmt.value, (ast.List, ast.ListComp)):
+                out.append(Candidate(GATHER, t.id, stmt, [t]))
+            else:
+                out.append(Candidate(REDUCTION, t.id, stmt, [t], op, True))
+        elif (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and op is not None
+        ):
+            out.append(Candidate(KEYED, t.value.id, stmt, [t.value], op, True))
+    elif isinstance(stmt, ast.Delete):
+        # `del D[k]`: a write of the key's absence (own keys only, below)
+        for target in stmt.targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
+    elif isinstance(stmt, ast.Assign):
+        v = stmt.value
+        if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            t = stmt.targets[0]
+            if (
+                isinstance(v, ast.BinOp)
+                and isinstance(v.left, ast.Name)
+                and v.left.id == t.id
+                and type(v.op) in BIN_OPS
+            ):
+                op = BIN_OPS[type(v.op)]
+                out.append(Candidate(REDUCTION, t.id, stmt, [t, v.left], op, False))
+            elif (
+                isinstance(v, ast.Call)
+                and isinstance(v.func, ast.Name)
+                and v.func.id in SELECTING
+                and is_builtin(v.func.id)
+                and len(v.args) == 2
+                and not v.keywords
+                and isinstance(v.args[0], ast.Name)
+                and v.args[0].id == t.id
+            ):
+                out.append(
+                    Candidate(REDUCTION, t.id, stmt, [t, v.args[0]], v.func.id, False)
+                )
+        for target in stmt.targets:
+            for part in target_parts(target):
+                if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
+                    out.append(Candidate(WRITE, part.value.id, stmt, [part.value]))
+        indexed = indexer_write(stmt)
+        if indexed is not None:  # D.at[k] = v (pandas): an indexed write of D
+            out.append(Candidate(WRITE, indexed[0].id, stmt, [indexed[0]]))
+    return out

@@ -1,0 +1,220 @@
+"""Alias taint: which of the body's names may hold an object from outside
+the iteration (an input, an item of the loop's data), so that changing it in
+place changes something the engines cannot send back."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterable, Iterator
+
+from gpucell.core.analysis.scope import (
+    root_name,
+    target_names,
+)
+
+__all__ = []
+
+
+def _alias_expr(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
+    """Could evaluating ``e`` return an object from outside (not a new one)?"""
+    if isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Starred)):
+        root = root_name(e)
+        return root is not None and is_outer(root.id)
+    if isinstance(e, ast.IfExp):
+        return _alias_expr(e.body, is_outer) or _alias_expr(e.orelse, is_outer)
+    if isinstance(e, ast.BoolOp):
+        return any(_alias_expr(v, is_outer) for v in e.values)
+    if isinstance(e, (ast.Tuple, ast.List)):
+        return any(_alias_expr(v, is_outer) for v in e.elts)
+    if isinstance(e, ast.NamedExpr):
+        return _alias_expr(e.value, is_outer)
+    return False
+
+
+def _mentions(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
+    return any(
+        isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and is_outer(n.id)
+        for n in ast.walk(e)
+    )
+
+
+#: builtins that consume their argument before the loop starts: a sink named in
+#: them (``range(len(a))``) is read once, as serially, not iterated lazily
+_EAGER = frozenset(
+    {
+        "len", "list", "tuple", "sorted", "set", "frozenset", "dict", "sum",
+        "min", "max", "range",
+    }
+)  # fmt: skip
+
+
+def _lazy_names(e: ast.AST, is_builtin: Callable[[str], bool]) -> Iterator[ast.Name]:
+    """Names an iterable expression reads lazily (not inside an eager builtin)."""
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id in _EAGER
+        and is_builtin(e.func.id)
+    ):
+        return
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Attribute)
+        and e.func.attr in _COPYING_METHODS
+    ):
+        return  # a new object, made before the loop runs (its arguments too)
+    if isinstance(e, ast.Name):
+        yield e
+        return
+    for child in ast.iter_child_nodes(e):
+        yield from _lazy_names(child, is_builtin)
+
+
+#: methods that return a new object (a copy, a sorted or filtered one): an
+#: iterable made with one does not see what the body changes afterwards
+_COPYING_METHODS = frozenset(
+    {
+        "copy",
+        "sort_values",
+        "sort_index",
+        "drop_duplicates",
+        "unique",
+        "tolist",
+        "to_list",
+        "value_counts",
+        "nlargest",
+        "nsmallest",
+    }
+)
+
+
+def _is_range(e: ast.AST, is_builtin: Callable[[str], bool]) -> bool:
+    return (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id == "range"
+        and is_builtin("range")
+    )
+
+
+def _rebound(nodes: Iterable[ast.AST]) -> set[str]:
+    """Names the body binds or deletes anywhere (a loop variable rebound is
+    no longer surely the item: `row = template` then `row[k] = v`)."""
+    out: set[str] = set()
+    for node in nodes:
+        # `row /= s`: in place for the arrays and lists it could change, a
+        # new value (never an outer object) for the rest
+        aug = {id(a.target) for a in ast.walk(node) if isinstance(a, ast.AugAssign)}
+        for sub in ast.walk(node):
+            if id(sub) in aug:
+                continue
+            if isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Load):
+                out.add(sub.id)
+            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(sub.name)
+            elif isinstance(sub, ast.arg):
+                out.add(sub.arg)
+            elif isinstance(sub, ast.ExceptHandler) and sub.name:
+                out.add(sub.name)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                out |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+            elif isinstance(sub, (ast.Global, ast.Nonlocal)):
+                out |= set(sub.names)
+            elif isinstance(sub, ast.MatchAs) and sub.name:
+                out.add(sub.name)
+            elif isinstance(sub, ast.MatchStar) and sub.name:
+                out.add(sub.name)
+            elif isinstance(sub, ast.MatchMapping) and sub.rest:
+                out.add(sub.rest)
+    return out
+
+
+def _target_taint(
+    target: ast.expr, it: ast.expr, is_builtin: Callable[[str], bool]
+) -> tuple[set[str], bool]:
+    """Names of a loop target that may hold objects from the iterable.
+
+    Returns (names, decided). Items of ``range`` are ints; ``enumerate``'s index is
+    an int; everything else may be an element of outer data.
+    """
+    if _is_range(it, is_builtin):
+        return set(), True
+    if (
+        isinstance(it, ast.Call)
+        and isinstance(it.func, ast.Name)
+        and it.func.id == "enumerate"
+        and is_builtin("enumerate")
+        and it.args
+        and isinstance(target, (ast.Tuple, ast.List))
+        and len(target.elts) == 2
+    ):
+        return _target_taint(target.elts[1], it.args[0], is_builtin)
+    if (
+        isinstance(it, ast.Call)
+        and isinstance(it.func, ast.Name)
+        and it.func.id == "zip"
+        and is_builtin("zip")
+        and isinstance(target, (ast.Tuple, ast.List))
+        and len(target.elts) == len(it.args)
+        and not it.keywords
+    ):
+        out: set[str] = set()
+        for t, a in zip(target.elts, it.args, strict=True):
+            out |= _target_taint(t, a, is_builtin)[0]
+        return out, True
+    return {n.id for n in target_names(target)}, False
+
+
+def _alias_taint(
+    stmts: list[ast.stmt],
+    nodes: list[ast.AST],
+    loop_target: ast.expr,
+    loop_iter: ast.expr | None,
+    body_bound: set[str],
+    is_builtin: Callable[[str], bool],
+) -> set[str]:
+    """Locals of the body that may hold objects from outside the iteration:
+    the loop's targets (but ``range``'s and ``enumerate``'s numbers) and
+    what is bound from them or from names outside the body, to a fixpoint."""
+
+    def is_outer(n: str) -> bool:
+        return (n not in body_bound and not is_builtin(n)) or n in tainted
+
+    tainted: set[str] = set()
+    if loop_iter is not None:
+        names, _ = _target_taint(loop_target, loop_iter, is_builtin)
+        tainted |= names
+    # (kind, expression, names it binds) for every binding that may alias
+    aliasing: list[tuple[str, ast.expr, set[str]]] = []
+    for s in stmts:
+        if isinstance(s, ast.Assign):
+            names = {n.id for t in s.targets for n in target_names(t)}
+            aliasing.append(("alias", s.value, names))
+        elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
+            s.iter, is_builtin
+        ):
+            aliasing.append(
+                ("mentions", s.iter, {n.id for n in target_names(s.target)})
+            )
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                if item.optional_vars is not None:
+                    names = {n.id for n in target_names(item.optional_vars)}
+                    aliasing.append(("alias", item.context_expr, names))
+    for node in nodes:
+        if isinstance(node, ast.NamedExpr):
+            aliasing.append(("alias", node.value, {node.target.id}))
+    for _ in range(len(aliasing) + 1):
+        before = len(tainted)
+        for kind, e, names in aliasing:
+            if names <= tainted:
+                continue
+            hit = (
+                _alias_expr(e, is_outer) if kind == "alias" else _mentions(e, is_outer)
+            )
+            if hit:
+                tainted |= names
+        if len(tainted) == before:
+            break
+    tainted &= body_bound
+    return tainted
