@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucell.cluster.slurm_jobs import (  # noqa: F401 (the API's own names)
+    ANY_ENGINE,
     Job,
     JobWatch,
     Resubmitter,
@@ -388,7 +389,12 @@ def pending_note(gc: Any) -> str | None:
     ]
     if not waiting:
         return None
-    coming = getattr(getattr(gc, "restarts", None), "joining", 0)
+    restarts = getattr(gc, "restarts", None)
+    coming = getattr(restarts, "joining", 0) + sum(  # (and --checkpoint's waits)
+        1
+        for r in getattr(restarts, "pending", ())
+        if r.label == ANY_ENGINE and r.new_id is None
+    )
     return (
         f"Slurm job{'s' if len(waiting) > 1 else ''} {', '.join(waiting)} pending; "
         f"{coming} more engine{'s' if coming != 1 else ''} join as they start"
