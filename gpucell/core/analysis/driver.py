@@ -26,6 +26,7 @@ from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import ProgramPlan, build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
+from gpucell.core.analysis.sinks import GatherSink, ReductionSink
 from gpucell.core.analysis.spellings import Spelled, respell
 from gpucell.core.analysis.split import (
     SHORT_CIRCUIT,
@@ -38,7 +39,6 @@ from gpucell.core.analysis.split import (
     source_of,
     split_cell,
 )
-from gpucell.core.reducers import spelling
 from gpucell.protocol.program import ITEM_ERROR, RESULT
 
 __all__ = ["analyse"]
@@ -158,14 +158,13 @@ def _names(cl: Classification, hidden: set[str], result: str | None) -> list[Nam
         if n not in hidden:
             infos.append(NameInfo(n, LOCAL, line, "value from the last iteration"))
     for n, line in cl.gathers.items():
-        if n == RESULT and result:
-            infos.append(NameInfo(result, GATHER, line, "new list, in iteration order"))
-        else:
-            infos.append(NameInfo(n, GATHER, line, "extended in iteration order"))
+        fresh = n == RESULT and bool(result)
+        shown = result if fresh and result else n
+        infos.append(NameInfo(shown, GATHER, line, GatherSink.describe(fresh)))
     for n, line in cl.writes.items():
         infos.append(NameInfo(n, WRITE, line, "item writes in iteration order"))
     for n, (op, aug, line) in cl.reductions.items():
-        infos.append(NameInfo(n, REDUCTION, line, spelling(n, op, aug)))
+        infos.append(NameInfo(n, REDUCTION, line, ReductionSink.describe(n, op, aug)))
     for n, (op, line) in cl.keyed.items():
         infos.append(NameInfo(n, KEYED, line, f"{n}[k] {op}= ..."))
     for n, line in cl.unions.items():

@@ -8,18 +8,23 @@ import ast
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.scope import (
     indexer_write,
     target_parts,
 )
-from gpucell.core.reducers import BY_AST, SELECTING
+from gpucell.core.reducers import BY_AST, SELECTING, spelling
 
 __all__ = [
     "BIN_OPS",
     "Candidate",
     "Classification",
+    "GatherSink",
+    "KINDS",
+    "ReductionSink",
+    "SinkKind",
     "GATHER",
     "INPUT",
     "KEYED",
@@ -56,6 +61,108 @@ class Candidate:
     own: list[ast.Name]
     op: str | None = None
     augmented: bool = True
+
+
+class SinkKind:
+    """One kind of sink: which statements may be one (``match``) and how the
+    plan describes a name of that kind (``describe``). Gathers and reductions
+    so far; the other kinds are still matched in :func:`match_candidates`."""
+
+    kind: ClassVar[str]
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> Candidate | None:
+        raise NotImplementedError
+
+
+class GatherSink(SinkKind):
+    """``L.append(e)``, ``L.extend(e)``, ``L += [...]``: the chunks' items are
+    appended in iteration order."""
+
+    kind = GATHER
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> Candidate | None:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            call = stmt.value
+            f = call.func
+            if (
+                isinstance(f, ast.Attribute)
+                and isinstance(f.value, ast.Name)
+                and f.attr in ("append", "extend")
+                and len(call.args) == 1
+                and not call.keywords
+                and not isinstance(call.args[0], ast.Starred)
+            ):
+                return Candidate(GATHER, f.value.id, stmt, [f.value])
+        elif (
+            isinstance(stmt, ast.AugAssign)
+            and isinstance(stmt.target, ast.Name)
+            and BIN_OPS.get(type(stmt.op)) == "+"
+            and isinstance(stmt.value, (ast.List, ast.ListComp))
+        ):
+            return Candidate(GATHER, stmt.target.id, stmt, [stmt.target])
+        return None
+
+    @staticmethod
+    def describe(fresh: bool) -> str:
+        """A comprehension's result is a new list; a loop's list is extended."""
+        return (
+            "new list, in iteration order" if fresh else "extended in iteration order"
+        )
+
+
+class ReductionSink(SinkKind):
+    """``acc op= e``, ``acc = acc op e``, ``acc = max(acc, e)``: each chunk's
+    partial result, folded in iteration order (core/reducers.py)."""
+
+    kind = REDUCTION
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> Candidate | None:
+        if isinstance(stmt, ast.AugAssign):
+            t = stmt.target
+            op = BIN_OPS.get(type(stmt.op))
+            gathers = op == "+" and isinstance(stmt.value, (ast.List, ast.ListComp))
+            if isinstance(t, ast.Name) and op is not None and not gathers:
+                return Candidate(REDUCTION, t.id, stmt, [t], op, True)
+            return None
+        if not (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+        ):
+            return None
+        t, v = stmt.targets[0], stmt.value
+        if (
+            isinstance(v, ast.BinOp)
+            and isinstance(v.left, ast.Name)
+            and v.left.id == t.id
+            and type(v.op) in BIN_OPS
+        ):
+            op = BIN_OPS[type(v.op)]
+            return Candidate(REDUCTION, t.id, stmt, [t, v.left], op, False)
+        if (
+            isinstance(v, ast.Call)
+            and isinstance(v.func, ast.Name)
+            and v.func.id in SELECTING
+            and is_builtin(v.func.id)
+            and len(v.args) == 2
+            and not v.keywords
+            and isinstance(v.args[0], ast.Name)
+            and v.args[0].id == t.id
+        ):
+            return Candidate(REDUCTION, t.id, stmt, [t, v.args[0]], v.func.id, False)
+        return None
+
+    @staticmethod
+    def describe(name: str, op: str, augmented: bool) -> str:
+        """As the user would write it: ``acc += ...``, ``best = max(best, ...)``."""
+        return spelling(name, op, augmented)
+
+
+#: the sink kinds with a class, matched in this order before the others
+KINDS: tuple[type[SinkKind], ...] = (GatherSink, ReductionSink)
 
 
 @dataclass
@@ -122,6 +229,12 @@ def match_candidates(
 ) -> list[Candidate]:
     """Sink patterns in one statement (structure only; names decided later)."""
     out: list[Candidate] = []
+    for kind in KINDS:
+        found = kind.match(stmt, is_builtin)
+        if found is not None:
+            out.append(found)
+    if out and not isinstance(stmt, ast.Assign):
+        return out  # (a statement is one sink; an assignment may also write)
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
         f = call.func
@@ -129,9 +242,7 @@ def match_candidates(
             nargs = len(call.args)
             star = any(isinstance(a, ast.Starred) for a in call.args)
             if not call.keywords and not star:
-                if f.attr in ("append", "extend") and nargs == 1:
-                    out.append(Candidate(GATHER, f.value.id, stmt, [f.value]))
-                elif f.attr == "add" and nargs == 1 or f.attr == "update" and nargs:
+                if f.attr == "add" and nargs == 1 or f.attr == "update" and nargs:
                     out.append(Candidate(UNION, f.value.id, stmt, [f.value]))
         elif (
             isinstance(f, ast.Attribute)
@@ -148,12 +259,7 @@ def match_candidates(
     elif isinstance(stmt, ast.AugAssign):
         op = BIN_OPS.get(type(stmt.op))
         t = stmt.target
-        if isinstance(t, ast.Name) and op is not None:
-            if op == "+" and isinstance(stmt.value, (ast.List, ast.ListComp)):
-                out.append(Candidate(GATHER, t.id, stmt, [t]))
-            else:
-                out.append(Candidate(REDUCTION, t.id, stmt, [t], op, True))
-        elif (
+        if (
             isinstance(t, ast.Subscript)
             and isinstance(t.value, ast.Name)
             and op is not None
@@ -165,30 +271,6 @@ def match_candidates(
             if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
                 out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
     elif isinstance(stmt, ast.Assign):
-        v = stmt.value
-        if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            t = stmt.targets[0]
-            if (
-                isinstance(v, ast.BinOp)
-                and isinstance(v.left, ast.Name)
-                and v.left.id == t.id
-                and type(v.op) in BIN_OPS
-            ):
-                op = BIN_OPS[type(v.op)]
-                out.append(Candidate(REDUCTION, t.id, stmt, [t, v.left], op, False))
-            elif (
-                isinstance(v, ast.Call)
-                and isinstance(v.func, ast.Name)
-                and v.func.id in SELECTING
-                and is_builtin(v.func.id)
-                and len(v.args) == 2
-                and not v.keywords
-                and isinstance(v.args[0], ast.Name)
-                and v.args[0].id == t.id
-            ):
-                out.append(
-                    Candidate(REDUCTION, t.id, stmt, [t, v.args[0]], v.func.id, False)
-                )
         for target in stmt.targets:
             for part in target_parts(target):
                 if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
