@@ -273,3 +273,64 @@ def _rank() -> tuple:
     import os
 
     return os.environ.get("GPUCELL_LOCAL_RANK"), str(os.getsid(0))
+
+
+#: a stand-in submit command whose job never starts (held), and the scheduler's
+#: own status command saying so
+HELD_SUBMIT = """#!/bin/sh
+echo 4242 >> "$(dirname "$0")/../jobs"
+echo {said!r}
+""".replace("{said!r}", "'{said}'")
+HELD_STATUS = {
+    "pbs": (
+        "qstat",
+        "Job Id: 4242.pbs\n    job_state = H\n    comment = held by admin",
+    ),
+    "lsf": ("bjobs", "PEND Job was suspended by the user while pending;"),
+    "sge": ("qstat", "job-ID prior name user state\n----\n 4242 0.5 gpucell root hqw"),
+}
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "submit", "said", "reason"),
+    [
+        ("pbs", "qsub", "4242.pbs-server", "held by admin"),
+        ("lsf", "bsub", "Job <4242> is submitted to default queue <normal>.", "user"),
+        ("sge", "qsub", 'Your job 4242 ("gpucell") has been submitted', "held"),
+    ],
+)
+def test_a_held_job_is_said_pending_with_the_schedulers_reason(
+    ip,
+    no_active_cluster,
+    tmp_path,
+    monkeypatch,
+    capsys,
+    scheduler,
+    submit,
+    said,
+    reason,
+):
+    """As with squeue for Slurm: the scheduler's own qstat/bjobs says the job
+    is pending, the start says so once, and fails at --timeout naming it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / submit).write_text(HELD_SUBMIT.format(said=said))
+    status, text = HELD_STATUS[scheduler]
+    (bin_dir / status).write_text(f"#!/bin/sh\ncat <<'X'\n{text}\nX\n")
+    for delete in ("qdel", "bkill"):
+        (bin_dir / delete).write_text(
+            '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../deleted"\n'
+        )
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(UsageError, match="still pending after 4 s") as info:
+        ip.run_line_magic(
+            "gpu_cluster",
+            f"start --scheduler {scheduler} --cpus-per-node 1 --timeout 4",
+        )
+    assert reason in str(info.value)
+    assert f"{scheduler.upper()} job 4242" in str(info.value)
+    assert f"{scheduler.upper()} job 4242 is pending" in capsys.readouterr().out
+    assert (tmp_path / "deleted").read_text().split() == ["4242"]
+    assert gc_mod._current is None

@@ -238,3 +238,60 @@ def launcher_class(scheduler: str) -> type:
             {"_engine_cmd": default("engine_cmd")(_engine_cmd)},
         )
     return _CLASSES[scheduler]
+
+
+#: a scheduler's job states as Slurm's (what wait_for_job and status read)
+_PBS_STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING"}
+_PBS_STATES.update({"R": "RUNNING", "E": "RUNNING", "B": "RUNNING"})
+_PBS_STATES.update({"C": "COMPLETED", "F": "COMPLETED", "X": "COMPLETED"})
+_LSF_STATES = {"PEND": "PENDING", "PSUSP": "PENDING", "RUN": "RUNNING"}
+_LSF_STATES.update({"DONE": "COMPLETED", "EXIT": "FAILED", "USUSP": "RUNNING"})
+
+
+def job_state(scheduler: str, job_id: str) -> tuple[str, str] | None:
+    """(state, reason) of a PBS/Torque, LSF or SGE job, in Slurm's words
+    (PENDING with the scheduler's reason, RUNNING, COMPLETED, FAILED), or
+    None where the scheduler does not list it (or cannot be asked)."""
+    if scheduler in ("pbs", "torque"):
+        out = _ask(["qstat", "-f", job_id])
+        fields = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                fields[key.strip()] = value.strip()
+        state = _PBS_STATES.get(fields.get("job_state", ""))
+        held = "held" if fields.get("job_state") == "H" else ""
+        return (state, fields.get("comment", held)) if state else None
+    if scheduler == "lsf":
+        words = _ask(["bjobs", "-noheader", "-o", "stat pend_reason", job_id]).split(
+            None, 1
+        )
+        state = _LSF_STATES.get(words[0]) if words else None
+        reason = words[1].strip() if len(words) > 1 else ""
+        return (state, "" if reason == "-" else reason) if state else None
+    for row in _ask(["qstat"]).splitlines():  # sge: its table, one row a job
+        cells = row.split()
+        if len(cells) > 4 and cells[0] == job_id:
+            st = cells[4]
+            if "E" in st:
+                return "FAILED", f"state {st}"
+            if "r" in st or "t" in st:
+                return "RUNNING", ""
+            return "PENDING", "held" if "h" in st else f"state {st}"
+    return None
+
+
+def _ask(command: list[str]) -> str:
+    import subprocess
+
+    try:
+        p = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return p.stdout if p.returncode == 0 else ""

@@ -32,11 +32,13 @@ from typing import Any
 
 from gpucell.cluster.slurm_jobs import (  # noqa: F401 (the API's own names)
     ANY_ENGINE,
+    SCHEDULER_OF,
     Job,
     JobWatch,
     Resubmitter,
     job_state,
     job_states,
+    kind,
     wait_for_job,
 )
 from gpucell.errors import ClusterError
@@ -346,7 +348,9 @@ def start_slurm_engines(
             jobs.append(Job(set_id(k), job_id, part.engines, kw))
     finally:
         cluster.engine_launcher_class = saved
-    if req.scheduler == "slurm":  # (squeue: Slurm's only)
+    for j in jobs if req.scheduler != "slurm" else ():  # asked with qstat/bjobs
+        SCHEDULER_OF[j.job_id] = req.scheduler
+    if req.scheduler == "slurm":  # (resubmission: Slurm's only)
         # what the cluster's Restarts watches (starting.launch hands it over);
         # a resubmission goes through the Slurm launcher too
         cluster.gpucell_jobs = JobWatch(
@@ -396,7 +400,8 @@ def pending_note(gc: Any) -> str | None:
         if r.label == ANY_ENGINE and r.new_id is None
     )
     return (
-        f"Slurm job{'s' if len(waiting) > 1 else ''} {', '.join(waiting)} pending; "
+        f"{kind(jobs[0])}{'s' if len(waiting) > 1 else ''} {', '.join(waiting)} "
+        "pending; "
         f"{coming} more engine{'s' if coming != 1 else ''} join as they start"
     )
 

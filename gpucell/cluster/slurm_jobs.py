@@ -316,8 +316,30 @@ class Resubmitter:
             self.cluster.engine_launcher_class = saved
 
 
+#: job id -> its batch system, for jobs not Slurm's (PBS, LSF, SGE: asked
+#: with their own qstat/bjobs, gpucell.cluster.batch.job_state)
+SCHEDULER_OF: dict[str, str] = {}
+
+
+def kind(job_id: str) -> str:
+    """``Slurm job``, ``PBS job``... as messages name a job."""
+    first = job_id.split(",")[0]
+    return f"{SCHEDULER_OF.get(first, 'slurm').upper().replace('SLURM', 'Slurm')} job"
+
+
 def job_states(jobs: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(state, reason) of each of ``jobs`` squeue still lists."""
+    """(state, reason) of each of ``jobs`` its scheduler still lists."""
+    others = [j for j in jobs if j in SCHEDULER_OF]
+    out: dict[str, tuple[str, str]] = {}
+    if others:
+        from gpucell.cluster import batch
+
+        for j in others:
+            if (st := batch.job_state(SCHEDULER_OF[j], j)) is not None:
+                out[j] = st
+        jobs = [j for j in jobs if j not in SCHEDULER_OF]
+        if not jobs:
+            return out
     try:
         p = subprocess.run(
             ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"],
@@ -329,8 +351,7 @@ def job_states(jobs: Sequence[str]) -> dict[str, tuple[str, str]]:
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if p.returncode != 0:
-        return {}
-    out = {}
+        return out
     for line in p.stdout.strip().splitlines():
         job, _, rest = line.partition("|")
         state, _, reason = rest.partition("|")
@@ -350,7 +371,15 @@ def job_state(job_id: str) -> tuple[str, str] | None:
     return next(iter(got), None)
 
 
-_ENDED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
+_ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+}
 
 
 def wait_for_job(
@@ -365,6 +394,7 @@ def wait_for_job(
     ended job or the timeout is a ClusterError (the caller stops the cluster)."""
     t0 = time.monotonic()
     said = False
+    what = f"{kind(job_id)} {job_id}"
     last: tuple[str, str] | None = None
     while True:
         try:
@@ -376,19 +406,18 @@ def wait_for_job(
         waited = time.monotonic() - t0
         if last is not None and last[0] in _ENDED:
             raise ClusterError(
-                f"Slurm job {job_id} ended ({last[0]}: {last[1]}) before its engines "
+                f"{what} ended ({last[0]}: {last[1]}) before its engines "
                 "registered; its output is in the cluster's log directory."
             )
         if last is not None and last[0] == "PENDING" and not said and echo:
             echo(
-                f"gpucell: Slurm job {job_id} is pending ({last[1]}); waiting up to "
-                f"{timeout:.0f} s"
+                f"gpucell: {what} is pending ({last[1]}); waiting up to {timeout:.0f} s"
             )
             said = True
         if waited > timeout:
             if last is not None and last[0] == "PENDING":
                 raise ClusterError(
-                    f"Slurm job {job_id} was still pending after {timeout:.0f} s "
+                    f"{what} was still pending after {timeout:.0f} s "
                     f"({last[1]}); it was cancelled. Ask for fewer nodes or GPUs, "
                     "another --partition, or a longer --timeout."
                 )
