@@ -1,6 +1,6 @@
-"""The sink kinds that are classes (core/analysis/sinks.py, issue 28 §2): each
-matches its own statements and no other kind's, and describes a name as the
-plan shows it."""
+"""The sink kinds as classes (core/analysis/sinks.py, issue 28 §2): each
+matches its own statements and no other kind's, match_candidates is their
+union in KINDS order, and each describes a name as the plan shows it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,18 @@ import pytest
 
 from gpucell.core.analysis.sinks import (
     GATHER,
+    KEYED,
+    KEYED_GATHER,
     KINDS,
     REDUCTION,
+    UNION,
+    WRITE,
     GatherSink,
+    KeyedGatherSink,
+    KeyedSink,
     ReductionSink,
+    UnionSink,
+    WriteSink,
     match_candidates,
 )
 
@@ -26,58 +34,75 @@ def _builtin(name: str) -> bool:
     return True
 
 
-GATHERS = ["L.append(x)", "L.extend(xs)", "L += [x]", "L += [y for y in x]"]
-REDUCTIONS = [
-    ("acc += x", "+", True),
-    ("acc *= x", "*", True),
-    ("acc = acc + x", "+", False),
-    ("best = max(best, x)", "max", False),
-    ("low = min(low, x)", "min", False),
+CASES = [
+    ("L.append(x)", GatherSink, GATHER, "L"),
+    ("L.extend(xs)", GatherSink, GATHER, "L"),
+    ("L += [x]", GatherSink, GATHER, "L"),
+    ("L += [y for y in x]", GatherSink, GATHER, "L"),
+    ("acc += x", ReductionSink, REDUCTION, "acc"),
+    ("acc = acc * x", ReductionSink, REDUCTION, "acc"),
+    ("best = max(best, x)", ReductionSink, REDUCTION, "best"),
+    ("S.add(x)", UnionSink, UNION, "S"),
+    ("S.update(xs, ys)", UnionSink, UNION, "S"),
+    ("D[k].append(x)", KeyedGatherSink, KEYED_GATHER, "D"),
+    ("D[k] += x", KeyedSink, KEYED, "D"),
+    ("D[k] = x", WriteSink, WRITE, "D"),
+    ("D.at[k, 'c'] = x", WriteSink, WRITE, "D"),
+    ("del D[k]", WriteSink, WRITE, "D"),
 ]
-NEITHER = [
+NONE = [
     "L.append(*xs)",
     "L.append(x, y)",
     "L.append(x, key=1)",
-    "d[k] += 1",
-    "d[k].append(x)",
-    "s.add(x)",
+    "S.add()",
+    "S.update()",
     "acc = x + acc",
     "acc = max(x, acc)",
-    "d[k] = x",
+    "x = f(y)",
+    "del x",
 ]
 
 
-@pytest.mark.parametrize("src", GATHERS)
-def test_a_gather_is_matched_by_its_class_alone(src: str) -> None:
+@pytest.mark.parametrize(("src", "cls", "kind", "name"), CASES)
+def test_a_statement_is_matched_by_its_kind_alone(
+    src: str, cls: type, kind: str, name: str
+) -> None:
     stmt = _stmt(src)
-    found = GatherSink.match(stmt, _builtin)
-    assert found is not None and found.cls == GATHER and found.name == "L"
-    assert ReductionSink.match(stmt, _builtin) is None
-    assert [c.cls for c in match_candidates(stmt, _builtin)] == [GATHER]
+    found = [(k, k.match(stmt, _builtin)) for k in KINDS]
+    assert [k for k, cs in found if cs] == [cls]
+    assert [(c.cls, c.name) for c in match_candidates(stmt, _builtin)] == [(kind, name)]
 
 
-@pytest.mark.parametrize(("src", "op", "aug"), REDUCTIONS)
-def test_a_reduction_is_matched_with_its_operator(src: str, op: str, aug: bool) -> None:
-    stmt = _stmt(src)
-    found = ReductionSink.match(stmt, _builtin)
-    assert found is not None and found.cls == REDUCTION
-    assert (found.op, found.augmented) == (op, aug)
-    assert GatherSink.match(stmt, _builtin) is None
+def test_an_assignment_may_reduce_and_write() -> None:
+    stmt = _stmt("acc = acc + 1")
     assert [c.cls for c in match_candidates(stmt, _builtin)] == [REDUCTION]
+    both = _stmt("a[i], b[j] = 1, 2")
+    assert [(c.cls, c.name) for c in match_candidates(both, _builtin)] == [
+        (WRITE, "a"),
+        (WRITE, "b"),
+    ]
 
 
-def test_a_shadowed_max_is_no_reduction() -> None:
-    stmt = _stmt("best = max(best, x)")
-    assert ReductionSink.match(stmt, lambda n: False) is None
+def test_a_reduction_keeps_its_operator_and_spelling() -> None:
+    (aug,) = ReductionSink.match(_stmt("acc *= x"), _builtin)
+    assert (aug.op, aug.augmented) == ("*", True)
+    (sel,) = ReductionSink.match(_stmt("low = min(low, x)"), _builtin)
+    assert (sel.op, sel.augmented) == ("min", False)
+    # a shadowed `max` is the user's function, no reduction
+    assert ReductionSink.match(_stmt("best = max(best, x)"), lambda n: False) == []
 
 
-@pytest.mark.parametrize("src", NEITHER)
-def test_other_statements_are_left_to_the_other_kinds(src: str) -> None:
-    stmt = _stmt(src)
-    assert all(kind.match(stmt, _builtin) is None for kind in KINDS)
+@pytest.mark.parametrize("src", NONE)
+def test_other_statements_are_no_sink(src: str) -> None:
+    assert match_candidates(_stmt(src), _builtin) == []
 
 
 def test_the_kinds_describe_a_name_as_the_plan_shows_it() -> None:
     assert GatherSink.describe(fresh=True) == "new list, in iteration order"
     assert GatherSink.describe(fresh=False) == "extended in iteration order"
     assert ReductionSink.describe("acc", "+", True) == "acc += ..."
+    assert ReductionSink.describe("b", "max", False) == "b = max(b, ...)"
+    assert UnionSink.describe() == "union of all additions"
+    assert KeyedGatherSink.describe("D") == "D[k].append(...)"
+    assert KeyedSink.describe("D", "+") == "D[k] += ..."
+    assert WriteSink.describe() == "item writes in iteration order"

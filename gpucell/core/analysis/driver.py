@@ -26,7 +26,14 @@ from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.rewrite import ProgramPlan, build_program, rewrite_cuda
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
-from gpucell.core.analysis.sinks import GatherSink, ReductionSink
+from gpucell.core.analysis.sinks import (
+    GatherSink,
+    KeyedGatherSink,
+    KeyedSink,
+    ReductionSink,
+    UnionSink,
+    WriteSink,
+)
 from gpucell.core.analysis.spellings import Spelled, respell
 from gpucell.core.analysis.split import (
     SHORT_CIRCUIT,
@@ -162,16 +169,16 @@ def _names(cl: Classification, hidden: set[str], result: str | None) -> list[Nam
         shown = result if fresh and result else n
         infos.append(NameInfo(shown, GATHER, line, GatherSink.describe(fresh)))
     for n, line in cl.writes.items():
-        infos.append(NameInfo(n, WRITE, line, "item writes in iteration order"))
+        infos.append(NameInfo(n, WRITE, line, WriteSink.describe()))
     for n, (op, aug, line) in cl.reductions.items():
         infos.append(NameInfo(n, REDUCTION, line, ReductionSink.describe(n, op, aug)))
     for n, (op, line) in cl.keyed.items():
-        infos.append(NameInfo(n, KEYED, line, f"{n}[k] {op}= ..."))
+        infos.append(NameInfo(n, KEYED, line, KeyedSink.describe(n, op)))
     for n, line in cl.unions.items():
-        infos.append(NameInfo(n, UNION, line, "union of all additions"))
+        infos.append(NameInfo(n, UNION, line, UnionSink.describe()))
     for n, line in cl.keyed_gathers.items():
         if n not in cl.keyed:  # (beside a keyed reduction it is listed there)
-            infos.append(NameInfo(n, KEYED_GATHER, line, f"{n}[k].append(...)"))
+            infos.append(NameInfo(n, KEYED_GATHER, line, KeyedGatherSink.describe(n)))
     infos.sort(key=lambda i: (i.line, i.name))
     return infos
 

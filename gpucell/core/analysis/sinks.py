@@ -23,8 +23,12 @@ __all__ = [
     "Classification",
     "GatherSink",
     "KINDS",
+    "KeyedGatherSink",
+    "KeyedSink",
     "ReductionSink",
     "SinkKind",
+    "UnionSink",
+    "WriteSink",
     "GATHER",
     "INPUT",
     "KEYED",
@@ -64,14 +68,15 @@ class Candidate:
 
 
 class SinkKind:
-    """One kind of sink: which statements may be one (``match``) and how the
-    plan describes a name of that kind (``describe``). Gathers and reductions
-    so far; the other kinds are still matched in :func:`match_candidates`."""
+    """One kind of sink: which statements may be one (``match``: the
+    statement's candidates of this kind) and how the plan describes a name of
+    that kind (``describe``). A statement is at most one kind's, but an
+    assignment may be a reduction and write items besides."""
 
     kind: ClassVar[str]
 
     @staticmethod
-    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> Candidate | None:
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
         raise NotImplementedError
 
 
@@ -82,7 +87,7 @@ class GatherSink(SinkKind):
     kind = GATHER
 
     @staticmethod
-    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> Candidate | None:
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
             call = stmt.value
             f = call.func
@@ -94,15 +99,15 @@ class GatherSink(SinkKind):
                 and not call.keywords
                 and not isinstance(call.args[0], ast.Starred)
             ):
-                return Candidate(GATHER, f.value.id, stmt, [f.value])
+                return [Candidate(GATHER, f.value.id, stmt, [f.value])]
         elif (
             isinstance(stmt, ast.AugAssign)
             and isinstance(stmt.target, ast.Name)
             and BIN_OPS.get(type(stmt.op)) == "+"
             and isinstance(stmt.value, (ast.List, ast.ListComp))
         ):
-            return Candidate(GATHER, stmt.target.id, stmt, [stmt.target])
-        return None
+            return [Candidate(GATHER, stmt.target.id, stmt, [stmt.target])]
+        return []
 
     @staticmethod
     def describe(fresh: bool) -> str:
@@ -119,20 +124,20 @@ class ReductionSink(SinkKind):
     kind = REDUCTION
 
     @staticmethod
-    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> Candidate | None:
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
         if isinstance(stmt, ast.AugAssign):
             t = stmt.target
             op = BIN_OPS.get(type(stmt.op))
             gathers = op == "+" and isinstance(stmt.value, (ast.List, ast.ListComp))
             if isinstance(t, ast.Name) and op is not None and not gathers:
-                return Candidate(REDUCTION, t.id, stmt, [t], op, True)
-            return None
+                return [Candidate(REDUCTION, t.id, stmt, [t], op, True)]
+            return []
         if not (
             isinstance(stmt, ast.Assign)
             and len(stmt.targets) == 1
             and isinstance(stmt.targets[0], ast.Name)
         ):
-            return None
+            return []
         t, v = stmt.targets[0], stmt.value
         if (
             isinstance(v, ast.BinOp)
@@ -141,7 +146,7 @@ class ReductionSink(SinkKind):
             and type(v.op) in BIN_OPS
         ):
             op = BIN_OPS[type(v.op)]
-            return Candidate(REDUCTION, t.id, stmt, [t, v.left], op, False)
+            return [Candidate(REDUCTION, t.id, stmt, [t, v.left], op, False)]
         if (
             isinstance(v, ast.Call)
             and isinstance(v.func, ast.Name)
@@ -152,8 +157,8 @@ class ReductionSink(SinkKind):
             and isinstance(v.args[0], ast.Name)
             and v.args[0].id == t.id
         ):
-            return Candidate(REDUCTION, t.id, stmt, [t, v.args[0]], v.func.id, False)
-        return None
+            return [Candidate(REDUCTION, t.id, stmt, [t, v.args[0]], v.func.id, False)]
+        return []
 
     @staticmethod
     def describe(name: str, op: str, augmented: bool) -> str:
@@ -161,8 +166,129 @@ class ReductionSink(SinkKind):
         return spelling(name, op, augmented)
 
 
-#: the sink kinds with a class, matched in this order before the others
-KINDS: tuple[type[SinkKind], ...] = (GatherSink, ReductionSink)
+class UnionSink(SinkKind):
+    """``S.add(e)``, ``S.update(...)``: the union of every iteration's
+    additions."""
+
+    kind = UNION
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+            return []
+        call = stmt.value
+        f = call.func
+        if (
+            isinstance(f, ast.Attribute)
+            and isinstance(f.value, ast.Name)
+            and not call.keywords
+            and not any(isinstance(a, ast.Starred) for a in call.args)
+            and (f.attr == "add" and len(call.args) == 1 or f.attr == "update")
+            and call.args
+        ):
+            return [Candidate(UNION, f.value.id, stmt, [f.value])]
+        return []
+
+    @staticmethod
+    def describe() -> str:
+        return "union of all additions"
+
+
+class KeyedGatherSink(SinkKind):
+    """``D[k].append(e)``: the list under each key gathers in iteration order."""
+
+    kind = KEYED_GATHER
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+            return []
+        call = stmt.value
+        f = call.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr in ("append", "extend")
+            and isinstance(f.value, ast.Subscript)
+            and isinstance(f.value.value, ast.Name)
+            and len(call.args) == 1
+            and not call.keywords
+            and not isinstance(call.args[0], ast.Starred)
+        ):
+            d = f.value.value
+            return [Candidate(KEYED_GATHER, d.id, stmt, [d])]
+        return []
+
+    @staticmethod
+    def describe(name: str) -> str:
+        return f"{name}[k].append(...)"
+
+
+class KeyedSink(SinkKind):
+    """``D[k] op= e``: a reduction per key, folded in iteration order."""
+
+    kind = KEYED
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
+        if not isinstance(stmt, ast.AugAssign):
+            return []
+        op = BIN_OPS.get(type(stmt.op))
+        t = stmt.target
+        if (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and op is not None
+        ):
+            return [Candidate(KEYED, t.value.id, stmt, [t.value], op, True)]
+        return []
+
+    @staticmethod
+    def describe(name: str, op: str) -> str:
+        return f"{name}[k] {op}= ..."
+
+
+class WriteSink(SinkKind):
+    """``D[k] = e``, ``D.at[k] = e`` (pandas), ``del D[k]``: item writes (and
+    deletions) applied in iteration order, the last one winning."""
+
+    kind = WRITE
+
+    @staticmethod
+    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
+        out: list[Candidate] = []
+        if isinstance(stmt, ast.Delete):
+            # `del D[k]`: a write of the key's absence (own keys only, later)
+            for target in stmt.targets:
+                if isinstance(target, ast.Subscript) and isinstance(
+                    target.value, ast.Name
+                ):
+                    out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
+        elif isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                for part in target_parts(target):
+                    if isinstance(part, ast.Subscript) and isinstance(
+                        part.value, ast.Name
+                    ):
+                        out.append(Candidate(WRITE, part.value.id, stmt, [part.value]))
+            indexed = indexer_write(stmt)
+            if indexed is not None:  # D.at[k] = v (pandas): an indexed write of D
+                out.append(Candidate(WRITE, indexed[0].id, stmt, [indexed[0]]))
+        return out
+
+    @staticmethod
+    def describe() -> str:
+        return "item writes in iteration order"
+
+
+#: every sink kind, in the order a statement's candidates are listed
+KINDS: tuple[type[SinkKind], ...] = (
+    GatherSink,
+    ReductionSink,
+    UnionSink,
+    KeyedGatherSink,
+    KeyedSink,
+    WriteSink,
+)
 
 
 @dataclass
@@ -228,54 +354,4 @@ def match_candidates(
     stmt: ast.stmt, is_builtin: Callable[[str], bool]
 ) -> list[Candidate]:
     """Sink patterns in one statement (structure only; names decided later)."""
-    out: list[Candidate] = []
-    for kind in KINDS:
-        found = kind.match(stmt, is_builtin)
-        if found is not None:
-            out.append(found)
-    if out and not isinstance(stmt, ast.Assign):
-        return out  # (a statement is one sink; an assignment may also write)
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        call = stmt.value
-        f = call.func
-        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
-            nargs = len(call.args)
-            star = any(isinstance(a, ast.Starred) for a in call.args)
-            if not call.keywords and not star:
-                if f.attr == "add" and nargs == 1 or f.attr == "update" and nargs:
-                    out.append(Candidate(UNION, f.value.id, stmt, [f.value]))
-        elif (
-            isinstance(f, ast.Attribute)
-            and f.attr in ("append", "extend")
-            and isinstance(f.value, ast.Subscript)
-            and isinstance(f.value.value, ast.Name)
-            and len(call.args) == 1
-            and not call.keywords
-            and not isinstance(call.args[0], ast.Starred)
-        ):
-            # D[k].append(e): the list under each key gathers in iteration order
-            d = f.value.value
-            out.append(Candidate(KEYED_GATHER, d.id, stmt, [d]))
-    elif isinstance(stmt, ast.AugAssign):
-        op = BIN_OPS.get(type(stmt.op))
-        t = stmt.target
-        if (
-            isinstance(t, ast.Subscript)
-            and isinstance(t.value, ast.Name)
-            and op is not None
-        ):
-            out.append(Candidate(KEYED, t.value.id, stmt, [t.value], op, True))
-    elif isinstance(stmt, ast.Delete):
-        # `del D[k]`: a write of the key's absence (own keys only, below)
-        for target in stmt.targets:
-            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
-                out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
-    elif isinstance(stmt, ast.Assign):
-        for target in stmt.targets:
-            for part in target_parts(target):
-                if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
-                    out.append(Candidate(WRITE, part.value.id, stmt, [part.value]))
-        indexed = indexer_write(stmt)
-        if indexed is not None:  # D.at[k] = v (pandas): an indexed write of D
-            out.append(Candidate(WRITE, indexed[0].id, stmt, [indexed[0]]))
-    return out
+    return [c for kind in KINDS for c in kind.match(stmt, is_builtin)]
