@@ -77,7 +77,6 @@ FEED_DURING_CELLS = True
 RECENT = 8
 
 
-
 def _pending() -> list[BackgroundRun]:
     """Runs not yet merged, raised or cancelled, in start order (the Session's)."""
     return session.current().pending

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CellRequest", "run_cell", "select_targets"]
 
+
 def run_cell(shell: Shell, cell: str, req: CellRequest) -> None:
     """Run ``cell`` as ``%%gpu_parallel`` would (see the magic's docstring)."""
     if not req.dry_run:
