@@ -54,6 +54,7 @@ def snap(v: Any) -> Any:
             ),
         )
     if isinstance(v, torch.Tensor):
+
         def _grad(t: Any) -> Any:
             # a non-leaf's .grad is None unless retained (reading it only warns)
             if not (t.is_leaf or t.retains_grad) or t.grad is None:

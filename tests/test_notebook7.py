@@ -171,9 +171,11 @@ def test_the_widget_and_the_panel_in_notebook_7(lab, page):
     # the panel followed the run: its summary and charts
     p = poll(
         lambda: _panel(page),
-        lambda p: any(f"{N_ITER} iterations on 2 engines" in x for x in p["last"])
-        and p["charts"]
-        and min(p["charts"]) > 0,
+        lambda p: (
+            any(f"{N_ITER} iterations on 2 engines" in x for x in p["last"])
+            and p["charts"]
+            and min(p["charts"]) > 0
+        ),
         30,
     )
     shot(page, "nb7-03-panel-after-run")

@@ -40,8 +40,10 @@ _ENGINE_LOGGERS = (
 
 
 def _engine_logger(name: str) -> bool:
-    """``name`` is one of those loggers or below one (``gpucell.x``, not ``gpucell_x``)."""
+    """``name`` is one of those loggers or below one (``gpucell.x``, not
+    ``gpucell_x``)."""
     return any(name == top or name.startswith(top + ".") for top in _ENGINE_LOGGERS)
+
 
 #: attributes every LogRecord has (the rest came from ``extra=``)
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {

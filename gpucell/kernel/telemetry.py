@@ -253,7 +253,8 @@ class LoadHistory:
     def __init__(self, window: float = 300.0, period: float = 1.0) -> None:
         if not (window > 0 and period > 0):
             raise ValueError(
-                f"LoadHistory needs a positive window and period, not {window}, {period}"
+                "LoadHistory needs a positive window and period, "
+                f"not {window}, {period}"
             )
         self.window = float(window)
         self.period = float(period)
