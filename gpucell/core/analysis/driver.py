@@ -399,6 +399,16 @@ class _Scope:
         return name in BUILTIN_NAMES and not self.shadowed(name)
 
 
+def _context_inputs(
+    contexts: list[ast.expr], cl: Classification, is_builtin: Callable[[str], bool]
+) -> None:
+    """The names the engines read to re-enter a context are inputs too."""
+    for item in contexts:
+        for node in ast.walk(item):
+            if isinstance(node, ast.Name) and not is_builtin(node.id):
+                cl.inputs.setdefault(node.id, node.lineno)
+
+
 def _cell_scope(split: CellSplit, known: frozenset[str]) -> _Scope:
     """The scope the loop runs in, from the statements the kernel runs first."""
     # what runs in the kernel before the loop: the prelude, and inside each
@@ -614,10 +624,7 @@ def analyse(
         cl, diag, body, target, iterable, scope
     )
     contexts = _engine_contexts(split.layers, cl.inputs, scope.with_targets, diag)
-    for item in contexts:  # what the engines evaluate to re-enter a context
-        for node in ast.walk(item):
-            if isinstance(node, ast.Name) and not is_builtin(node.id):
-                cl.inputs.setdefault(node.id, node.lineno)
+    _context_inputs(contexts, cl, is_builtin)
     space = describe_iterable(iterable, scope.shadowed)
     # names the iterable reads are inputs of the kernel, not of the engines
     warnings = _undefined_inputs(cl, scope)
