@@ -46,14 +46,20 @@ def registration_address(profile_dir: str, cluster_id: str) -> tuple[str, int] |
     try:
         info = json.loads(text)
         host = str(info["interface"]).split("://", 1)[-1]
-        return host, int(info["registration"])
+        port = int(info["registration"])
     except (ValueError, KeyError, TypeError):
         return None
+    if host in ("*", "0.0.0.0", ""):
+        # a controller listening on every interface: its location is where the
+        # engines reach it (ipyparallel's disambiguate_ip_address does the same)
+        host = str(info.get("location") or "127.0.0.1")
+    return host, port
 
 
-def controller_answers(address: tuple[str, int], patience: float = PATIENCE) -> bool:
-    """Whether a TCP connection to ``address`` opens within ``patience`` s."""
-    deadline = time.monotonic() + patience
+def controller_answers(address: tuple[str, int], patience: float | None = None) -> bool:
+    """Whether a TCP connection to ``address`` opens within ``patience`` s
+    (``PATIENCE`` by default)."""
+    deadline = time.monotonic() + (PATIENCE if patience is None else patience)
     while True:
         try:
             with socket.create_connection(address, timeout=2.0):
