@@ -116,7 +116,11 @@ def test_between_cells_the_new_engine_takes_its_devices_place(own_cluster, endpo
     time.sleep(0.3)
     gc_mod.status()  # notices the death; the restart begins
     msg = endpoint.look()
-    assert _rows(msg) == [(0, "restarting"), (1, "idle")]
+    # the other engine is live: idle, or busy a moment (an earlier test's
+    # restarted engine may still be importing what the kernel has)
+    (first, second) = _rows(msg)
+    assert first == (0, "restarting") and second[0] == 1
+    assert second[1] in ("idle", "busy"), msg
     assert msg["status"].startswith("gpucell: 1 CPU engine · 1 host · ")
     assert msg["status"].endswith(" · 1 restarting"), msg["status"]
     deadline = time.monotonic() + 40

@@ -94,7 +94,8 @@ def test_the_monitor_shows_restarting_then_the_new_engine_in_its_row(own_cluster
         rows = _shown(mon.table)
         assert set(rows) == set(before)  # the device's row, not a second one
         (new,) = [e for e in own_cluster.engines if e not in (0, 1)]
-        assert rows[key][0].startswith(f"{new} · ") and rows[key][1] == "idle"
+        # live: idle, or busy a moment importing what the kernel has
+        assert rows[key][0].startswith(f"{new} · ") and rows[key][1] in ("idle", "busy")
     finally:
         mon.close()
 
@@ -108,4 +109,7 @@ def test_a_device_nothing_restarts_is_dead(own_cluster, monkeypatch):
     rows = model.monitor_rows(
         [own_cluster.engines[e] for e in sorted(own_cluster.engines)]
     )
-    assert [r.state for r in rows] == ["idle", "dead"]
+    # the other engine is live (idle, or busy a moment importing what the
+    # kernel has after an earlier test's restart)
+    assert [r.state for r in rows][1] == "dead"
+    assert rows[0].state in ("idle", "busy"), rows
