@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import copy
 from collections.abc import Callable
 from typing import Any
 
+from gpucell.core.astcopy import copy_tree
 from gpucell.kernel.plans import Prepared
 from gpucell.kernel.stages import Shell
 
@@ -71,7 +71,7 @@ def _enter(
 def _binder(item: ast.withitem, filename: str) -> Any:
     """Code binding a ``with ... as target`` to what the context entered gave."""
     assert item.optional_vars is not None
-    target = copy.deepcopy(item.optional_vars)
+    target = copy_tree(item.optional_vars)
     value = ast.copy_location(ast.Name("__gpucell_entered__", ast.Load()), target)
     stmt = ast.copy_location(ast.Assign(targets=[target], value=value), target)
     module = ast.fix_missing_locations(ast.Module(body=[stmt], type_ignores=[]))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import copy
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ from gpucell.core.analysis.split import (
     source_of,
     split_cell,
 )
+from gpucell.core.astcopy import copy_tree, copy_trees
 from gpucell.protocol.program import ITEM_ERROR, RESULT
 
 __all__ = ["analyse"]
@@ -144,7 +144,7 @@ def _gather_errors_too(elt: ast.expr, recv: ast.expr) -> list[ast.stmt]:
     err = _ITEM_EXC
 
     def append(value: ast.expr) -> ast.stmt:
-        f = ast.Attribute(copy.deepcopy(recv), "append", ast.Load())
+        f = ast.Attribute(copy_tree(recv), "append", ast.Load())
         return ast.Expr(ast.Call(f, [value], []))
 
     wrapped = ast.Call(
@@ -359,7 +359,7 @@ def _classify(
     spelled = Spelled()
     cl, trial = classified(body)
     if trial:
-        respelled = copy.deepcopy(body)
+        respelled = copy_trees(body)
         trial_spelled = respell(respelled, is_builtin)
         cl_spelled, trial_of_spelled = classified(respelled)
         if not trial_of_spelled:

@@ -23,13 +23,13 @@ its line numbers, so a remote traceback points at the user's cell lines.
 from __future__ import annotations
 
 import ast
-import copy
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gpucell.core.analysis.ownrows import OwnRow
 from gpucell.core.analysis.scope import indexer_write, target_parts
+from gpucell.core.astcopy import copy_tree
 from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
@@ -607,8 +607,7 @@ def _in_contexts(loop: ast.For, contexts: Sequence[ast.expr], loc: ast.AST) -> a
     re-entered on the engine around each chunk (expressions copied: the kernel
     evaluates the originals)."""
     items = [
-        ast.withitem(context_expr=copy.deepcopy(c), optional_vars=None)
-        for c in contexts
+        ast.withitem(context_expr=copy_tree(c), optional_vars=None) for c in contexts
     ]
     # a context may swallow the loop's exception (contextlib.suppress): the
     # recorder keeps it, and the engine raises it anyway (serially the later
@@ -634,7 +633,7 @@ def build_program(plan: ProgramPlan) -> ast.Module:
 
     ``plan.body`` and ``plan.target`` are rewritten in place: pass a tree the
     analysis does not keep (re-parsing the cell is much cheaper than
-    ``copy.deepcopy``).
+    ``copy_tree``).
     """
     body, loc = plan.body, plan.loop_node
     rows = _OwnRowRewriter(plan.own_rows)
@@ -813,7 +812,7 @@ def unstamped(module: ast.Module) -> ast.Module | None:
     iteration costs more than a cheap body and its times would not be kept
     anyway; they read which iteration runs from the items' iterator instead.
     """
-    m = copy.deepcopy(module)
+    m = copy_tree(module)
     for node in ast.walk(m):
         if not (
             isinstance(node, ast.For)
