@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpucell.cluster import connecting, starting
+from gpucell.cluster import connecting, restart_watch, starting
 from gpucell.cluster.engines import EngineInfo, format_status
 from gpucell.cluster.model import GpuCluster
 from gpucell.cluster.starting import (  # noqa: F401 (tests/test_slurm.py uses it)
@@ -95,6 +95,7 @@ def start_cluster(
         ):
             if echo:
                 echo(f"gpucell: cluster already running: {_current.description}")
+            restart_watch.watch(_current)
             return _current
         raise ClusterError(
             f"A cluster is already running ({len(_current.engines)} engines). "
@@ -109,6 +110,7 @@ def start_cluster(
         echo=echo,
         t0=t0,
     )
+    restart_watch.watch(_current)  # engines dying between cells come back
     return _current
 
 
@@ -147,6 +149,7 @@ def connect(
         min_engines=min_engines,
         echo=echo,
     )
+    restart_watch.watch(_current)
     return _current
 
 
@@ -154,6 +157,7 @@ def stop(echo: Callable[[str], None] | None = None) -> None:
     """Stop the cluster gpucell started (or disconnect from one it joined)."""
     global _current
     gc, _current = _current, None
+    restart_watch.forget()
     if gc is None:
         if echo:
             echo("gpucell: no cluster to stop.")
@@ -167,4 +171,6 @@ def stop(echo: Callable[[str], None] | None = None) -> None:
 
 def status() -> list[EngineInfo]:
     """Rows of the status table for the active cluster."""
-    return current().refresh()
+    gc = current()
+    restart_watch.watch(gc)  # (a cluster started before the kernel's loop ran)
+    return gc.refresh()

@@ -146,15 +146,7 @@ class GpuCluster:
         """Engine states now: dead if unregistered, busy if it has work queued
         (engines being restarted join as soon as they are back)."""
         self.check_controller()
-        from gpucell.devices.host import pid_running
-
-        for eid, info in list(self.engines.items()):
-            gone = eid not in self.client.ids or (
-                info.local and not pid_running(info.pid)
-            )
-            if gone and info.state != DEAD:
-                self.mark_dead(eid)  # seen dead at once (local: by its process)
-                self.restarts.begin(self, eid)
+        self.restarts.notice(self)
         self.restarts.step(self)
         alive = set(self.client.ids)
         try:

@@ -101,6 +101,29 @@ class Restarts:
         """Whether engine ``eid`` is dead and being restarted now."""
         return any(r.dead == eid for r in self.pending)
 
+    def busy(self) -> bool:
+        """Whether something waits to be stepped: a restart under way, an
+        engine describing itself, a batch job's engine still to join."""
+        return bool(self.pending or self.arrivals or self.joining)
+
+    def notice(self, gc: Any) -> list[int]:
+        """Mark dead the engines gone since the last look (unregistered, or on
+        this host their process ended: one /proc read each) and begin their
+        restarts; the ids found dead now."""
+        from gpucell.core.states import DEAD
+        from gpucell.devices.host import pid_running
+
+        registered = set(gc.client.ids)
+        found = []
+        for eid, info in list(gc.engines.items()):
+            if info.state == DEAD:
+                continue
+            if eid not in registered or (info.local and not pid_running(info.pid)):
+                gc.mark_dead(eid)  # seen dead at once (local: by its process)
+                self.begin(gc, eid)
+                found.append(eid)
+        return found
+
     def begin(self, gc: Any, eid: int) -> Restart | None:
         """Start bringing engine ``eid`` back, if this kernel started it and its
         device is within its restart budget."""

@@ -228,7 +228,8 @@ class DeviceMonitor:
 def _restarting(gc: Any, engines: list[Any]) -> list[Any]:
     """``engines`` with ``restarting`` as it is now: a dead engine whose device
     is being restarted reads ``restarting``, not ``dead`` (read only; the
-    restarts are stepped by cells and ``%gpu_cluster status``)."""
+    restarts are stepped in the main thread: by cells, ``%gpu_cluster status``
+    and between cells the kernel's event loop, ``cluster/restart_watch``)."""
     restarts = getattr(gc, "restarts", None)
     if restarts is None:
         return engines
