@@ -321,7 +321,7 @@ def refuse_layers(plan: Any) -> None:
     )
 
 
-def launch(tail: Any, targets: list[int], programs: Any, options: Any) -> BackgroundRun:
+def launch(tail: Any, targets: list[int], options: Any) -> BackgroundRun:
     """Start the run of a cell whose prelude ran and whose loop is ready (see
     ``execute.run_cell``); return once its first chunks are sent."""
     from gpucell.kernel.watched import Watched

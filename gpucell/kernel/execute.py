@@ -375,7 +375,7 @@ def _launch(c: Cell, a: Admitted) -> None:
     from gpucell.kernel import background
 
     try:
-        background.launch(a, list(c.targets), a.programs, options(a.advice, c.req, a))
+        background.launch(a, list(c.targets), options(a.advice, c.req, a))
     except BaseException as e:
         a.keeping.failed(type(e).__name__)
         raise
