@@ -262,6 +262,40 @@ def _refuse_a_cast_per_store(name: str, k: Any, op: str, target: Any, new: Any) 
         )
 
 
+def _replay_array_store(target: Any, k: Any, op: str, c: Any, binary: bool) -> Any:
+    """``target[k] op= c`` as the serial statement runs it, on a copy: read
+    the element or view, apply the operator (in place on a view, which raises
+    where the result's dtype cannot be cast back, as ``img[b] += 0.5`` does on
+    an int image; rebinding on a numpy scalar, which casts at the store:
+    ``y[i] += 0.5`` on ints stores the truncated value), then the store's own
+    cast into a scratch of the element's dtype.  Returns that scratch, which
+    the commit stores unchanged, so it cannot fail half-way."""
+    view = target[k]
+    if is_numpy(target):
+        import numpy as np
+
+        if not target.flags.writeable:
+            raise ValueError("assignment destination is read-only")
+        tmp = view.copy() if isinstance(view, np.ndarray) else view
+        new = BINARY[op](tmp, c) if binary else _INPLACE[op][1](tmp, c)
+        scratch = np.empty(np.shape(view), dtype=target.dtype)
+        scratch[...] = new
+        return scratch
+    import torch
+
+    if target.requires_grad and target.is_leaf and torch.is_grad_enabled():
+        raise RuntimeError(
+            "a leaf tensor that requires grad cannot be written in place"
+        )
+    if is_torch(c) and c.device != target.device:
+        c = c.to(target.device)
+    tmp = view.clone()
+    new = BINARY[op](tmp, c) if binary else _INPLACE[op][1](tmp, c)
+    tscratch = torch.empty_like(view)
+    tscratch[...] = new
+    return tscratch
+
+
 def _numpy_scalar(v: Any) -> bool:
     """A numpy scalar (``np.float32(0)``, ``np.int64(3)``): immutable."""
     np = sys.modules.get("numpy")
@@ -523,8 +557,12 @@ def prepare(
             continue
         target = _current(current, name)
         claim(name, target)
+        facts = getattr(plan, "facts", None)
+        once = name in getattr(facts, "stored_once", ())
         up.mutations.extend(
-            _prepare_keyed(name, target, op, entries, getattr(plan, "spelled", None))
+            _prepare_keyed(
+                name, target, op, entries, getattr(plan, "spelled", None), once
+            )
         )
 
     # keyed gathers: D[k].append(e) / extend, per key in iteration order
@@ -842,11 +880,18 @@ def _combine_keyed(op: str, chunks: list[list[tuple[Any, Any]]]) -> list[list[An
 
 
 def _prepare_keyed(
-    name: str, target: Any, op: str, entries: list[list[Any]], spelled: Any = None
+    name: str,
+    target: Any,
+    op: str,
+    entries: list[list[Any]],
+    spelled: Any = None,
+    once: bool = False,
 ) -> list[Mutation]:
     """``spelled`` (``analysis.spellings.Spelled``): a missing key's starting
     value (``D.get(k, 0) + e``), and whether the statements rebind
-    (``D[k] = D[k] + e``: the binary operator, a new object as serially)."""
+    (``D[k] = D[k] + e``: the binary operator, a new object as serially).
+    ``once``: each key was stored by exactly one iteration's one statement
+    (``LoopFacts.stored_once``), so an array's store is replayed as serially."""
     muts: list[Mutation] = []
     is_array = is_numpy(target) or is_torch(target)
     if is_array or isinstance(target, list):
@@ -878,9 +923,12 @@ def _prepare_keyed(
                 "...` in the loop: serially the two differ for such a value. Use "
                 "one form. Nothing was merged."
             )
-        if selects(op) or (rebinding and not is_array):
+        if (selects(op) and not (is_array and once)) or (rebinding and not is_array):
             new: Any = BINARY[op](base, c)
             action: Callable[[], Any] = _returner(new)
+        elif is_array and once:
+            new = _replay_array_store(target, k, op, c, rebinding or selects(op))
+            action = _returner(new)
         elif is_array:
             new = BINARY[op](base, c)
             _refuse_a_cast_per_store(name, k, op, target, new)

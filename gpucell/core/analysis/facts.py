@@ -48,6 +48,10 @@ class LoopFacts:
     # names whose every item the body stores (`y[i] = ..`, `y[i] += ..`) is
     # keyed by the loop's own position, never rebound: no key repeats
     position_keyed: frozenset[str] = frozenset()
+    # of those, the names whose item is stored by one statement that runs at
+    # most once per iteration: each key gets exactly one store, so the merge
+    # can replay it as serially, cast to the dtype included (`y[i] += 0.5`)
+    stored_once: frozenset[str] = frozenset()
 
 
 def loop_facts(
@@ -67,6 +71,7 @@ def loop_facts(
         if loop is not None
         else ()
     )
+    keyed = _position_keyed(loop) if loop is not None else frozenset()
     return LoopFacts(
         last_item=last_item_binding(source, loop_line, filename),
         shared_file_writes=tuple(shared_file_writes(source, loop_line)),
@@ -75,7 +80,8 @@ def loop_facts(
         top_expressions=top,
         epilogue_draw=draw,
         uses_autograd=uses_autograd(source, loop_line),
-        position_keyed=_position_keyed(loop) if loop is not None else frozenset(),
+        position_keyed=keyed,
+        stored_once=_stored_once(loop, keyed) if loop is not None else frozenset(),
     )
 
 
@@ -105,6 +111,45 @@ def _position_keyed(loop: ast.For) -> frozenset[str]:
                 else:
                     other.add(t.value.id)
     return frozenset(stored - other)
+
+
+_REPEATS = (
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+
+
+def _stored_once(loop: ast.For, names: frozenset[str]) -> frozenset[str]:
+    """The ``names`` whose items one statement of the body stores, outside
+    any inner loop, function or comprehension (which may run it again).  Two
+    statements on one key (`y[i] += a; y[i] += b`) each cast serially, and a
+    fold of both casts once."""
+    count: dict[str, int] = dict.fromkeys(names, 0)
+
+    def visit(node: ast.AST, repeated: bool) -> None:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                if t.value.id in count:
+                    count[t.value.id] += 2 if repeated else 1
+        for child in ast.iter_child_nodes(node):
+            visit(child, repeated or isinstance(child, _REPEATS))
+
+    for st in loop.body:
+        visit(st, isinstance(st, _REPEATS))
+    return frozenset(n for n, c in count.items() if c == 1)
 
 
 def _position_variable(loop: ast.For) -> str | None:
