@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,17 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
 ]
+
+#: the marks of a test of the Lab extension: a browser test, skipped where the
+#: extension was not built into this environment
+LAB_EXTENSION_MARKS = [pytest.mark.browser, pytest.mark.timeout(300)]
+if not (Path(sys.prefix) / "share/jupyter/labextensions/gpucell/package.json").exists():
+    LAB_EXTENSION_MARKS.append(
+        pytest.mark.skip(
+            reason="the Lab extension is not built into this environment (pip "
+            "install -e . without Node >= 20.19; .ci/run checks it is there)"
+        )
+    )
 
 #: how IPython's tracebacks and usage errors start, as Lab renders them
 ERROR_RE = re.compile(r"Traceback \(most recent call last\)|^\w*Error: ", re.M)

@@ -33,23 +33,21 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
 
-import pytest
-from lab_browser import SHOTS, Cells, dump, poll, shot, write_notebook
+from lab_browser import (
+    LAB_EXTENSION_MARKS,
+    SHOTS,
+    Cells,
+    dump,
+    poll,
+    shot,
+    write_notebook,
+)
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
-
-if not (Path(sys.prefix) / "share/jupyter/labextensions/gpucell/package.json").exists():
-    pytestmark.append(
-        pytest.mark.skip(
-            reason="the Lab extension is not built into this environment (pip "
-            "install -e . without Node >= 20.19; .ci/run checks it is there)"
-        )
-    )
+pytestmark = list(LAB_EXTENSION_MARKS)
 
 NOTEBOOK = "gpucell_panel.ipynb"
 N_ITER, ITER_S = 40, 0.5  # 2 engines: about 10 s
