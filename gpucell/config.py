@@ -101,6 +101,16 @@ class GpuCell(Configurable):
         help="A site's batch system (--scheduler: slurm, pbs, torque, lsf, sge); "
         "set, `%gpu_cluster start --profile P` alone submits a job ('': none).",
     )
+    encrypt = Bool(
+        True,
+        config=True,
+        help="Encrypt a cluster's messages (CurveZMQ) on this host and to --ssh "
+        "hosts, so other users cannot read them (--no-encrypt for one start). "
+        "Off, heavy traffic to other hosts costs less (a 16 MiB input: ~30 "
+        "instead of ~110-160 ms over loopback ssh) and anyone who reaches the "
+        "controller's ports reads what travels: only on hosts and networks of "
+        "your own. --slurm clusters are never encrypted.",
+    )
     connect_timeout = Float(
         30.0,
         config=True,

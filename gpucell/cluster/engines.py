@@ -257,3 +257,16 @@ def format_status(
     for b in body:
         lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def encryption_note(gc: Any) -> str | None:
+    """``encrypted: no`` and what that means, for a cluster whose messages
+    travel in clear (``None`` when they are encrypted: a CurveZMQ cluster's
+    client holds the controller's server key)."""
+    if getattr(gc.client, "curve_serverkey", None):
+        return None
+    return (
+        "encrypted: no (anyone who reaches the controller's ports can read the "
+        "cells' inputs and output; clusters on this host and --ssh ones are "
+        "encrypted unless GpuCell.encrypt = False or --no-encrypt, batch ones never)"
+    )

@@ -66,6 +66,7 @@ def start_cluster(
     python: str | None = None,
     controller_ip: str | None = None,
     slurm: Any = None,
+    encrypt: bool | None = None,
 ) -> GpuCluster:
     """Start a cluster with one engine per GPU (or per core without GPUs), here
     and on the ``ssh`` hosts; it becomes the active cluster.
@@ -83,6 +84,8 @@ def start_cluster(
     (default: with ``ssh`` the address the hosts saw, with ``slurm`` this
     host's, else loopback).  ``slurm``: a :class:`gpucell.cluster.slurm.
     SlurmRequest`: the engines are one Slurm job instead of this host's.
+    ``encrypt``: ``False`` sends the messages in clear (default:
+    ``GpuCell.encrypt``; a Slurm cluster's are never encrypted).
     """
     global _current
     t0 = time.perf_counter()
@@ -109,6 +112,7 @@ def start_cluster(
         per_gpu=per_gpu,
         echo=echo,
         t0=t0,
+        encrypt=encrypt,
     )
     restart_watch.watch(_current)  # engines dying between cells come back
     return _current

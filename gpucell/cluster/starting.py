@@ -93,6 +93,7 @@ def launch(
     per_gpu: int | None,
     echo: Callable[[str], None] | None,
     t0: float,
+    encrypt: bool | None = None,
 ) -> GpuCluster:
     """Start the planned cluster and wait for every engine; on any failure
     stop what was started and say whether anything is left."""
@@ -108,8 +109,10 @@ def launch(
         profile_kw["controller_ip"] = ip
     # encrypted on this host and to --ssh hosts (their engines take the server
     # key from the connection info ipyparallel sends through ssh's stdin); a
-    # Slurm job's engines are signed only (their nodes' pyzmq is not checked)
-    cluster, engine_args = _new_cluster(s, p.specs, profile_kw, slurm is None)
+    # Slurm job's engines are signed only (their nodes' pyzmq is not checked);
+    # GpuCell.encrypt / --no-encrypt turn it off
+    curve = slurm is None and (s.encrypt if encrypt is None else encrypt)
+    cluster, engine_args = _new_cluster(s, p.specs, profile_kw, curve)
     channel = shm_channel.open_for_cluster()
     try:
         client = _start_and_connect(

@@ -66,6 +66,7 @@ def _start(args: Any) -> None:
         python=args.python,
         controller_ip=args.controller_ip,
         slurm=slurm,
+        encrypt=args.encrypt,
     )
 
 
@@ -87,9 +88,12 @@ def _connect(args: Any) -> None:
 def _status(gc: Any) -> None:
     """``%gpu_cluster status``: the engines, and batch jobs not started yet."""
     from gpucell.cluster import lifecycle as api
+    from gpucell.cluster.engines import encryption_note
     from gpucell.cluster.slurm import pending_note
 
     print(api.format_status(gc.refresh(), gc.selected))
+    if note := encryption_note(gc):  # GpuCell.encrypt, --no-encrypt, --slurm
+        print(f"gpucell: {note}")
     if note := pending_note(gc):  # --jobs: the jobs not started yet
         print(f"gpucell: {note}")
 
@@ -139,6 +143,14 @@ def _start_parser() -> MagicArgumentParser:
     )
     start.add_argument(
         "--timeout", type=float, default=None, help="Seconds to wait for the engines."
+    )
+    start.add_argument(
+        "--no-encrypt",
+        dest="encrypt",
+        action="store_false",
+        default=None,
+        help="Messages in clear (GpuCell.encrypt): cheaper heavy traffic to other "
+        "hosts, readable by anyone who reaches the controller's ports.",
     )
     return start
 
@@ -241,7 +253,7 @@ def _build_parsers() -> dict[str, MagicArgumentParser]:
 _USAGE = """\
 Usage:
   %gpu_cluster start [-n N] [--gpus all|none|0,2,..] [--per-gpu K] [--cpu-engines M]
-                     [--profile NAME] [--timeout S]
+                     [--profile NAME] [--timeout S] [--no-encrypt]
                      [--ssh host1[:n],user@host2[:n] [--ssh-key KEY] [--python PATH]
                       [--controller-ip IP]]
                      [--slurm | --scheduler pbs|torque|lsf|sge
