@@ -7,6 +7,16 @@ on a GPU cluster.  Everything lives in one temporary directory (``SLURM_CONF``);
 nothing is written under /etc.  Needs root and Debian's slurmctld, slurmd,
 slurm-client and munge (``.ci/run`` installs them); skipped with the reason
 elsewhere.  Follows ../shared/MULTINODE-NOTES.md.
+
+Two partitions share the nodes: ``debug`` (the default) and ``urgent``, of a
+higher priority tier, whose jobs preempt debug's (``PreemptMode=CANCEL``).
+
+The test modules take the module-scoped fixture :func:`slurm` (``from
+slurm_cluster import slurm``).  Its teardown leaves nothing behind, also when a
+test failed while a job step ran: it cancels every job, waits for their steps'
+processes (``slurmstepd``, engines) to end, stops the daemons, and then fails
+the test loudly, naming them, if any process of this Slurm is still alive
+(every one carries its ``SLURM_CONF`` in its environment).
 """
 
 from __future__ import annotations
@@ -16,9 +26,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 NGPU = 2
 
@@ -68,26 +82,138 @@ class Slurm:
         out = self.run("squeue", "-h", "-o", "%i %T")
         return [line for line in out.splitlines() if line.strip()]
 
-    def stop(self) -> None:
-        if self.procs and self.procs[-1].poll() is None:
+    def processes(self, jobs_only: bool = False) -> list[tuple[int, str]]:
+        """(pid, command) of every live process of this Slurm but its daemons:
+        job steps and their tasks (``jobs_only``), and whatever else a test
+        started with its environment."""
+        needle = f"SLURM_CONF={self.conf}".encode()
+        skip = _ancestors() | self._daemons()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in skip:
+                continue
             try:
-                subprocess.run(
-                    ["scancel", "--full", "-u", "root"],
-                    env=self.env,
-                    capture_output=True,
-                    timeout=10,
-                )
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        for p in reversed(self.procs):
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                if needle not in env:
+                    continue
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                        continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                if jobs_only and not (
+                    cmd.startswith("slurmstepd")
+                    or any(v.startswith(b"SLURM_JOB_ID=") for v in env)
+                ):
+                    continue
+            except (OSError, IndexError):
+                continue
+            found.append((int(entry), cmd.strip()[:160]))
+        return found
+
+    def _daemons(self) -> set[int]:
+        """The daemons' pids (node2's slurmd is the child of its unshare;
+        slurmctld's slurmscriptd, its child)."""
+        own = {p.pid for p in self.procs if p.poll() is None}
+        kids = set()
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    name, _, rest = f.read().partition(b" (")[2].rpartition(b")")
+                if name in _DAEMONS and int(rest.split()[1]) in own:
+                    kids.add(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+        return own | kids
+
+    def stop(self) -> list[tuple[int, str]]:
+        """Cancel every job, wait for its processes, stop the daemons; what
+        was still alive after that (killed now), which should be nothing."""
+        if self.procs and self.procs[1:2] and self.procs[1].poll() is None:
+            with _quiet():
+                self.run("scancel", "--full", "-u", "root")
+            deadline = time.monotonic() + 30  # KillWait (5 s), then SIGKILL
+            while time.monotonic() < deadline:
+                with _quiet():
+                    if not self.jobs() and not self.processes(jobs_only=True):
+                        break
+                time.sleep(0.2)
+        for p in reversed(self.procs):  # slurmds, slurmctld, munged
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
             try:
                 p.wait(3)  # unshare --kill-child ignores SIGTERM
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+        time.sleep(0.1)
+        left = self.processes()
+        for pid, _ in left:
+            with _quiet():
+                os.kill(pid, signal.SIGKILL)
+        return left
+
+
+_DAEMONS = (b"slurmd", b"slurmscriptd")
+
+
+class _quiet:
+    """Ignores what a cleanup step raises (the next step still runs)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(
+            exc[0], (OSError, subprocess.SubprocessError)
+        )
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Slurm]:
+    """A real Slurm for a test module, ``SLURM_CONF`` set as a user's login
+    has it; its teardown fails if any of its processes outlived it."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    # not under pytest's 0700 tmp folders: munged wants every directory above
+    # its socket searchable by all
+    root = Path(tempfile.mkdtemp(prefix="gpucell-slurm-"))
+    s = start(root)
+    saved = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(s.conf)
+    left: list[tuple[int, str]] = []
+    try:
+        yield s
+    finally:
+        try:
+            left = s.stop()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+            if saved is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = saved
+    if left:
+        pytest.fail(
+            f"{len(left)} process(es) of the test Slurm outlived its jobs and "
+            "daemons (killed now):\n"
+            + "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in left),
+            pytrace=False,
+        )
 
 
 def start(root: Path) -> Slurm:
@@ -133,6 +259,9 @@ def start(root: Path) -> Slurm:
         "AccountingStorageType=accounting_storage/none",
         "SlurmdTimeout=30",
         "KillWait=5",
+        # partitions of a higher tier preempt the jobs of lower ones
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=CANCEL",
     ]
     cpus = os.cpu_count() or 1
     for n, port in zip(nodes, ports, strict=True):
@@ -140,10 +269,11 @@ def start(root: Path) -> Slurm:
             f"NodeName={n} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
             f"Gres=gpu:{NGPU} State=UNKNOWN"
         )
-    lines.append(
-        f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE "
-        "State=UP OverSubscribe=FORCE:4"
-    )
+    for name, tier, default in (("debug", 1, "YES"), ("urgent", 2, "NO")):
+        lines.append(
+            f"PartitionName={name} Nodes={','.join(nodes)} Default={default} "
+            f"MaxTime=INFINITE State=UP OverSubscribe=FORCE:4 PriorityTier={tier}"
+        )
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
     (root / "gres.conf").write_text(f"Name=gpu File={root}/dev/nvidia[0-{NGPU - 1}]\n")
@@ -191,7 +321,9 @@ def start(root: Path) -> Slurm:
             "slurmd-node2",
         )
         _wait(
-            lambda: s.run("sinfo", "-h", "-o", "%t %D").strip() == "idle 2",
+            lambda: (
+                s.run("sinfo", "-h", "-p", "debug", "-o", "%t %D").strip() == "idle 2"
+            ),
             30,
             "the two slurmd did not come up idle",
             log / "slurmctld.log",

@@ -8,13 +8,9 @@ Slurm's packages are missing; ``.ci/run`` installs them.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import slurm_cluster
@@ -27,27 +23,7 @@ from gpucell.errors import ClusterError
 
 pytestmark = pytest.mark.cluster
 
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory) -> Iterator[slurm_cluster.Slurm]:
-    why = slurm_cluster.missing()
-    if why:
-        pytest.skip(why)
-    # not under pytest's 0700 tmp folders: munged wants every directory above
-    # its socket searchable by all
-    root = Path(tempfile.mkdtemp(prefix="gpucell-slurm-"))
-    s = slurm_cluster.start(root)
-    saved = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(s.conf)  # as a user's login environment has it
-    try:
-        yield s
-    finally:
-        s.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
+slurm = slurm_cluster.slurm  # the module-scoped fixture: a real Slurm
 
 
 def _engine_env() -> dict:

@@ -10,13 +10,10 @@ where root or Slurm's packages are missing.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,25 +23,7 @@ import gpucell.cluster.lifecycle as gc_mod
 
 pytestmark = pytest.mark.cluster
 
-
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[slurm_cluster.Slurm]:
-    why = slurm_cluster.missing()
-    if why:
-        pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="gpucell-slurm-"))  # munged: a+x above
-    s = slurm_cluster.start(root)
-    saved = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(s.conf)
-    try:
-        yield s
-    finally:
-        s.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
+slurm = slurm_cluster.slurm  # the module-scoped fixture: a real Slurm
 
 
 def _tag(i: int) -> tuple:

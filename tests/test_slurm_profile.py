@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import slurm_cluster
 import test_slurm_checkpoint as real_slurm
 from IPython.core.error import UsageError
 
@@ -17,7 +18,7 @@ import gpucell.cluster.lifecycle as gc_mod
 from gpucell.cluster.site import merge
 from gpucell.errors import ClusterError
 
-slurm = real_slurm.slurm  # its module-scoped fixture: a Slurm for this module
+slurm = slurm_cluster.slurm  # the module-scoped fixture: a real Slurm
 _wait_no_jobs = real_slurm._wait_no_jobs
 
 SITE = """\
