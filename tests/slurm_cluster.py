@@ -61,6 +61,9 @@ def missing() -> str | None:
     return None
 
 
+_DAEMONS = (b"slurmd", b"slurmscriptd")
+
+
 @dataclass
 class Slurm:
     root: Path
@@ -112,16 +115,17 @@ class Slurm:
             found.append((int(entry), cmd.strip()[:160]))
         return found
 
-    def _daemons(self) -> set[int]:
+    def _daemons(self, names: tuple[bytes, ...] = _DAEMONS) -> set[int]:
         """The daemons' pids (node2's slurmd is the child of its unshare;
-        slurmctld's slurmscriptd, its child)."""
+        slurmctld's slurmscriptd, its child): theirs and their children's of
+        ``names``."""
         own = {p.pid for p in self.procs if p.poll() is None}
         kids = set()
         for entry in os.listdir("/proc"):
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     name, _, rest = f.read().partition(b" (")[2].rpartition(b")")
-                if name in _DAEMONS and int(rest.split()[1]) in own:
+                if name in names and int(rest.split()[1]) in own:
                     kids.add(int(entry))
             except (OSError, ValueError, IndexError):
                 continue
@@ -139,11 +143,15 @@ class Slurm:
                     if not self.jobs() and not self.processes(jobs_only=True):
                         break
                 time.sleep(0.2)
+        # node2's slurmd first: its unshare (--kill-child) ignores SIGTERM
+        for pid in self._daemons((b"slurmd",)) - {p.pid for p in self.procs}:
+            with _quiet():
+                os.kill(pid, signal.SIGTERM)
         for p in reversed(self.procs):  # slurmds, slurmctld, munged
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
             try:
-                p.wait(3)  # unshare --kill-child ignores SIGTERM
+                p.wait(3)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
@@ -153,9 +161,6 @@ class Slurm:
             with _quiet():
                 os.kill(pid, signal.SIGKILL)
         return left
-
-
-_DAEMONS = (b"slurmd", b"slurmscriptd")
 
 
 class _quiet:
