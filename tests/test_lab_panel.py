@@ -456,9 +456,12 @@ def test_palette_and_view_menu_open_the_panel_and_its_charts_fill(lab, page):
 
 RESTART = {
     "start": "%load_ext gpucell\n%gpu_cluster start -n 2 --gpus none",
-    # engine 0 dies; %gpu_cluster status notices it and starts a new engine
+    # engine 0 dies; %gpu_cluster status notices it and starts a new engine (its
+    # first attempt 3 s later: the kernel's event loop would else end the
+    # restart between cells before the badge is probed)
     "kill": (
         "import os, signal, time\nimport gpucell.cluster.lifecycle as L\n"
+        "import gpucell.cluster.restart as R\nR.BACKOFF = 3.0\n"
         "os.kill(L.current().engines[0].pid, signal.SIGKILL)\ntime.sleep(0.5)\n"
         "%gpu_cluster status"
     ),
