@@ -5,15 +5,6 @@ Nothing here evaluates user code, reads a namespace, or imports ipyparallel.
 
 from __future__ import annotations
 
-from gpucell.core.analysis.classify import (
-    GATHER,
-    INPUT,
-    KEYED,
-    LOCAL,
-    REDUCTION,
-    UNION,
-    WRITE,
-)
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.core.analysis.driver import analyse
 from gpucell.core.analysis.iterspace import (
@@ -24,6 +15,15 @@ from gpucell.core.analysis.iterspace import (
 )
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.report import format_plan
+from gpucell.core.analysis.sinks import (
+    GATHER,
+    INPUT,
+    KEYED,
+    LOCAL,
+    REDUCTION,
+    UNION,
+    WRITE,
+)
 
 __all__ = [
     "analyse",

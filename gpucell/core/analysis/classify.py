@@ -25,12 +25,10 @@ from gpucell.core.analysis.diagnostics import DiagnosticSink
 from gpucell.core.analysis.flow import State, _Ctx, _Flow, _loop_bindings
 from gpucell.core.analysis.keys import (
     _key_check,
-    _literal_keys,
     _own_elements,
     _own_index,
     _own_key,
     _own_rows,
-    _write_keys,
 )
 from gpucell.core.analysis.messages import _element_fix, _refit_text, _row_depth_fix
 from gpucell.core.analysis.ownrows import OwnRow
@@ -44,12 +42,9 @@ from gpucell.core.analysis.scope import (
 )
 from gpucell.core.analysis.selections import _selections
 from gpucell.core.analysis.sinks import (
-    BIN_OPS,
     GATHER,
-    INPUT,
     KEYED,
     KEYED_GATHER,
-    LOCAL,
     REDUCTION,
     UNION,
     WRITE,
@@ -58,21 +53,10 @@ from gpucell.core.analysis.sinks import (
     block_statements,
     match_candidates,
 )
+from gpucell.core.analysis.strkeys import _literal_keys, _write_keys
 from gpucell.core.analysis.taint import _alias_taint, _lazy_names, _rebound
 
-__all__ = [
-    "INPUT",
-    "LOCAL",
-    "GATHER",
-    "WRITE",
-    "REDUCTION",
-    "KEYED",
-    "KEYED_GATHER",
-    "UNION",
-    "Classification",
-    "classify_body",
-    "BIN_OPS",
-]
+__all__ = ["classify_body"]
 
 
 def _mixed_depths(cs: list[Candidate]) -> bool:

@@ -7,7 +7,21 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpucell.core.analysis.classify import (
+from gpucell.core.analysis.cellscope import (
+    _cell_scope,
+    _context_inputs,
+    _nonempty_checks,
+    _undefined_inputs,
+)
+from gpucell.core.analysis.classify import classify_body
+from gpucell.core.analysis.cudarewrite import rewrite_cuda
+from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
+from gpucell.core.analysis.facts import loop_facts
+from gpucell.core.analysis.iterspace import describe_iterable
+from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
+from gpucell.core.analysis.rewrite import ProgramPlan, build_program
+from gpucell.core.analysis.scope import scope_bindings, target_names
+from gpucell.core.analysis.sinks import (
     GATHER,
     INPUT,
     KEYED,
@@ -17,15 +31,6 @@ from gpucell.core.analysis.classify import (
     UNION,
     WRITE,
     Classification,
-    classify_body,
-)
-from gpucell.core.analysis.diagnostics import Diagnostic, DiagnosticSink, raise_if_any
-from gpucell.core.analysis.facts import loop_facts
-from gpucell.core.analysis.iterspace import describe_iterable
-from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
-from gpucell.core.analysis.rewrite import ProgramPlan, build_program, rewrite_cuda
-from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
-from gpucell.core.analysis.sinks import (
     GatherSink,
     KeyedGatherSink,
     KeyedSink,
@@ -36,7 +41,6 @@ from gpucell.core.analysis.sinks import (
 from gpucell.core.analysis.spellings import Spelled, respell
 from gpucell.core.analysis.split import (
     SHORT_CIRCUIT,
-    CellSplit,
     Layer,
     comprehension_kind,
     comprehension_of,
@@ -380,106 +384,6 @@ def _classify(
     else:
         diag.extend(trial.sorted())
     return cl, spelled
-
-
-@dataclass(frozen=True)
-class _Scope:
-    """What the kernel binds before the loop: the names of the user's namespace,
-    the prelude's and the ``with`` blocks' bindings and its imported modules."""
-
-    known: frozenset[str]
-    prelude_bound: set[str]
-    with_targets: set[str]
-    prelude_modules: set[str]
-
-    def shadowed(self, name: str) -> bool:
-        return name in self.known or name in self.prelude_bound
-
-    def is_builtin(self, name: str) -> bool:
-        return name in BUILTIN_NAMES and not self.shadowed(name)
-
-
-def _context_inputs(
-    contexts: list[ast.expr], cl: Classification, is_builtin: Callable[[str], bool]
-) -> None:
-    """The names the engines read to re-enter a context are inputs too."""
-    for item in contexts:
-        for node in ast.walk(item):
-            if isinstance(node, ast.Name) and not is_builtin(node.id):
-                cl.inputs.setdefault(node.id, node.lineno)
-
-
-def _cell_scope(split: CellSplit, known: frozenset[str]) -> _Scope:
-    """The scope the loop runs in, from the statements the kernel runs first."""
-    # what runs in the kernel before the loop: the prelude, and inside each
-    # `with` around the loop its `as` targets and the statements before the loop
-    before: list[ast.AST] = [
-        *split.prelude,
-        *(s for layer in split.layers for s in layer.before),
-    ]
-    with_targets = {
-        n.id
-        for layer in split.layers
-        for item in layer.node.items
-        if item.optional_vars is not None
-        for n in target_names(item.optional_vars)
-    }
-    prelude_bound = scope_bindings(before) | with_targets
-    prelude_modules = {
-        a.asname or a.name.split(".")[0]
-        for s in before
-        if isinstance(s, (ast.Import, ast.ImportFrom))
-        for a in s.names
-    }
-    return _Scope(known, prelude_bound, with_targets, prelude_modules)
-
-
-def _nonempty_checks(
-    cl: Classification,
-    diag: DiagnosticSink,
-    body: list[ast.stmt],
-    target: ast.expr,
-    iterable: ast.expr,
-    scope: _Scope,
-) -> tuple[tuple[tuple[int, str], ...], tuple[Diagnostic, ...]]:
-    """The nested loops over inputs the kernel checks nonempty, and the
-    refusals the loop would have without that assumption."""
-    if not cl.nonempty or diag.sorted():
-        return (), ()
-    # accepted by taking nested loops over inputs to run: keep the checks
-    # only if the loop needs them (what it would be refused for otherwise)
-    bare = DiagnosticSink()
-    classify_body(
-        body,
-        loop_target=target,
-        loop_iter=iterable,
-        diag=bare,
-        is_builtin=scope.is_builtin,
-        module_names=scope.prelude_modules,
-        assume_nonempty=False,
-    )
-    unless_nonempty = tuple(bare.sorted())
-    if not unless_nonempty:
-        return (), ()
-    return tuple(sorted(cl.nonempty)), unless_nonempty
-
-
-def _undefined_inputs(cl: Classification, scope: _Scope) -> DiagnosticSink:
-    """Warnings for inputs neither the namespace nor the prelude defines."""
-    warnings = DiagnosticSink()
-    if not scope.known:
-        return warnings
-    for n, line in cl.inputs.items():
-        if n not in scope.known and n not in scope.prelude_bound:
-            warnings.add(
-                line,
-                0,
-                n,
-                "undefined-input",
-                f"`{n}` is read in the loop but is not defined before it; the "
-                f"loop will raise NameError unless the prelude defines it.",
-            )
-    return warnings
 
 
 def _chunk_program(

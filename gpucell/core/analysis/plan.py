@@ -7,7 +7,12 @@ import marshal
 from dataclasses import dataclass, field
 from types import CodeType
 
-from gpucell.core.analysis.classify import (
+from gpucell.core.analysis.diagnostics import Diagnostic
+from gpucell.core.analysis.facts import LoopFacts
+from gpucell.core.analysis.iterspace import IterSpace
+from gpucell.core.analysis.ownrows import OwnRow
+from gpucell.core.analysis.rewrite import unstamped
+from gpucell.core.analysis.sinks import (
     GATHER,
     INPUT,
     KEYED,
@@ -17,11 +22,6 @@ from gpucell.core.analysis.classify import (
     UNION,
     WRITE,
 )
-from gpucell.core.analysis.diagnostics import Diagnostic
-from gpucell.core.analysis.facts import LoopFacts
-from gpucell.core.analysis.iterspace import IterSpace
-from gpucell.core.analysis.ownrows import OwnRow
-from gpucell.core.analysis.rewrite import unstamped
 from gpucell.core.analysis.spellings import Spelled
 from gpucell.core.analysis.split import Layer
 from gpucell.protocol.program import Watch

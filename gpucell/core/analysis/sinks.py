@@ -166,6 +166,20 @@ class ReductionSink(SinkKind):
         return spelling(name, op, augmented)
 
 
+def _method_call(stmt: ast.stmt) -> tuple[ast.Call, ast.Attribute] | None:
+    """``X.m(args)`` as a statement of its own, with no keyword or ``*starred``
+    argument (whose items the analysis cannot count): the call and ``X.m``."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return None
+    call = stmt.value
+    f = call.func
+    if not isinstance(f, ast.Attribute) or call.keywords:
+        return None
+    if any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    return call, f
+
+
 class UnionSink(SinkKind):
     """``S.add(e)``, ``S.update(...)``: the union of every iteration's
     additions."""
@@ -174,15 +188,12 @@ class UnionSink(SinkKind):
 
     @staticmethod
     def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
-        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        found = _method_call(stmt)
+        if found is None:
             return []
-        call = stmt.value
-        f = call.func
+        call, f = found
         if (
-            isinstance(f, ast.Attribute)
-            and isinstance(f.value, ast.Name)
-            and not call.keywords
-            and not any(isinstance(a, ast.Starred) for a in call.args)
+            isinstance(f.value, ast.Name)
             and (f.attr == "add" and len(call.args) == 1 or f.attr == "update")
             and call.args
         ):
@@ -201,18 +212,15 @@ class KeyedGatherSink(SinkKind):
 
     @staticmethod
     def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
-        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        found = _method_call(stmt)
+        if found is None:
             return []
-        call = stmt.value
-        f = call.func
+        call, f = found
         if (
-            isinstance(f, ast.Attribute)
-            and f.attr in ("append", "extend")
+            f.attr in ("append", "extend")
             and isinstance(f.value, ast.Subscript)
             and isinstance(f.value.value, ast.Name)
             and len(call.args) == 1
-            and not call.keywords
-            and not isinstance(call.args[0], ast.Starred)
         ):
             d = f.value.value
             return [Candidate(KEYED_GATHER, d.id, stmt, [d])]
