@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from gpucell.protocol.fold import is_numpy, is_torch
+from gpucell.protocol.globalrng import global_generator
 
 __all__ = ["Changed", "changes", "code_names", "freeze", "snapshot", "token"]
 
@@ -276,6 +277,8 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
     if isinstance(obj, types.FunctionType):
         return _function(obj, budget, seen)
     if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType)):
+        return ("=", id(obj))
+    if global_generator(obj) is not None:  # process state, as a module is
         return ("=", id(obj))
     return _pickled(obj)
 

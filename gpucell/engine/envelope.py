@@ -17,7 +17,15 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from gpucell.engine import checkin, checkout, logs, runtime, tohost, writebehind
+from gpucell.engine import (
+    checkin,
+    checkout,
+    logs,
+    rngstate,
+    runtime,
+    tohost,
+    writebehind,
+)
 from gpucell.engine.feedback import ShmHandBack, ShmVerdict, feedback
 from gpucell.engine.runtime import interrupts_held
 from gpucell.engine.sessions import Session
@@ -51,7 +59,7 @@ class Envelope:
         self.own_before: checkout.ItemsBefore | None = None
         self._caught: Any = None
         self._home: str | None = None
-        self._rng_before: dict[str, int] | None = None
+        self._rng_before: dict[str, Any] | None = None
         self.end = self.compute = 0.0
 
     def __enter__(self) -> Envelope:
@@ -103,13 +111,9 @@ class Envelope:
         # every one (the kernel warns); with it, those not reseeded (the loop
         # was found unable to reach them: a draw would be a gpucell bug)
         if task.seed is None:
-            self._rng_before = runtime.generator_states()
+            self._rng_before = rngstate.states()
         elif task.reseed is not None:
-            self._rng_before = {
-                k: v
-                for k, v in runtime.generator_states().items()
-                if k not in task.reseed
-            }
+            self._rng_before = rngstate.states(skip=task.reseed)
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         if kind is not None and issubclass(kind, KeyboardInterrupt):
@@ -143,7 +147,7 @@ class Envelope:
 
     def drew(self) -> list[str]:
         """The generators watched whose state the chunk changed."""
-        return _drew(self._rng_before)
+        return rngstate.drew(self._rng_before)
 
     def check_out(self, result: ChunkResult) -> list[tuple[str, str]]:
         """Inputs the iterations changed (see :func:`_check_out`)."""
@@ -223,14 +227,6 @@ def _kernel_state(state: dict[str, Any]) -> Any:
             torch.set_default_dtype(dtype)
         if np is not None and err is not None:
             np.seterr(**err)
-
-
-def _drew(before: dict[str, int] | None) -> list[str]:
-    """The generators whose state a chunk changed (none when seeded)."""
-    if before is None:
-        return []
-    after = runtime.generator_states()
-    return sorted(k for k, v in before.items() if after.get(k) != v)
 
 
 def _check_out(

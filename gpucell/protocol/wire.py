@@ -41,6 +41,8 @@ from typing import Any
 
 import cloudpickle
 
+from gpucell.protocol.globalrng import global_generator, the_global_generator
+
 __all__ = [
     "FORMAT",
     "INBAND_MAX",
@@ -88,6 +90,10 @@ class _Pickler(cloudpickle.CloudPickler):
             rv = _reduce_ndarray(obj)
             if rv is not NotImplemented:
                 return rv
+        elif t.__name__ in ("RandomState", "Random"):
+            name = global_generator(obj)
+            if name is not None:  # the receiver's own, as a module would be
+                return (the_global_generator, (name,))
         return super().reducer_override(obj)
 
 
