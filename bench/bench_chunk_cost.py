@@ -59,6 +59,7 @@ ENGINE_PHASES = [
     ("gpucell.engine.checkin", "snapshot", "  checkin.snapshot"),
     ("gpucell.engine.envelope", "feedback", "  feedback handles"),
     ("gpucell.engine.runtime", "generator_states", "  generator_states (x2)"),
+    ("gpucell.engine.rngstate", "states", "  rngstate.states (x2)"),
     ("gpucell.engine.logs.Capture", "__enter__", "logs.Capture enter"),
     ("gpucell.engine.logs.Capture", "__exit__", "logs.Capture exit"),
     ("gpucell.engine.worker", "run_chunk", "run_chunk (the iterations)"),
@@ -101,9 +102,12 @@ def install_counters(phases: list[tuple[str, str, str]]) -> dict[str, list[int]]
             owner = importlib.import_module(where)
         except ImportError:
             modname, _, clsname = where.rpartition(".")
-            owner = getattr(importlib.import_module(modname), clsname)
-        fn = getattr(owner, attr)
-        if getattr(fn, "_gp_counted", False):
+            try:
+                owner = getattr(importlib.import_module(modname), clsname)
+            except (ImportError, AttributeError):
+                continue  # (a phase another version of gpucell does not have)
+        fn = getattr(owner, attr, None)
+        if fn is None or getattr(fn, "_gp_counted", False):
             continue
         cell = counts.setdefault(label, [0, 0])
 

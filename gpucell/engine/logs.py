@@ -95,9 +95,30 @@ class _Keep(logging.Handler):
         self.records.append(prepared(record))
 
 
+#: the last levels met and their loggers (not the engine's own), each one's
+#: level: every chunk of a cell gets the same levels (~100 loggers in a
+#: notebook), so they are looked up once, not per chunk
+_PLAN: list[Any] = [None, []]
+
+
+def _plan(levels: LogLevels) -> list[tuple[logging.Logger, int]]:
+    if _PLAN[0] is not levels:
+        _PLAN[:] = [
+            levels,
+            [
+                (logging.getLogger(name), level)
+                for name, level in levels["named"].items()
+                if not _engine_logger(name)
+            ],
+        ]
+    return _PLAN[1]  # type: ignore[no-any-return]
+
+
 class Capture:
     """The kernel's levels and a keeping root handler while a chunk runs;
-    everything is put back on exit, whatever happened."""
+    everything is put back on exit, whatever happened.  Loggers cache which
+    levels they let through: the caches are cleared only when a level
+    changes (clearing walks every logger of the engine)."""
 
     def __init__(self, levels: LogLevels | None) -> None:
         self.levels = levels
@@ -114,28 +135,33 @@ class Capture:
         self._disable = manager.disable
         self._saved = [(root, root.level)]
         lv = self.levels
+        changed = False
         if lv is not None:
+            changed = root.level != lv["root"] or manager.disable != lv["disable"]
             root.level = lv["root"]
             manager.disable = lv["disable"]
-            for name, level in lv["named"].items():
-                if _engine_logger(name):
-                    continue
-                lg = logging.getLogger(name)
+            for lg, level in _plan(lv):
                 if lg.level != level:
                     self._saved.append((lg, lg.level))
                     lg.level = level
+                    changed = True
         self._keep = _Keep(threading.get_ident())
         root.handlers[:] = [self._keep]
-        _levels_changed(manager)
+        if changed:
+            _levels_changed(manager)
         return self
 
     def __exit__(self, *exc: object) -> None:
         root = logging.getLogger()
         root.handlers[:] = self._handlers
+        changed = root.manager.disable != self._disable
         for lg, level in self._saved:
-            lg.level = level
+            if lg.level != level:
+                lg.level = level
+                changed = True
         root.manager.disable = self._disable
-        _levels_changed(root.manager)
+        if changed:
+            _levels_changed(root.manager)
         if self._keep is not None:
             self.records = self._keep.records
 
