@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpucell.core.analysis import analyse
+from gpucell.core.analysis.refusals import REFUSALS
 from gpucell.errors import NotParallelizable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +91,14 @@ def kinds_in_code() -> dict[str, str]:
         "a diagnostic whose kind this test cannot read; give it a literal kind: "
         f"{unresolved}"
     )
+    # the analysis's refusals are made as instances of a class per kind
+    by_class = {cls.__name__: kind for kind, cls in REFUSALS.items()}
+    for path in sorted((ROOT / "gpucell").rglob("*.py")):
+        if path.name == "refusals.py":
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Name) and n.id in by_class:
+                found.setdefault(by_class[n.id], f"{path.relative_to(ROOT)}:{n.lineno}")
     return found
 
 

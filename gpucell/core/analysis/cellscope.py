@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gpucell.core.analysis.classify import classify_body
 from gpucell.core.analysis.diagnostics import Diagnostic, DiagnosticSink
+from gpucell.core.analysis.refusals import UndefinedInput
 from gpucell.core.analysis.scope import BUILTIN_NAMES, scope_bindings, target_names
 from gpucell.core.analysis.sinks import Classification
 from gpucell.core.analysis.split import CellSplit
@@ -106,12 +107,5 @@ def _undefined_inputs(cl: Classification, scope: _Scope) -> DiagnosticSink:
         return warnings
     for n, line in cl.inputs.items():
         if n not in scope.known and n not in scope.prelude_bound:
-            warnings.add(
-                line,
-                0,
-                n,
-                "undefined-input",
-                f"`{n}` is read in the loop but is not defined before it; the "
-                f"loop will raise NameError unless the prelude defines it.",
-            )
+            warnings.report(UndefinedInput(line, 0, n))
     return warnings

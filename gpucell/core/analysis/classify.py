@@ -32,6 +32,13 @@ from gpucell.core.analysis.keys import (
 )
 from gpucell.core.analysis.messages import _element_fix, _refit_text, _row_depth_fix
 from gpucell.core.analysis.ownrows import OwnRow
+from gpucell.core.analysis.refusals import (
+    InputRefit,
+    IterableMutated,
+    LoopTarget,
+    MixedReduction,
+    MixedUse,
+)
 from gpucell.core.analysis.scope import (
     ENGINE_PROVIDED,
     WELL_KNOWN_MODULES,
@@ -87,22 +94,22 @@ def _refuse_mutated_iterable(
             # (the write-once advice is there)
             and not (node.id in several_writes and node.id in ctx.sink_reads)
         ):
-            diag.add(
-                node.lineno,
-                node.col_offset,
-                node.id,
-                "iterable-mutated",
-                f"the loop iterates over `{node.id}`, which the body also changes "
-                f"(line {sinks[node.id].stmt.lineno}); serially the loop would "
-                f"see its own changes. "
-                + (
-                    f"A copy (`list({node.id})`) is not enough here: the body "
-                    f"also reads `{node.id}` (see line "
-                    f"{ctx.sink_reads[node.id]})."
-                    if node.id in ctx.sink_reads
-                    else f"Iterate over a copy (`for x in list({node.id}):`) "
-                    f"or collect into another name."
-                ),
+            fix = (
+                f"A copy (`list({node.id})`) is not enough here: the body "
+                f"also reads `{node.id}` (see line "
+                f"{ctx.sink_reads[node.id]})."
+                if node.id in ctx.sink_reads
+                else f"Iterate over a copy (`for x in list({node.id}):`) "
+                f"or collect into another name."
+            )
+            diag.report(
+                IterableMutated(
+                    node.lineno,
+                    node.col_offset,
+                    node.id,
+                    changed_at=str(sinks[node.id].stmt.lineno),
+                    fix=fix,
+                )
             )
 
 
@@ -129,18 +136,15 @@ def _resolve_sinks(
             cs = [c for c in cs if c.cls == KEYED]
         if len(classes) > 1:
             kinds = " and ".join(sorted(classes))
-            diag.add(
-                cs[1].stmt.lineno,
-                cs[1].stmt.col_offset,
-                name,
-                "mixed-use",
-                f"`{name}` is used both as {kinds} in the loop; gpucell can merge "
-                f"one kind of contribution per name. "
-                + (
-                    _element_fix(name)
-                    if WRITE in classes and classes & {KEYED, KEYED_GATHER}
-                    else "Use a separate name for each."
-                ),
+            fix = (
+                _element_fix(name)
+                if WRITE in classes and classes & {KEYED, KEYED_GATHER}
+                else "Use a separate name for each."
+            )
+            diag.report(
+                MixedUse(
+                    cs[1].stmt.lineno, cs[1].stmt.col_offset, name, kinds=kinds, fix=fix
+                )
             )
             sinks[name] = first
             continue
@@ -149,16 +153,15 @@ def _resolve_sinks(
             ops = {c.op for c in cs}
             augs = {c.augmented for c in cs}
             if len(ops) > 1 or len(augs) > 1:
-                diag.add(
-                    cs[1].stmt.lineno,
-                    cs[1].stmt.col_offset,
-                    name,
-                    "mixed-reduction",
-                    f"`{name}` is combined with different operators or forms "
-                    f"({', '.join(sorted(ast.unparse(c.stmt) for c in cs))}); a "
-                    f"parallel reduction needs one associative operator per name. "
-                    f"Use one form (e.g. only `{name}{'[k]' if cls == KEYED else ''}"
-                    f" += ...`)." + (_row_depth_fix(name) if _mixed_depths(cs) else ""),
+                diag.report(
+                    MixedReduction(
+                        cs[1].stmt.lineno,
+                        cs[1].stmt.col_offset,
+                        name,
+                        forms=", ".join(sorted(ast.unparse(c.stmt) for c in cs)),
+                        key="[k]" if cls == KEYED else "",
+                        depth_fix=_row_depth_fix(name) if _mixed_depths(cs) else "",
+                    )
                 )
         sinks[name] = first
         line = first.stmt.lineno
@@ -293,15 +296,7 @@ def _refuse_target_parts(loop_target: ast.expr, diag: DiagnosticSink) -> None:
     into an object changes something outside the iteration."""
     for part in target_parts(loop_target):
         if not isinstance(part, ast.Name):
-            diag.add(
-                part.lineno,
-                part.col_offset,
-                ast.unparse(part),
-                "loop-target",
-                f"the loop assigns each item to `{ast.unparse(part)}`, which changes "
-                f"an object outside the iteration. Use plain names as loop targets "
-                f"(`for i, x in ...`) and store the values in the body.",
-            )
+            diag.report(LoopTarget(part.lineno, part.col_offset, ast.unparse(part)))
 
 
 def _own_row_results(
@@ -399,10 +394,10 @@ def classify_body(
         # refused anyway: name the refit of an estimator from before the loop
         # first, which the engines' check would stop after running otherwise
         for name, call in ctx.refits.items():
-            diag.add(
-                call.lineno, call.col_offset, name, "input-refit",
-                _refit_text(name, call),
-            )  # fmt: skip
+            what, fix = _refit_text(name, call)
+            diag.report(
+                InputRefit(call.lineno, call.col_offset, name, what=what, fix=fix)
+            )
 
     _own_row_results(result, found, ctx, flow, loop_target, loop_iter, is_builtin)
     _fill(result, ctx, found.nodes, loop_target, found.body_bound, is_builtin)

@@ -2,13 +2,14 @@
 
 Modelled on pyflakes' ``Message`` classes: a problem is data (line, column, name,
 kind, text), so the dry-run report, the error message and tests all read the same
-record instead of parsing strings.
+record instead of parsing strings.  The analysis's refusals are instances of a
+class per kind (``refusals.py``), which also carry their template's arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpucell.errors import NotParallelizable
 
@@ -22,7 +23,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, eq=False)
 class Diagnostic:
     """One problem (or warning) found in a cell.
 
@@ -38,6 +39,8 @@ class Diagnostic:
         A short machine-readable tag, e.g. ``"loop-carried"`` or ``"break"``.
     text : str
         What would go wrong and how to rewrite the loop.
+    args : tuple of (str, str)
+        A refusal class's template arguments (``refusals.py``); not compared.
     """
 
     line: int
@@ -45,9 +48,35 @@ class Diagnostic:
     name: str
     kind: str
     text: str
+    args: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.text}"
+
+    # compared and ordered as the record (line, col, name, kind, text), whatever
+    # its class: a refusal class's instance equals the record it makes
+    def _key(self) -> tuple[int, int, str, str, str]:
+        return (self.line, self.col, self.name, self.kind, self.text)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Diagnostic):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __lt__(self, other: Diagnostic) -> bool:
+        return self._key() < other._key()
+
+    def __le__(self, other: Diagnostic) -> bool:
+        return self._key() <= other._key()
+
+    def __gt__(self, other: Diagnostic) -> bool:
+        return self._key() > other._key()
+
+    def __ge__(self, other: Diagnostic) -> bool:
+        return self._key() >= other._key()
 
 
 #: kinds named before the others: the change that matters most (a `fit` on an
@@ -74,21 +103,26 @@ class DiagnosticSink:
         self._items: list[Diagnostic] = []
 
     def add(self, line: int, col: int, name: str, kind: str, text: str) -> None:
+        """Record a problem given as words (the kernel's run-time checks; the
+        analysis reports instances of its refusal classes)."""
+        self.report(Diagnostic(line, col, name, kind, text))
+
+    def report(self, d: Diagnostic) -> None:
         """Record a problem unless the same one was recorded already: at the
         same place, or with the same words on the same line (``d[k] + d[k]``
         would otherwise repeat one sentence per read)."""
-        key = (line, col, name, kind)
-        said = (line, name, kind, text)
+        key = (d.line, d.col, d.name, d.kind)
+        said = (d.line, d.name, d.kind, d.text)
         if key in self._seen or said in self._texts:
             return
         self._seen.add(key)
         self._texts.add(said)
-        self._items.append(Diagnostic(line, col, name, kind, text))
+        self._items.append(d)
 
     def extend(self, items: Iterable[Diagnostic]) -> None:
         """Record several diagnostics."""
         for d in items:
-            self.add(d.line, d.col, d.name, d.kind, d.text)
+            self.report(d)
 
     def sorted(self) -> tuple[Diagnostic, ...]:
         """All diagnostics in reading order (:func:`in_order`)."""

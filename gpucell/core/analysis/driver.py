@@ -19,6 +19,12 @@ from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
 from gpucell.core.analysis.facts import loop_facts
 from gpucell.core.analysis.iterspace import describe_iterable
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
+from gpucell.core.analysis.refusals import (
+    Await,
+    NoLoop,
+    ShortCircuitWalrus,
+    WithTarget,
+)
 from gpucell.core.analysis.rewrite import ProgramPlan, build_program
 from gpucell.core.analysis.scope import scope_bindings, target_names
 from gpucell.core.analysis.sinks import (
@@ -68,18 +74,7 @@ def _engine_contexts(
     connection: what it gives cannot travel), so the loop may not read ``name``.
     """
     for n in sorted(with_targets & loop_reads.keys()):
-        diag.add(
-            loop_reads[n],
-            0,
-            n,
-            "with-target",
-            f"the loop reads `{n}`, which a `with ... as {n}` around it opened in "
-            f"the kernel; an engine cannot use that object (a file, a connection "
-            f"or a lock does not travel). Read what you need from it before the "
-            f"loop (`data = {n}.read()`, or loop over `{n}` itself: the loop's "
-            f"items are read in the kernel), or run the cell without "
-            f"%%gpu_parallel.",
-        )
+        diag.report(WithTarget(loop_reads[n], 0, n))
     return [
         item.context_expr
         for layer in layers
@@ -219,16 +214,7 @@ def _no_loop(
     common: dict[str, Any], diag: DiagnosticSink, raise_errors: bool
 ) -> LoopPlan:
     """The plan of a cell without a loop gpucell can run (a refusal)."""
-    diag.add(
-        1,
-        0,
-        "",
-        "no-loop",
-        "the cell has no top-level `for` loop and no top-level "
-        "`name = [... for ...]` list comprehension to run in parallel. Put the "
-        "loop at the top level of the cell or of `with` blocks (not inside "
-        "`if`, `try` or a function), or run the cell without %%gpu_parallel.",
-    )
+    diag.report(NoLoop())
     if raise_errors:
         raise_if_any(diag.sorted())
     return LoopPlan(
@@ -289,24 +275,15 @@ def _loop_parts(loop: ast.stmt, diag: DiagnosticSink) -> _LoopParts:
             for node in ast.walk(comp):
                 if isinstance(node, ast.NamedExpr):
                     name = node.target.id
-                    diag.add(
-                        node.lineno,
-                        node.col_offset,
-                        name,
-                        "short-circuit-walrus",
-                        f"`{name}` is assigned inside `{result_kind}(...)`, which "
-                        "stops at its deciding item; in parallel every item runs, "
-                        f"so `{name}` would hold a later item's value. Assign it in "
-                        "a `for` loop, or compute the items first (`vals = [...]`, "
-                        f"then `{result_kind}(vals)`).",
+                    diag.report(
+                        ShortCircuitWalrus(
+                            node.lineno, node.col_offset, name, call=result_kind
+                        )
                     )
         if any(g.is_async for g in comp.generators):
-            diag.add(
-                loop.lineno,
-                loop.col_offset,
-                result_name,
-                "await",
-                "an `async for` comprehension cannot run in parallel.",
+            what = "an `async for` comprehension cannot run in parallel."
+            diag.report(
+                Await(loop.lineno, loop.col_offset, result_name, what=what, fix="")
             )
         header = f"{result_name} = {_shape(result_kind, comp)}"
     else:
@@ -315,12 +292,12 @@ def _loop_parts(loop: ast.stmt, diag: DiagnosticSink) -> _LoopParts:
         kind = "for"
         header = f"for {ast.unparse(target)} in {ast.unparse(iterable)}"
         if isinstance(loop, ast.AsyncFor):
-            diag.add(
-                loop.lineno,
-                loop.col_offset,
-                "async for",
-                "await",
-                "`async for` cannot run in parallel; use a plain `for` loop.",
+            what, fix = (
+                "`async for` cannot run in parallel; ",
+                "use a plain `for` loop.",
+            )
+            diag.report(
+                Await(loop.lineno, loop.col_offset, "async for", what=what, fix=fix)
             )
 
     return _LoopParts(

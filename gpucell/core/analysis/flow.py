@@ -14,6 +14,7 @@ from gpucell.core.analysis.flowbase import State, _add, _Ctx, _join, _Jumps
 from gpucell.core.analysis.flowstmts import _Statements
 from gpucell.core.analysis.keys import _int_literal, _is_own_key
 from gpucell.core.analysis.messages import _AWAIT_TEXT, _op_text
+from gpucell.core.analysis.refusals import Await, Yield
 from gpucell.core.analysis.scope import (
     COMPREHENSIONS,
     bindings_of,
@@ -181,7 +182,7 @@ class _Flow(_Statements):
         return self._loop(s, state, lambda st: self.store(s.target, st))
 
     def stmt_AsyncFor(self, s: ast.AsyncFor, state: State) -> State:
-        self.forbid(s, "async for", "await", _AWAIT_TEXT)
+        self._forbid_async(s, "async for")
         return self.stmt_For(s, state)  # type: ignore[arg-type]
 
     def stmt_While(self, s: ast.While, state: State) -> State:
@@ -199,7 +200,7 @@ class _Flow(_Statements):
         return self.block(s.body, state)
 
     def stmt_AsyncWith(self, s: ast.AsyncWith, state: State) -> State:
-        self.forbid(s, "async with", "await", _AWAIT_TEXT)
+        self._forbid_async(s, "async with")
         return self.stmt_With(s, state)  # type: ignore[arg-type]
 
     # -- expressions ---------------------------------------------------------------
@@ -254,18 +255,10 @@ class _Flow(_Statements):
         if isinstance(e, COMPREHENSIONS):
             return self._comprehension(e, state)
         if isinstance(e, (ast.Await, ast.Yield, ast.YieldFrom)):
-            kw = {ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield"}[
-                type(e)
-            ]
-            self.forbid(
-                e,
-                kw,
-                kw,
-                _AWAIT_TEXT
-                if kw == "await"
-                else "`yield` is not allowed in the loop: the cell is not a "
-                "generator. Collect the values in a list instead.",
-            )
+            if isinstance(e, ast.Await):
+                self._forbid_async(e, "await")
+            else:
+                self.forbid(e, Yield, "yield")
         if isinstance(e, ast.Call):
             self.check_call(e, state)
         for child in ast.iter_child_nodes(e):
@@ -274,6 +267,10 @@ class _Flow(_Statements):
             elif isinstance(child, ast.expr):
                 state = self.expr(child, state)
         return state
+
+    def _forbid_async(self, node: ast.AST, what: str) -> None:
+        message, advice = _AWAIT_TEXT
+        self.forbid(node, Await, what, what=message, fix=advice)
 
     def _comprehension(self, e: ast.AST, state: State) -> State:
         gens: list[ast.comprehension] = e.generators  # type: ignore[attr-defined]
@@ -284,7 +281,7 @@ class _Flow(_Statements):
         try:
             for i, g in enumerate(gens):
                 if g.is_async:
-                    self.forbid(g.iter, "async for", "await", _AWAIT_TEXT)
+                    self._forbid_async(g.iter, "async for")
                 if i:
                     st = self.expr(g.iter, st)
                 for cond in g.ifs:

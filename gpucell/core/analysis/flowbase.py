@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gpucell.core.analysis.diagnostics import DiagnosticSink
 from gpucell.core.analysis.messages import _own_key_fix, _write_once_text
+from gpucell.core.analysis.refusals import LoopCarried, SinkRead
 from gpucell.core.analysis.selections import _running_best_text, _Selection
 from gpucell.core.analysis.sinks import WRITE, Candidate
 
@@ -134,38 +135,33 @@ class _FlowBase:
             return
         if n in c.sinks:
             cand = c.sinks[n]
-            c.diag.add(
-                node.lineno,
-                node.col_offset,
-                n,
-                "sink-read",
-                _write_once_text(n, *c.several_writes[n])
-                if n in c.several_writes
-                else f"`{n}` is combined across iterations ({cand.cls} on line "
-                f"{cand.stmt.lineno}) and is also used here; while the loop runs in "
-                f"parallel an iteration sees only its own contributions, not those "
-                f"of earlier iterations. "
-                + (
+            if n in c.several_writes:
+                what, fix = _write_once_text(n, *c.several_writes[n])
+            else:
+                what = (
+                    f"`{n}` is combined across iterations ({cand.cls} on line "
+                    f"{cand.stmt.lineno}) and is also used here; while the loop runs "
+                    f"in parallel an iteration sees only its own contributions, not "
+                    f"those of earlier iterations. "
+                )
+                fix = (
                     _own_key_fix(n, c.key_loop)
                     if cand.cls == WRITE
                     else f"Use `{n}` only after the loop (or give the running "
                     f"value another name inside the loop)."
-                ),
-            )
+                )
+            c.diag.report(SinkRead(node.lineno, node.col_offset, n, what=what, fix=fix))
             c.sink_reads.setdefault(n, node.lineno)
         elif n in c.body_bound:
             if state is not None and n not in state:
-                c.diag.add(
-                    node.lineno,
-                    node.col_offset,
-                    n,
-                    "loop-carried",
-                    self._carried_text(n),
+                why, fix = self._carried_text(n)
+                c.diag.report(
+                    LoopCarried(node.lineno, node.col_offset, n, why=why, fix=fix)
                 )
         elif n not in c.inputs:
             c.inputs[n] = node.lineno
 
-    def _carried_text(self, n: str) -> str:
+    def _carried_text(self, n: str) -> tuple[str, str]:
         """Why reading ``n`` here sees the previous iteration, and the rewrite
         that fits how the body assigns it."""
         c = self.c
@@ -188,22 +184,21 @@ class _FlowBase:
                 f"would see the value left by the previous iteration (a "
                 f"loop-carried dependency)."
             )
-        why += " Iterations run independently in parallel. "
         pick = c.selections.get(n)
         if pick is not None and pick.kind == "first":
-            return why + (
+            return why, (
                 f"`{n}` keeps the first match, which depends on the iterations "
                 f"before it: collect the matches (`hits.append(x)`) and take the "
                 f"first after the loop (`{n} = hits[0] if hits else None`)."
             )
         if pick is not None and pick.kept and pick.op and len(pick.kept) > 1:
-            return why + _running_best_text(n, pick)
+            return why, _running_best_text(n, pick)
         if pick is not None:
             score = pick.score or "score"
             what = {"max": "running maximum", "min": "running minimum"}
             pick_fn = pick.op or "max"  # (either way round: say both)
             either = "" if pick.op else " (or `min`, for a running minimum)"
-            return why + (
+            return why, (
                 f"`{n}` keeps a {what.get(pick.op or '', 'running best')}, which "
                 f"depends on the iterations before it: collect candidates "
                 f"(`pairs.append(({score}, params))`) and pick after the loop "
@@ -213,11 +208,7 @@ class _FlowBase:
         fix = f"Assign `{n}` before reading it on every path of the iteration"
         if loop_line is not None:
             fix += f" (e.g. `{n} = None` before the loop on line {loop_line})"
-        return (
-            why
-            + fix
-            + (
-                f", or, if it accumulates, write it as a reduction (`{n} += ...`) and "
-                f"read it only after the loop."
-            )
+        return why, fix + (
+            f", or, if it accumulates, write it as a reduction (`{n} += ...`) and "
+            f"read it only after the loop."
         )

@@ -9,6 +9,14 @@ import ast
 from gpucell.core.analysis.flowbase import State, _add, _join
 from gpucell.core.analysis.messages import _op_text
 from gpucell.core.analysis.mutations import _Mutations
+from gpucell.core.analysis.refusals import (
+    Break,
+    DelOuter,
+    Global,
+    Nonlocal,
+    Return,
+    StarImport,
+)
 from gpucell.core.analysis.scope import (
     nested_free_loads,
     nested_statements,
@@ -75,14 +83,7 @@ class _Statements(_Mutations):
         return None
 
     def stmt_Return(self, s: ast.Return, state: State) -> State:
-        self.forbid(
-            s,
-            "return",
-            "return",
-            "`return` is not allowed in the loop: the cell is not a function, and "
-            "leaving the loop early makes the result depend on iteration order. "
-            "Use `continue` to skip the rest of an iteration.",
-        )
+        self.forbid(s, Return, "return")
         if s.value is not None:
             self.expr(s.value, state)
         return None
@@ -96,30 +97,13 @@ class _Statements(_Mutations):
         if self.jumps:  # a nested loop's: the code after it starts from here
             self.jumps[-1].breaks.append(state)
         if self.loop_depth == 0:
-            self.forbid(
-                s,
-                "break",
-                "break",
-                "`break` stops the loop at an iteration that depends on the "
-                "iterations before it, but engines run iterations independently "
-                "and all at once. Record a flag per iteration (e.g. "
-                "`hits.append(i)`) and pick the first one after the loop, or run "
-                "the cell serially.",
-            )
+            self.forbid(s, Break, "break")
         return None
 
     def stmt_Global(self, s: ast.Global | ast.Nonlocal, state: State) -> State:
-        kw = "global" if isinstance(s, ast.Global) else "nonlocal"
+        kind = Global if isinstance(s, ast.Global) else Nonlocal
         for n in s.names:
-            self.forbid(
-                s,
-                n,
-                kw,
-                f"`{kw} {n}` would rebind `{n}` in an engine's namespace, not in "
-                f"yours. Assign `{n}` in the loop body (it comes back as the value "
-                f"of the last iteration) or collect values and combine them after "
-                f"the loop.",
-            )
+            self.forbid(s, kind, n)
         return state
 
     stmt_Nonlocal = stmt_Global
@@ -130,14 +114,7 @@ class _Statements(_Mutations):
                 if isinstance(part, ast.Name):
                     n = part.id
                     if n in self.c.sinks or n not in self.c.body_bound:
-                        self.forbid(
-                            part,
-                            n,
-                            "del-outer",
-                            f"`del {n}` deletes a name that exists before the loop; "
-                            f"an engine can delete only its own copy. Delete `{n}` "
-                            f"after the loop.",
-                        )
+                        self.forbid(part, DelOuter, n)
                         continue
                     self.load(
                         ast.Name(
@@ -177,13 +154,7 @@ class _Statements(_Mutations):
         names = []
         for alias in s.names:
             if alias.name == "*":
-                self.forbid(
-                    s,
-                    "*",
-                    "star-import",
-                    "`from ... import *` in the loop binds names the analysis cannot "
-                    "see. Import the names you use explicitly.",
-                )
+                self.forbid(s, StarImport, "*")
                 continue
             names.append(alias.asname or alias.name.split(".")[0])
         self.c.seen_stored.update(names)

@@ -13,9 +13,11 @@ __all__ = [
 ]
 
 
+#: the await refusal's message and advice
 _AWAIT_TEXT = (
     "`await`/`async` is not allowed in the parallel loop: engines run the body as "
-    "plain synchronous code. Call a synchronous function, or run the cell serially."
+    "plain synchronous code. ",
+    "Call a synchronous function, or run the cell serially.",
 )
 
 
@@ -96,8 +98,9 @@ def _method_name(call: ast.Call) -> str:
     return call.func.attr if isinstance(call.func, ast.Attribute) else ""
 
 
-def _refit_text(name: str, call: ast.Call) -> str:
-    """The change that matters in a refused loop that refits ``name``."""
+def _refit_text(name: str, call: ast.Call) -> tuple[str, str]:
+    """The change that matters in a refused loop that refits ``name``, and
+    the rewrite."""
     what = f"`{ast.unparse(call.func)}(...)`"
     if _method_name(call) == "set_params":
         serially = (
@@ -113,16 +116,17 @@ def _refit_text(name: str, call: ast.Call) -> str:
         f"{what} changes `{name}`, which exists before the loop: serially "
         f"{serially}, while each "
         f"engine would change only its own copy, and the run would stop when "
-        f"the engines' check finds `{name}` changed. Make a new estimator in "
+        f"the engines' check finds `{name}` changed. ",
+        f"Make a new estimator in "
         f"each iteration (`m = sklearn.base.clone({name})`, then "
         f"`m.set_params(...)` and `m.fit(...)`, or `m = Model(...)`) and collect "
         f"what you need (`scores[k] = m.score(...)`, `models.append(m)`); a loop "
         f"over the models themselves (`for m in models: m.fit(X, y)`) runs in "
-        f"parallel and writes each one back."
+        f"parallel and writes each one back.",
     )
 
 
-def _write_once_text(name: str, key: str, lines: list[int]) -> str:
+def _write_once_text(name: str, key: str, lines: list[int]) -> tuple[str, str]:
     """Why ``S[i] = f(S[i])`` then ``S[i] = g(S[i])`` is refused, and the
     rewrite that is accepted: one write."""
     if len(lines) > 1:
@@ -135,9 +139,10 @@ def _write_once_text(name: str, key: str, lines: list[int]) -> str:
         f"reads what it wrote. An engine reads `{own}` as it was before "
         f"the loop, so that runs in parallel only for plain operators on the "
         f"elements of a list or dict by position (an array would cast what it "
-        f"stores, a frame align it). Keep the value in a local and write it "
+        f"stores, a frame align it). ",
+        f"Keep the value in a local and write it "
         f"once (`v = {own}`, `v = f(v)`, `v = g(v)`, then `{own} = v`): one "
-        f"write of the iteration's own item, read only before it, is accepted."
+        f"write of the iteration's own item, read only before it, is accepted.",
     )
 
 

@@ -8,6 +8,7 @@ import ast
 
 from gpucell.core.analysis.flowbase import State, _FlowBase
 from gpucell.core.analysis.messages import REFIT_METHODS, _method_name, _setdefault_fix
+from gpucell.core.analysis.refusals import OuterMutation, Refusal
 from gpucell.core.analysis.scope import (
     ENGINE_PROVIDED,
     SAFE_BUILTINS,
@@ -97,14 +98,15 @@ class _Mutations(_FlowBase):
                 "Collect what you need (`results.append(...)`, `d[k] = ...`) and "
                 "apply the change after the loop, or run the cell serially."
             )
-        self.c.diag.add(
-            getattr(node, "lineno", root.lineno),
-            getattr(node, "col_offset", root.col_offset),
-            n,
-            "outer-mutation",
-            f"{what} changes an object in place; {owner}, and each engine would "
-            f"change only its own copy, so the change would be lost in your "
-            f"namespace (and later iterations would not see it). {fix}",
+        self.c.diag.report(
+            OuterMutation(
+                getattr(node, "lineno", root.lineno),
+                getattr(node, "col_offset", root.col_offset),
+                n,
+                what=what,
+                owner=owner,
+                fix=fix,
+            )
         )
 
     def watch(self, e: ast.expr | None, line: int) -> None:
@@ -276,7 +278,9 @@ class _Mutations(_FlowBase):
             what = f"`{text} {op}= ...`"
         self._refuse_mutation(part, root, what)
 
-    def forbid(self, node: ast.AST, name: str, kind: str, text: str) -> None:
-        self.c.diag.add(
-            getattr(node, "lineno", 0), getattr(node, "col_offset", 0), name, kind, text
-        )
+    def forbid(
+        self, node: ast.AST, refusal: type[Refusal], name: str, **args: str
+    ) -> None:
+        """Record a ``refusal`` of ``name`` at ``node``."""
+        line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+        self.c.diag.report(refusal(line, col, name, **args))
