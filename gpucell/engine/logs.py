@@ -95,6 +95,12 @@ class _Keep(logging.Handler):
         self.records.append(prepared(record))
 
 
+#: handlers no capture holds: made once, not per chunk (a handler's making,
+#: its lock registered for fork and its weak reference in logging's list,
+#: took ~65 us of a chunk cold)
+_IDLE: list[_Keep] = []
+
+
 #: the last levels met and their loggers (not the engine's own), each one's
 #: level: every chunk of a cell gets the same levels (~100 loggers in a
 #: notebook), so they are looked up once, not per chunk
@@ -145,8 +151,11 @@ class Capture:
                     self._saved.append((lg, lg.level))
                     lg.level = level
                     changed = True
-        self._keep = _Keep(threading.get_ident())
-        root.handlers[:] = [self._keep]
+        keep = _IDLE.pop() if _IDLE else _Keep(0)
+        keep.thread, keep.records = threading.get_ident(), []
+        keep.level, keep.filters = logging.NOTSET, []  # (a loop may set them)
+        self._keep = keep
+        root.handlers[:] = [keep]
         if changed:
             _levels_changed(manager)
         return self
@@ -164,6 +173,9 @@ class Capture:
             _levels_changed(root.manager)
         if self._keep is not None:
             self.records = self._keep.records
+            self._keep.records = []
+            _IDLE.append(self._keep)
+            self._keep = None
 
 
 def _levels_changed(manager: Any) -> None:
