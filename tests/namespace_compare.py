@@ -174,6 +174,8 @@ def same(a: Any, b: Any) -> bool:
         return (a.mode, a.size) == (b.mode, b.size) and a.tobytes() == b.tobytes()
     if isinstance(a, np.random.Generator):
         return same(a.bit_generator.state, b.bit_generator.state)
+    if isinstance(a, np.random.RandomState):  # (an estimator's random_state)
+        return same(list(a.get_state()), list(b.get_state()))
     if isinstance(a, torch.utils.data.DataLoader):
         return a.batch_size == b.batch_size and same(a.dataset, b.dataset)
     if isinstance(a, torch.utils.data.TensorDataset):

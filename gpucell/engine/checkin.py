@@ -32,7 +32,15 @@ from typing import Any
 from gpucell.protocol.fold import is_numpy, is_torch
 from gpucell.protocol.globalrng import global_generator
 
-__all__ = ["Changed", "changes", "code_names", "freeze", "snapshot", "token"]
+__all__ = [
+    "Changed",
+    "changes",
+    "class_state",
+    "code_names",
+    "freeze",
+    "snapshot",
+    "token",
+]
 
 #: items of containers (all levels together) tokenised before giving up
 MAX_ITEMS = 100_000
@@ -306,18 +314,61 @@ def snapshot(
 
 
 def _items(items: Callable[[], Any]) -> Hashable:
-    budget, seen = _Budget(), set()
-    return ("items", tuple(_item_token(x, budget, seen, 0) for x in items()))
+    budget, seen = _Budget(), set[int]()
+    classes: dict[int, Hashable] = {}
+    return (
+        "items",
+        tuple(_item_token(x, budget, seen, 0, classes) for x in items()),
+    )
 
 
-def _item_token(x: Any, budget: _Budget, seen: set[int], depth: int) -> Hashable:
+def _item_token(
+    x: Any, budget: _Budget, seen: set[int], depth: int, classes: dict[int, Hashable]
+) -> Hashable:
     """An item's token, its arrays (and a tuple item's) left writable and
     hashed whole: the iteration may change them, and a change must show."""
     if type(x) is tuple and depth < 2:
-        return ("tuple", tuple(_item_token(p, budget, seen, depth + 1) for p in x))
+        return (
+            "tuple",
+            tuple(_item_token(p, budget, seen, depth + 1, classes) for p in x),
+        )
     if is_numpy(x) and not _is_numpy_scalar(x) and not x.dtype.hasobject:
         return ("ndarray", x.shape, x.dtype.str, array_digest(x))
+    cls = type(x)
+    if getattr(cls, "__module__", None) == "__main__" and not isinstance(x, type):
+        # what every instance of a notebook class shares (`self.seen.append`
+        # on a class-level list): pickled by reference, an item's token
+        # would not show a change there
+        if id(cls) not in classes:
+            classes[id(cls)] = class_state(cls)
+        return ("instance", classes[id(cls)], _token(x, budget, seen))
     return _token(x, budget, seen)
+
+
+def class_state(cls: type) -> Hashable:
+    """A notebook class's own data attributes, through its notebook bases
+    (``count = 0``, ``registry = []``), hashed by value; methods, properties
+    and the class machinery left out, and nothing made read-only (an item's
+    own arrays may be among them)."""
+    parts = []
+    for c in cls.__mro__:
+        if getattr(c, "__module__", None) != "__main__":
+            continue
+        for k, v in sorted(vars(c).items(), key=lambda kv: kv[0]):
+            if k.startswith("__") and k.endswith("__"):
+                continue
+            if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
+                continue
+            if type(v).__name__ in ("member_descriptor", "getset_descriptor"):
+                continue  # a slot's descriptor
+            if isinstance(v, _IMMUTABLE):
+                tok: Hashable = ("=", type(v).__name__, hash(v))
+            else:
+                tok = _pickled(v)
+                if tok == _UNCHECKED:
+                    continue  # (unpicklable: unknown, never taken as a change)
+            parts.append((c.__qualname__, k, tok))
+    return ("class state", tuple(parts))
 
 
 def array_digest(a: Any) -> int:

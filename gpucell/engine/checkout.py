@@ -14,14 +14,21 @@ a tuple item such as ``enumerate``'s or ``dict.items()``'s pairs):
   submodule's train/eval flag;
 * a torch tensor: its values (and gradient);
 * any other object with a ``__dict__`` (an estimator, a plain object): the
-  attributes the iteration set, changed or deleted.
+  attributes the iteration set, changed or deleted, where they are all its
+  state as pickle sees it (not a ``random.Random``, whose generator state is
+  no attribute, nor a notebook subclass of ``dict`` or ``list``, whose
+  elements are not).
 
-Anything else that changed (a list item appended to, a numpy array) cannot be
-written back: the chunk fails as before, naming it.  Standard library only.
+Anything else that changed (a set, a deque, a ``random.Random``) cannot be
+written back: the chunk fails as before, naming it.  So does a change to a
+notebook class's own attributes made through an item (``self.seen.append``
+on a class-level list, ``type(self).count += 1``): every instance shares
+them, serially later iterations would see the change.  Standard library only.
 """
 
 from __future__ import annotations
 
+import copyreg
 import types
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
@@ -31,9 +38,10 @@ from gpucell.protocol.fold import is_numpy
 
 __all__ = ["ItemsBefore", "before", "changes"]
 
-#: (iteration, path into the item) -> (kind, token): kind "module", "tensor",
-#: "object" (token: attribute -> token) or "" (a part that cannot be written)
-ItemsBefore = dict[tuple[int, tuple[int, ...]], tuple[str, Any]]
+#: (iteration, path into the item) -> (kind, token, its notebook class's
+#: state): kind "module", "tensor", "object" (token: attribute -> token) or ""
+#: (a part that cannot be written)
+ItemsBefore = dict[tuple[int, tuple[int, ...]], tuple[str, Any, Hashable]]
 
 _VALUES = (type(None), bool, int, float, complex, str, bytes, range)
 
@@ -58,10 +66,36 @@ def _kind(obj: Any) -> str:
     if isinstance(obj, (set, tuple, frozenset)) or t.__module__ == "builtins":
         return ""
     if isinstance(getattr(obj, "__dict__", None), dict):
-        return "object"
+        return "object" if _attributes_are_state(obj) else ""
     if _slot_names(obj):
-        return "slots"
+        return "slots" if _attributes_are_state(obj) else ""
     return ""
+
+
+def _attributes_are_state(obj: Any) -> bool:
+    """Whether an object's attributes (``__dict__`` and slots) are all of its
+    state, as pickle sees it: made from its class alone, with a dict of
+    attributes.  Not a ``random.Random`` (its generator state lives in its C
+    base, pickled as a tuple), nor a subclass of ``dict`` or ``list`` (their
+    elements travel beside the attributes): written back by attributes, such
+    an item would silently keep what it was."""
+    try:
+        red = obj.__reduce_ex__(4)
+    except Exception:
+        return False
+    if not isinstance(red, tuple) or len(red) < 2:
+        return False
+    made, args = red[0], red[1]
+    newobj = getattr(copyreg, "__newobj__", None)  # (not in typeshed)
+    from_class = made is newobj and tuple(args) == (type(obj),)
+    # SimpleNamespace: (its class, (), its attributes)
+    from_class = from_class or (made is type(obj) and tuple(args) == ())
+    if not from_class or any(x is not None for x in red[3:5]):
+        return False
+    state = red[2] if len(red) > 2 else None
+    if type(state) is tuple and len(state) == 2:  # (attributes, slots)
+        return all(x is None or isinstance(x, dict) for x in state)
+    return state is None or isinstance(state, dict)
 
 
 def _slot_names(obj: Any) -> list[str]:
@@ -133,11 +167,27 @@ def _state(kind: str, obj: Any) -> Any:
 def before(items: Iterable[Any], start: int) -> ItemsBefore:
     """The state of every leaf of the chunk's items, before it runs."""
     out: ItemsBefore = {}
+    classes: dict[int, Hashable] = {}
     for k, item in enumerate(items):
         for path, leaf in _parts(item):
             kind = _kind(leaf)
-            out[(start + k, path)] = (kind, _state(kind, leaf))
+            out[(start + k, path)] = (
+                kind,
+                _state(kind, leaf),
+                _class_state(leaf, classes),
+            )
     return out
+
+
+def _class_state(leaf: Any, classes: dict[int, Hashable]) -> Hashable:
+    """The state a notebook class's instances share (``checkin.class_state``),
+    once per class per look."""
+    cls = type(leaf)
+    if getattr(cls, "__module__", None) != "__main__":
+        return None
+    if id(cls) not in classes:
+        classes[id(cls)] = checkin.class_state(cls)
+    return classes[id(cls)]
 
 
 def _module_state(m: Any) -> dict[str, Any]:
@@ -165,17 +215,25 @@ def changes(
     each (then nothing is written back: the chunk fails)."""
     updates: list[tuple[int, tuple[int, ...], tuple[Any, ...]]] = []
     cannot: list[str] = []
+    classes: dict[int, Hashable] = {}
     for k, item in enumerate(items):
         for path, leaf in _parts(item):
             key = (start + k, path)
-            kind, then = was.get(key, ("", None))
+            kind, then, shared = was.get(key, ("", None, None))
+            where = f"the item of iteration {start + k}" + (
+                f" (part {'/'.join(map(str, path))})" if path else ""
+            )
+            if not checkin._same(shared, _class_state(leaf, classes)):
+                cannot.append(
+                    f"{where}, a {type(leaf).__name__}: an attribute of its class "
+                    f"`{type(leaf).__qualname__}` changed (every instance "
+                    "shares it: serially later iterations would see the change)"
+                )
+                continue
             now_kind = _kind(leaf)
             now = _state(now_kind, leaf)
             if now_kind == kind and _same(kind, then, now):
                 continue
-            where = f"the item of iteration {start + k}" + (
-                f" (part {'/'.join(map(str, path))})" if path else ""
-            )
             if kind != now_kind or kind == "":
                 cannot.append(f"{where}, a {type(leaf).__name__}, changed in place")
                 continue
