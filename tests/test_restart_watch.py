@@ -41,12 +41,25 @@ gpucell.start_cluster(2, gpus="none")
 """
 
 
+class _Kernel(_Panel):
+    """The panel's comm, and every line the kernel prints (between cells too)."""
+
+    def __init__(self, kc: Any) -> None:
+        super().__init__(kc)
+        self.said: list[str] = []
+
+    def _take(self, msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            self.said.append(msg["content"]["text"])
+        super()._take(msg)
+
+
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[_Panel]:
+def kernel() -> Iterator[_Kernel]:
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
-    panel = _Panel(kc)
+    panel = _Kernel(kc)
     try:
         panel.run(SETUP)
         panel.open()
@@ -108,9 +121,7 @@ def test_an_engine_killed_between_cells_restarts_with_no_cell_run(kernel):
     # the kernel's own record agrees, and the restart logger has it
     assert _value(kernel, "sorted(gpucell.current().engines)") == [0, new]
     lines = _value(kernel, "_keep.lines")
-    assert any("engine 1 (cpu1: CPU" in ln and "restarting it" in ln for ln in lines), (
-        lines
-    )
+    assert any("engine 1 (cpu" in ln and "restarting it" in ln for ln in lines), lines
     assert any(f"is back as engine {new}" in ln for ln in lines), lines
 
 
@@ -137,6 +148,137 @@ def test_a_cell_sent_while_a_restart_runs_is_not_broken(kernel):
     )
     ids = _value(kernel, "sorted(gpucell.current().engines)")
     assert ids == [0, _rows(back)[1][0]], ids
+
+
+def _fresh(kernel: _Panel) -> dict[int, int]:
+    """A new cluster in the same kernel (its devices' restart budgets new)."""
+    kernel.run("gpucell.stop()\ngpucell.start_cluster(2, gpus='none')")
+    _wait(kernel, lambda s: _rows(s) == [(0, "idle"), (1, "idle")])
+    return _pids(kernel)
+
+
+def _listen(kernel: _Panel, seconds: float) -> None:
+    """Read what the kernel sends for ``seconds`` (the panel's state changes
+    every second while it records history: ``drain`` would never end)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            kernel._take(kernel.kc.get_iopub_msg(timeout=0.1))
+        except Exception:
+            pass
+
+
+def _said(kernel: _Panel) -> str:
+    return "".join(kernel.said)
+
+
+def _engines_of(kernel_pid: int) -> set[int]:
+    import psutil
+
+    out = set()
+    for p in psutil.Process(kernel_pid).children(recursive=True):
+        try:
+            if "ipyparallel.engine" in p.cmdline():
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_two_engines_killed_between_cells_come_back_as_two(kernel):
+    pids = _fresh(kernel)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    _wait(kernel, lambda s: [st for _, st in _rows(s)] == ["restarting"] * 2, 10)
+    back = _wait(
+        kernel,
+        lambda s: (
+            {st for _, st in _rows(s)} == {"idle"}
+            and not {e for e, _ in _rows(s)} & {0, 1}
+        ),
+        timeout=40,
+        what="both devices idle on new engines",
+    )
+    new = sorted(e for e, _ in _rows(back))
+    time.sleep(1.0)  # nothing registers late, nothing else restarts
+    assert _value(kernel, "sorted(gpucell.current().engines)") == new
+    labels = "sorted(e.label for e in gpucell.current().engines.values())"
+    assert _value(kernel, labels) == ["cpu0", "cpu1"]
+    ids = "sorted(set(gpucell.current().client.ids) - {0, 1})"
+    assert _value(kernel, ids) == new  # no third engine running unused
+    # a cell sent while every engine restarts waits for them
+    for pid in _pids(kernel).values():
+        os.kill(pid, signal.SIGKILL)
+    _wait(kernel, lambda s: [st for _, st in _rows(s)] == ["restarting"] * 2, 10)
+    kernel.run(
+        "%%gpu_parallel --quiet\nsq = []\nfor i in range(20):\n    sq.append(i * i)\n"
+    )
+    assert _value(kernel, "sq == [i * i for i in range(20)]") is True
+
+
+def test_an_engine_dying_after_every_start_between_cells_is_retired(kernel):
+    from gpucell.cluster import restart
+
+    pids = _fresh(kernel)
+    kpid = _value(kernel, "__import__('os').getpid()")
+    killed = {pids[1]}
+    os.kill(pids[1], signal.SIGKILL)
+    for _ in range(restart.BUDGET):  # killed a moment after every start
+        back = _wait(
+            kernel,
+            lambda s: _rows(s)[1][1] == "idle" and _rows(s)[1][0] not in (0, 1),
+            timeout=40,
+            what="the device's new engine",
+        )
+        (pid,) = _engines_of(kpid) - killed - {pids[0]}
+        os.kill(pid, signal.SIGKILL)
+        killed.add(pid)
+        prev = _rows(back)[1][0]
+        _wait(kernel, lambda s, prev=prev: _rows(s)[1] != (prev, "idle"), 10)
+    dead = _wait(kernel, lambda s: _rows(s)[1][1] == "dead", 10, "the device dead")
+    assert "1 dead" in dead["status"], dead["status"]
+    assert "stops restarting it" in _said(kernel), _said(kernel)
+    time.sleep(1.0)
+    assert _engines_of(kpid) == {pids[0]}  # nothing else runs for it
+    kernel.run(
+        "%%gpu_parallel --quiet\nsq = []\nfor i in range(8):\n    sq.append(i * i)\n"
+    )
+    assert _value(kernel, "sq == [i * i for i in range(8)]") is True
+
+
+def test_every_engine_gone_between_cells_with_restarts_failing_is_said(kernel):
+    pids = _fresh(kernel)
+    kernel.run(  # every new engine's Python exits at once; attempts 0.1 s apart
+        "import gpucell.cluster.engines as _E, gpucell.cluster.restart as _R\n"
+        "_real_env, _R.BACKOFF = _E.engine_env, 0.1\n"
+        "_E.engine_env = lambda spec: {**_real_env(spec), 'PYTHONHOME': '/nonexistent'}"
+    )
+    try:
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        _wait(
+            kernel,
+            lambda s: [st for _, st in _rows(s)] == ["dead"] * 2,
+            60,
+            "both devices dead",
+        )
+        took = time.monotonic() - t0
+        _listen(kernel, 2.0)  # (printed between cells: it follows the state)
+        said = _said(kernel)
+        assert said.count("could not be restarted after 3 attempts") == 2, said
+        assert took < 30, took
+        t0 = time.monotonic()
+        reply = kernel.kc.execute_interactive(
+            "%%gpu_parallel --quiet\nsq = []\nfor i in range(8):\n    sq.append(i)\n",
+            timeout=60,
+            output_hook=kernel._take,
+        )
+        assert reply["content"]["status"] == "error"
+        assert time.monotonic() - t0 < 10
+        assert "No live engine" in reply["content"]["evalue"], reply["content"]
+    finally:
+        kernel.run("_E.engine_env, _R.BACKOFF = _real_env, 0.5")
 
 
 def test_a_terminal_shell_has_no_watch(cluster):

@@ -62,18 +62,23 @@ def parse_engine_ids(spec: str, live: list[int], option: str) -> list[int]:
 
 
 def select_targets(gc: Any, req: CellRequest) -> list[int]:
-    """Engine ids a cell runs on: --targets, --devices, the selection, or all live."""
+    """Engine ids a cell runs on: --targets, --devices, the selection, or all live.
+
+    An engine being restarted is one of them (its device's): the run waits for
+    it or takes it when it is back, with the program built for its device."""
 
     live = gc.live_ids()
     if req.targets:
         return parse_engine_ids(req.targets, live, "--targets")
     if req.devices:
         return _engines_for_devices(gc, live, req.devices)
+    restarts = getattr(gc, "restarts", None)
+    back = [e for e in gc.dead if restarts is not None and restarts.restarting(e)]
     if gc.selected:
-        sel = [e for e in gc.selected if e in live]
+        sel = [e for e in gc.selected if e in live or e in back]
         if sel:
             return sel
-    return live
+    return sorted([*live, *back])
 
 
 def _engines_for_devices(gc: Any, live: list[int], spec: str) -> list[int]:
