@@ -96,8 +96,9 @@ def _run(ip, cell: str, line: str) -> dict:
 
 def _engine_only(n: int, rounds: int) -> dict[str, float]:
     """Microseconds per iteration of the chunk program alone, in this process
-    with torch imported (no messages, no other engine): what each way of
-    seeding adds to the loop's own cost."""
+    with torch imported (no messages, no other engine; thread time, so the
+    host's load counts less): what each way of seeding adds to the loop's
+    own cost."""
     import numpy as np
     import torch  # noqa: F401 - loaded, as on the engines
 
@@ -115,7 +116,7 @@ def _engine_only(n: int, rounds: int) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in ways}
     for _ in range(rounds):
         for name, make in ways.items():
-            t = time.perf_counter()
+            t = time.thread_time()
             run_chunk(
                 prog,
                 {"np": np},
@@ -125,7 +126,7 @@ def _engine_only(n: int, rounds: int) -> dict[str, float]:
                 seed_fn=make(),
                 cheap=True,
             )
-            times[name].append(time.perf_counter() - t)
+            times[name].append(time.thread_time() - t)
     return {k: statistics.median(v) / n * 1e6 for k, v in times.items()}
 
 
