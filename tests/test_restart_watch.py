@@ -49,8 +49,12 @@ class _Kernel(_Panel):
         self.said: list[str] = []
 
     def _take(self, msg: dict[str, Any]) -> None:
-        if msg["msg_type"] == "stream":
-            self.said.append(msg["content"]["text"])
+        kind, c = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            self.said.append(c["text"])
+        panel = {self.comm_id, *self.opened_by_kernel}
+        if kind in ("comm_msg", "comm_close") and c.get("comm_id") not in panel:
+            return  # a widget's (the device monitor's)
         super()._take(msg)
 
 
@@ -92,9 +96,25 @@ def _pids(kernel: _Panel) -> dict[int, int]:
     return _value(kernel, "{e: i.pid for e, i in gpucell.current().engines.items()}")
 
 
+MONITOR = """\
+import re
+from gpucell.ui.monitor import DeviceMonitor
+_frames = []
+def _text(w):
+    return re.sub("<[^>]*>", "", w.value)
+class _Recording(DeviceMonitor):
+    def refresh(self):
+        super().refresh()
+        _frames.append({str(k): (_text(r.label), _text(r.state))
+                        for k, r in self.table.rows.items()})
+_mon = _Recording(gpucell.current(), None, period=0.2)
+"""
+
+
 def test_an_engine_killed_between_cells_restarts_with_no_cell_run(kernel):
     pids = _pids(kernel)
     assert sorted(pids) == [0, 1]
+    kernel.run(MONITOR)  # %gpu_cluster monitor's rows, kept from its thread
     kernel.wait(lambda s: _rows(s) == [(0, "idle"), (1, "idle")])
     seen = len(kernel.states)
     kernel.drain(0.3)
@@ -118,6 +138,12 @@ def test_an_engine_killed_between_cells_restarts_with_no_cell_run(kernel):
     assert "restarting" not in back["status"] and "dead" not in back["status"]
     assert back["status"].startswith("gpucell: 2 CPU engines · 1 host · ")
     new = _rows(back)[1][0]
+    # the device monitor's thread drew the same: restarting, then the new engine
+    frames = _value(kernel, "(time.sleep(0.5), _mon.close(), _frames)[2]")
+    (key,) = [k for k, (label, _) in frames[0].items() if label.startswith("1 · ")]
+    states = [f[key][1] for f in frames]
+    assert "dead" not in states and "restarting" in states, states
+    assert frames[-1][key][0].startswith(f"{new} · ") and states[-1] == "idle"
     # the kernel's own record agrees, and the restart logger has it
     assert _value(kernel, "sorted(gpucell.current().engines)") == [0, new]
     lines = _value(kernel, "_keep.lines")

@@ -119,8 +119,10 @@ class Restarts:
             if info.state == DEAD:
                 continue
             if eid not in registered or (info.local and not pid_running(info.pid)):
-                gc.mark_dead(eid)  # seen dead at once (local: by its process)
+                # (restarting before dead: the panel's and monitor's threads
+                # read the two apart, and must never see the device just dead)
                 self.begin(gc, eid)
+                gc.mark_dead(eid)  # seen dead at once (local: by its process)
                 found.append(eid)
         return found
 

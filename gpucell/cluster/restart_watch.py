@@ -61,9 +61,10 @@ class Watch:
         except (Exception, KeyboardInterrupt) as e:  # the next look tries again
             self.errors += 1
             log.debug("restart watch: %r", e)
-        if not self.stopped:
-            busy = self.gc.restarts.busy()
-            self.handle = self.loop.call_later(FAST if busy else PERIOD, self.tick)
+        if not self.stopped:  # (a batch job still queued is no reason to hurry)
+            r = self.gc.restarts
+            fast = bool(r.pending or r.arrivals)
+            self.handle = self.loop.call_later(FAST if fast else PERIOD, self.tick)
 
     def look(self) -> None:
         """One look: deaths noticed and their restarts begun; restarts under

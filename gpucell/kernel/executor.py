@@ -71,10 +71,10 @@ def live_engines(
     alive = [e for e in targets if engine_alive(gc, e)]
     gone = [e for e in targets if e not in alive]
     restarts = getattr(gc, "restarts", None)
-    for eid in gone:
-        gc.mark_dead(eid)  # died since the last cell: status says so now
+    for eid in gone:  # (restarting before dead: displays never read it just dead)
         if restarts is not None:
             restarts.begin(gc, eid)  # joins this cell when it is back
+        gc.mark_dead(eid)  # died since the last cell: status says so now
     if gone and alive:
         which = ", ".join(map(str, gone))
         msg = (
@@ -173,10 +173,10 @@ class Executor:
                     pass
 
     def _do_mark_dead(self, ins: ev.MarkDead) -> None:
-        self.gc.mark_dead(ins.engine)
         restarts = self._restarts()
-        if restarts is not None:
+        if restarts is not None:  # (first: the panel's thread never sees it just dead)
             restarts.begin(self.gc, ins.engine)
+        self.gc.mark_dead(ins.engine)
 
     def _do_forget(self, ins: ev.Forget) -> None:
         ar = self._task_of.pop(ins.chunk, None)
