@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from test_panel import _Panel
 
+import gpucell
 import gpucell.cluster.lifecycle as gc_mod
 from gpucell.cluster import restart_watch
 
@@ -312,3 +313,20 @@ def test_a_terminal_shell_has_no_watch(cluster):
     the next cell or status restarts, as before."""
     assert restart_watch.watch(cluster) is None
     assert gc_mod.current() is cluster
+
+
+def test_a_cell_naming_an_engine_being_restarted_waits_for_it(ip, own_cluster):
+    """``--targets 1`` while engine 1 restarts (now noticed between cells): the
+    cell runs on its device's new engine, not ``no live engine [1]``."""
+    os.kill(own_cluster.engines[1].pid, signal.SIGKILL)
+    time.sleep(0.3)
+    gc_mod.status()  # the restart begins (no event loop here: status does it)
+    assert own_cluster.restarts.restarting(1)
+    ip.user_ns["sq"] = []
+    result = ip.run_cell(
+        "%%gpu_parallel --quiet --targets 1\nfor i in range(6):\n    sq.append(i * i)\n"
+    )
+    assert result.error_in_exec is None, result.error_in_exec
+    assert ip.user_ns["sq"] == [i * i for i in range(6)]
+    (new,) = [e for e in own_cluster.engines if e not in (0, 1)]
+    assert gpucell.last_run.engines == (new,)

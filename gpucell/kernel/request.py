@@ -67,18 +67,18 @@ def select_targets(gc: Any, req: CellRequest) -> list[int]:
     An engine being restarted is one of them (its device's): the run waits for
     it or takes it when it is back, with the program built for its device."""
 
-    live = gc.live_ids()
+    restarts = getattr(gc, "restarts", None)
+    back = [e for e in gc.dead if restarts is not None and restarts.restarting(e)]
+    live = sorted([*gc.live_ids(), *back])
     if req.targets:
         return parse_engine_ids(req.targets, live, "--targets")
     if req.devices:
         return _engines_for_devices(gc, live, req.devices)
-    restarts = getattr(gc, "restarts", None)
-    back = [e for e in gc.dead if restarts is not None and restarts.restarting(e)]
     if gc.selected:
-        sel = [e for e in gc.selected if e in live or e in back]
+        sel = [e for e in gc.selected if e in live]
         if sel:
             return sel
-    return sorted([*live, *back])
+    return live
 
 
 def _engines_for_devices(gc: Any, live: list[int], spec: str) -> list[int]:
