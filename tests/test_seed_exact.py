@@ -166,20 +166,28 @@ def test_a_bound_rand_travels_as_the_receivers_own_generator() -> None:
 
 
 @pytest.mark.cluster
-def test_draws_are_equal_across_chunkings_and_engine_counts(ip, cluster) -> None:
+def test_draws_are_equal_across_chunkings_and_engine_counts(
+    ip, cluster, capsys
+) -> None:
     """A numpy-only loop drawing through a ``rand`` bound in the notebook:
-    one engine, two, chunks of 1 and of 7 all give the documented numbers."""
+    two engines, chunks of one, one engine all give the documented numbers.
+    Without ``--seed`` it runs too (it failed as an input changed in place),
+    the draw warned by name."""
     ip.run_cell("from numpy.random import rand")
-    cell = "vals = []\nfor i in range(30):\n    vals.append(float(rand()))\n"
+    cell = "vals = []\nfor i in range(16):\n    vals.append(float(rand()))\n"
     want = []
-    for i in range(30):
+    for i in range(16):
         np.random.seed(_key(9, i) % 2**32)
         want.append(float(np.random.random()))
-    for line in (
-        "",
-        "--chunksize 1",
-        "--chunksize 7 --schedule static",
-        f"--targets {cluster.ids[0]}",
-    ):
+    for line in ("", "--chunksize 1", f"--targets {cluster.ids[0]}"):
         ip.run_cell_magic("gpu_parallel", f"--quiet --seed 9 {line}", cell)
         assert ip.user_ns["vals"] == want, line
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")  # (on the engines)
+    try:
+        capsys.readouterr()
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+    assert len(ip.user_ns["vals"]) == 16
+    said = capsys.readouterr().out
+    assert "`rand` (line 4) draw(s) from a global random generator" in said

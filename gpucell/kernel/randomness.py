@@ -63,6 +63,7 @@ def _draws(
     """``(line, text)`` of each draw (seeds in the body apart), and the names
     of torch models in training mode that draw."""
     from gpucell.core.globalreads import global_random_calls
+    from gpucell.protocol.globalrng import global_generator
 
     lines = {info.name: info.line for info in plan.names}
     draws = [(n, f"`{c}` (line {n})") for n, c in plan.random_calls if not _seeds(c)]
@@ -72,6 +73,12 @@ def _draws(
             f"`{call}` in `{fn}` (called at line {lines.get(via, '?')})",
         )
         for via, fn, call in global_random_calls(inputs, ns)
+    ]
+    # a generator's method bound before the loop (`from numpy.random import rand`)
+    draws += [
+        (lines.get(name, 0), f"`{name}` (line {lines.get(name, '?')})")
+        for name, value in inputs.items()
+        if global_generator(value) is not None
     ]
     models = [name for name, value in inputs.items() if _draws_in_training(value)]
     draws += [
