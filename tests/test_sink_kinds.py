@@ -106,3 +106,40 @@ def test_the_kinds_describe_a_name_as_the_plan_shows_it() -> None:
     assert KeyedGatherSink.describe("D") == "D[k].append(...)"
     assert KeyedSink.describe("D", "+") == "D[k] += ..."
     assert WriteSink.describe() == "item writes in iteration order"
+
+
+class _Names:
+    """A walk's view for the kinds' rewrites: one name of one kind."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        kinds = (GATHER, REDUCTION, UNION, KEYED_GATHER, KEYED, WRITE)
+        self.names = {k: {name} if k == kind else set() for k in kinds}
+        self.reduction_ops = {name: "+"}
+        self.n = 0
+
+    def temporary(self) -> str:
+        self.n += 1
+        return f"__tmp{self.n}__"
+
+
+@pytest.mark.parametrize(("src", "cls", "kind", "name"), CASES)
+def test_a_statement_is_rewritten_by_its_kind_alone(
+    src: str, cls: type, kind: str, name: str
+) -> None:
+    """Each kind rewrites its own statements into recorder calls (or the
+    engine's own fold) and leaves every other kind's, and other names', alone."""
+    rewritten = [k for k in KINDS if k.rewrite(_stmt(src), _Names(kind, name))]
+    assert rewritten == [cls]
+    out = cls.rewrite(_stmt(src), _Names(kind, name))
+    text = "\n".join(ast.unparse(s) for s in (out if isinstance(out, list) else [out]))
+    assert "__gpucell_" in text, text  # the recorder, or a chunk's own partial
+    assert cls.rewrite(_stmt(src), _Names(kind, "other")) is None
+
+
+def test_tuple_targets_write_through_temporaries_in_store_order() -> None:
+    out = WriteSink.rewrite(_stmt("a[i], b = f(x)"), _Names(WRITE, "a"))
+    assert isinstance(out, list)
+    assert [ast.unparse(s) for s in out] == [
+        "__tmp1__, b = f(x)",
+        "__gpucell_rec__.setitem(__tmp1__, 'a', i)",
+    ]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from gpucell.core.analysis.ownrows import OwnRow
-from gpucell.core.analysis.sinkrewrite import _const, _rec_call
+from gpucell.core.analysis.reccalls import _const, _rec_call
 from gpucell.protocol.program import (
     REC,
     Method,

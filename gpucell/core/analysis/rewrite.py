@@ -33,7 +33,8 @@ from gpucell.core.analysis.ownrowrewrite import (
     _value_row_guard,
 )
 from gpucell.core.analysis.ownrows import OwnRow
-from gpucell.core.analysis.sinkrewrite import _rec_call, _SinkRewriter
+from gpucell.core.analysis.reccalls import _rec_call
+from gpucell.core.analysis.sinkrewrite import _SinkRewriter
 from gpucell.core.astcopy import copy_tree
 from gpucell.protocol.program import (
     BEGIN,

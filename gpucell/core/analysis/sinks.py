@@ -1,21 +1,29 @@
 """The sink kinds and the statements that may be one (a candidate per
 statement: ``L.append(e)``, ``D[k] = e``, ``acc += e``...): the first pass of
-the classification."""
+the classification; and how each kind's statements become recorder calls in
+the chunk program (``rewrite``, walked by sinkrewrite.py)."""
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol, cast
 
 from gpucell.core.analysis.ownrows import OwnRow
+from gpucell.core.analysis.reccalls import _BINOPS, _const, _plain, _rec_call
 from gpucell.core.analysis.scope import (
     indexer_write,
     target_parts,
 )
 from gpucell.core.reducers import BY_AST, SELECTING, spelling
+from gpucell.protocol.program import (
+    NATIVE_REDUCTIONS,
+    Method,
+    gather_name,
+    partial_name,
+)
 
 __all__ = [
     "BIN_OPS",
@@ -67,10 +75,25 @@ class Candidate:
     augmented: bool = True
 
 
+#: what a kind's rewrite gives for a statement: its replacement (one
+#: statement or several), or None where the statement is not the kind's
+Rewritten = ast.stmt | list[ast.stmt] | None
+
+
+class Rewriting(Protocol):
+    """What a kind's rewrite reads of the walk (sinkrewrite._SinkRewriter)."""
+
+    names: Mapping[str, set[str]]  # kind -> the loop's names of that kind
+    reduction_ops: Mapping[str, str]  # reduction name -> its operator
+
+    def temporary(self) -> str: ...
+
+
 class SinkKind:
     """One kind of sink: which statements may be one (``match``: the
-    statement's candidates of this kind) and how the plan describes a name of
-    that kind (``describe``). A statement is at most one kind's, but an
+    statement's candidates of this kind), how the plan describes a name of
+    that kind (``describe``) and what the chunk program runs instead of the
+    statement (``rewrite``). A statement is at most one kind's, but an
     assignment may be a reduction and write items besides."""
 
     kind: ClassVar[str]
@@ -78,6 +101,11 @@ class SinkKind:
     @staticmethod
     def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
         raise NotImplementedError
+
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        """The recorder calls for ``node``, a statement of a name of this kind."""
+        return None
 
 
 class GatherSink(SinkKind):
@@ -115,6 +143,29 @@ class GatherSink(SinkKind):
         return (
             "new list, in iteration order" if fresh else "extended in iteration order"
         )
+
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        names = rw.names[GATHER]
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            if node.target.id in names:  # L += [...]
+                nm = _const(node.target.id, node)
+                return _rec_call(Method.EXTEND, [nm, node.value], node)
+            return None
+        found = _named_method_call(node, names)
+        if found is None:
+            return None
+        v, name, attr = found
+        if attr == "append" and _plain(v):
+            # the engine appends to its own list, bound per chunk
+            func = ast.copy_location(ast.Name(gather_name(name), ast.Load()), node)
+            call = ast.copy_location(
+                ast.Call(func=func, args=v.args, keywords=[]), node
+            )
+            return ast.copy_location(ast.Expr(call), node)
+        if attr in (Method.APPEND, Method.EXTEND):
+            return _rec_call(attr, [_const(name, node), *v.args], node)
+        return None
 
 
 class ReductionSink(SinkKind):
@@ -165,6 +216,49 @@ class ReductionSink(SinkKind):
         """As the user would write it: ``acc += ...``, ``best = max(best, ...)``."""
         return spelling(name, op, augmented)
 
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        names = rw.names[REDUCTION]
+        if isinstance(node, ast.AugAssign):
+            t = node.target
+            if isinstance(t, ast.Name) and t.id in names:
+                return ReductionSink._reduce(t.id, node.value, node, rw)
+            return None
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in names
+        ):
+            v = node.value  # acc = acc op e, best = max(best, e)
+            e = v.right if isinstance(v, ast.BinOp) else cast(ast.Call, v).args[1]
+            return ReductionSink._reduce(node.targets[0].id, e, node, rw)
+        return None
+
+    @staticmethod
+    def _reduce(name: str, e: ast.expr, node: ast.stmt, rw: Rewriting) -> ast.stmt:
+        """``acc += e``: the partial folded by the operator itself, where the
+        operator folds as the merge does (``+ * | & ^``); else a recorder call."""
+        op = rw.reduction_ops.get(name)
+        if op in NATIVE_REDUCTIONS:
+            target = ast.copy_location(ast.Name(partial_name(name), ast.Store()), node)
+            return ast.copy_location(ast.AugAssign(target, _BINOPS[op](), e), node)
+        return _rec_call(Method.REDUCE, [_const(name, node), e], node)
+
+
+def _named_method_call(
+    node: ast.stmt, names: set[str]
+) -> tuple[ast.Call, str, str] | None:
+    """``X.m(...)`` as a statement, ``X`` one of ``names``: the call, ``X``, ``m``."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return None
+    v = node.value
+    f = v.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        if f.value.id in names:
+            return v, f.value.id, f.attr
+    return None
+
 
 def _method_call(stmt: ast.stmt) -> tuple[ast.Call, ast.Attribute] | None:
     """``X.m(args)`` as a statement of its own, with no keyword or ``*starred``
@@ -204,6 +298,14 @@ class UnionSink(SinkKind):
     def describe() -> str:
         return "union of all additions"
 
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        found = _named_method_call(node, rw.names[UNION])
+        if found is None or found[2] not in (Method.ADD, Method.UPDATE):
+            return None
+        v, name, attr = found
+        return _rec_call(attr, [_const(name, node), *v.args], node)
+
 
 class KeyedGatherSink(SinkKind):
     """``D[k].append(e)``: the list under each key gathers in iteration order."""
@@ -230,6 +332,26 @@ class KeyedGatherSink(SinkKind):
     def describe(name: str) -> str:
         return f"{name}[k].append(...)"
 
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        """``D[k].append(e)``: the recorder keeps each key's items in order."""
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+            return None
+        v = node.value
+        f = v.func
+        if not (
+            isinstance(f, ast.Attribute)
+            and f.attr in (Method.APPEND, Method.EXTEND)
+            and isinstance(f.value, ast.Subscript)
+            and isinstance(f.value.value, ast.Name)
+            and f.value.value.id in rw.names[KEYED_GATHER]
+        ):
+            return None
+        method = Method.KEYED_APPEND if f.attr == Method.APPEND else Method.KEYED_EXTEND
+        d = f.value
+        name = _const(f.value.value.id, node)
+        return _rec_call(method, [name, d.slice, *v.args], node)
+
 
 class KeyedSink(SinkKind):
     """``D[k] op= e``: a reduction per key, folded in iteration order."""
@@ -253,6 +375,20 @@ class KeyedSink(SinkKind):
     @staticmethod
     def describe(name: str, op: str) -> str:
         return f"{name}[k] {op}= ..."
+
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        if not isinstance(node, ast.AugAssign):
+            return None
+        t = node.target
+        if not (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and t.value.id in rw.names[KEYED]
+        ):
+            return None
+        name = _const(t.value.id, node)
+        return _rec_call(Method.KEYED, [name, t.slice, node.value], node)
 
 
 class WriteSink(SinkKind):
@@ -286,6 +422,94 @@ class WriteSink(SinkKind):
     @staticmethod
     def describe() -> str:
         return "item writes in iteration order"
+
+    @staticmethod
+    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        writes = rw.names[WRITE]
+        if isinstance(node, ast.Delete):
+            return WriteSink._delete(node, writes)
+        if not isinstance(node, ast.Assign):
+            return None
+        indexed = indexer_write(node)
+        if indexed is not None and indexed[0].id in writes:
+            # D.at[k] = v: recorded, applied through the same indexer at merge
+            target, accessor, key = indexed
+            return _rec_call(
+                Method.SETINDEXED,
+                [node.value, _const(target.id, node), _const(accessor, node), key],
+                node,
+            )
+        sink_parts = [
+            p
+            for t in node.targets
+            for p in target_parts(t)
+            if isinstance(p, ast.Subscript)
+            and isinstance(p.value, ast.Name)
+            and p.value.id in writes
+        ]
+        if not sink_parts:
+            return None
+        if (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and len(sink_parts) == 1
+        ):
+            p = sink_parts[0]
+            return _rec_call(
+                Method.SETITEM,
+                [node.value, _const(cast(ast.Name, p.value).id, node), p.slice],
+                node,
+            )
+        return WriteSink._through_temporaries(node, sink_parts, rw)
+
+    @staticmethod
+    def _through_temporaries(
+        node: ast.Assign, sink_parts: list[ast.Subscript], rw: Rewriting
+    ) -> list[ast.stmt]:
+        """Tuple or chained targets: assign to temporaries, then record the
+        writes, in the order Python stores them."""
+        replaced: list[tuple[str, ast.Subscript]] = []
+
+        def swap(t: ast.expr) -> ast.expr:
+            if isinstance(t, (ast.Tuple, ast.List)):
+                t.elts = [swap(e) for e in t.elts]
+                return t
+            if isinstance(t, ast.Starred):
+                t.value = swap(t.value)
+                return t
+            if any(t is p for p in sink_parts):
+                tmp = rw.temporary()
+                replaced.append((tmp, t))  # type: ignore[arg-type]
+                return ast.copy_location(ast.Name(tmp, ast.Store()), t)
+            return t
+
+        node.targets = [swap(t) for t in node.targets]
+        out: list[ast.stmt] = [node]
+        for tmp, sub in replaced:
+            value = ast.copy_location(ast.Name(tmp, ast.Load()), sub)
+            name = _const(cast(ast.Name, sub.value).id, sub)
+            out.append(_rec_call(Method.SETITEM, [value, name, sub.slice], sub))
+        return out
+
+    @staticmethod
+    def _delete(node: ast.Delete, writes: set[str]) -> Rewritten:
+        """``del D[k]`` of the own key: recorded as a write of DELETED."""
+        if not (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and isinstance(node.targets[0].value, ast.Name)
+            and node.targets[0].value.id in writes
+        ):
+            return None
+        t = node.targets[0]
+        gone = ast.parse(
+            "__import__('gpucell.core.deleted', fromlist=['DELETED']).DELETED",
+            mode="eval",
+        ).body
+        for n in ast.walk(gone):
+            ast.copy_location(n, node)
+        name = _const(cast(ast.Name, t.value).id, node)
+        return _rec_call(Method.SETITEM, [gone, name, t.slice], node)
 
 
 #: every sink kind, in the order a statement's candidates are listed
