@@ -2196,3 +2196,133 @@ n_done = Job.done
 """,
     note="a class-level counter bumped through the instance: serially each job sees the ones before it",
 )
+
+# ---------------------------------------------------------------- fourth batch: objects whose identity matters
+
+case(
+    "wb-torch-adam-zip-state-identity",
+    "safe",
+    TORCH
+    + """
+torch.manual_seed(15)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+opts = [torch.optim.Adam(n.parameters(), lr=0.05) for n in nets]
+""",
+    """
+for net, opt in zip(nets, opts):
+    for xb, yb in batches:
+        opt.zero_grad()
+        loss_fn(net(xb), yb).backward()
+        opt.step()
+keys_ok = [all(p in opt.state for p in net.parameters()) for net, opt in zip(nets, opts)]
+groups_ok = [all(a is b for a, b in zip(opt.param_groups[0]["params"], net.parameters())) for net, opt in zip(nets, opts)]
+""",
+    note="the optimizer must still hold the kernel's parameters (a next cell's step trains the net)",
+)
+
+case(
+    "wb-torch-net-opt-scheduler-zip",
+    "safe",
+    TORCH
+    + """
+torch.manual_seed(16)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in opts]
+""",
+    """
+for net, opt, sched in zip(nets, opts, scheds):
+    for xb, yb in batches:
+        opt.zero_grad()
+        loss_fn(net(xb), yb).backward()
+        opt.step()
+        sched.step()
+lrs = [o.param_groups[0]["lr"] for o in opts]
+""",
+)
+
+case(
+    "wb-obj-trainer-holds-model",
+    "safe",
+    TORCH
+    + """
+class Trainer:
+    def __init__(self, model, lr):
+        self.model = model
+        self.lr = lr
+        self.history = []
+    def fit(self, epochs=2):
+        opt = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+        for _ in range(epochs):
+            for xb, yb in batches:
+                opt.zero_grad()
+                loss = loss_fn(self.model(xb), yb)
+                loss.backward()
+                opt.step()
+            self.history.append(loss.item())
+torch.manual_seed(17)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+trainers = [Trainer(n, lr) for n, lr in zip(nets, (0.01, 0.1))]
+""",
+    """
+for t in trainers:
+    t.fit()
+same_model = [t.model is n for t, n in zip(trainers, nets)]
+net_w = [n.weight.detach().clone() for n in nets]
+""",
+    note="serially `nets` (another name for each trainer's model) sees the training",
+)
+
+case(
+    "wb-own-key-list-sort-via-subscript",
+    "safe",
+    """
+groups = {"a": [3, 1, 2], "b": [9, 7], "c": []}
+""",
+    """
+for k in groups:
+    groups[k].sort()
+    groups[k].append(len(groups[k]))
+""",
+    note="each key's own list changed in place through the dict",
+)
+
+case(
+    "wb-sk-fit-filtered-items",
+    "safe",
+    SK
+    + """
+models = [LogisticRegression(C=c) for c in (0.1, 1.0, 10.0, 100.0)]
+for m in models[::2]:
+    m.enabled = True
+""",
+    """
+for m in filter(lambda m: getattr(m, "enabled", False), models):
+    m.fit(X_tr, y_tr)
+fitted = [hasattr(m, "coef_") for m in models]
+""",
+)
+
+case(
+    "wb-sk-fit-sorted-items",
+    "safe",
+    SK
+    + """
+models = [Ridge(alpha=a) for a in (10.0, 0.1, 1.0)]
+""",
+    """
+for m in sorted(models, key=lambda m: m.alpha):
+    m.fit(X_tr, y_tr)
+    m.rank_ = len(str(m.alpha))
+""",
+)
+
+case(
+    "wb-np-slice-of-list-items",
+    "safe",
+    ARRAYS,
+    """
+for a in arrays[1:3]:
+    a[:] = 0.0
+""",
+)

@@ -106,3 +106,27 @@ def test_an_unpicklable_class_attribute_is_left_out_of_the_class_state():
     ns["P"].lock = threading.Lock()
     state = checkin.class_state(ns["P"])
     assert not checkin._unchecked(state) and [p[1] for p in state[1]] == ["n"]
+
+
+def test_an_optimizer_or_a_holder_of_a_model_is_not_written_back():
+    """Written back by attributes, an optimizer would hold the engine's copies
+    of the parameters (its ``state`` keys, its ``param_groups``): the kernel's
+    would step tensors no model has.  A trainer's ``model`` likewise."""
+    torch = pytest.importorskip("torch")
+    nets = [torch.nn.Linear(2, 1) for _ in range(2)]
+    items = [(n, torch.optim.Adam(n.parameters(), lr=0.1)) for n in nets]
+
+    def step(pair):
+        net, opt = pair
+        opt.zero_grad()
+        net(torch.ones(3, 2)).sum().backward()
+        opt.step()
+
+    updates, cannot, seen = _run(items, step)
+    assert seen and cannot and "holds torch parameters or modules" in cannot[0]
+    ns = _notebook(
+        "class Trainer:\n    def __init__(self, m):\n        self.model = m\n"
+    )
+    trainers = [ns["Trainer"](torch.nn.Linear(2, 1)) for _ in range(2)]
+    _, cannot, _ = _run(trainers, lambda t: setattr(t, "model", torch.nn.Linear(2, 1)))
+    assert len(cannot) == 2 and "attribute `model`" in cannot[0]

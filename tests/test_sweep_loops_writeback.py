@@ -34,6 +34,12 @@ _ITEM_KIND = (
     "atomically): the item of iteration k, a {}, changed in place"
 )
 
+_OPTIMIZER = (
+    "false refusal (was SILENT: the optimizer came back holding the engine's "
+    "copies of the parameters, so a later step trained nothing): an "
+    "optimizer item is not written back"
+)
+
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
     "wb-counter-items-update": (
@@ -62,11 +68,24 @@ KNOWN: dict[str, str] = {
         "SILENT: warned_msgs and the log (logging.captureWarnings is the "
         "kernel's: engines' warnings never become log records)"
     ),
-    "wb-fx-redirect-stdout-around": (
-        "SILENT: captured (a `with redirect_stdout(buf)` around the loop is "
-        "re-entered on each engine with a copy of buf: the prints stay there)"
-    ),
     # ------------------------------------------------ false refusals
+    "wb-fx-redirect-stdout-around": (
+        "false refusal (was SILENT: re-entered on each engine with a copy of "
+        "buf, the prints stayed there): a notebook stream in a `with` around "
+        "the loop is refused before anything runs"
+    ),
+    "wb-torch-nets-adam-zip-outside": _OPTIMIZER,
+    "wb-torch-adam-zip-state-identity": _OPTIMIZER,
+    "wb-torch-net-opt-scheduler-zip": (
+        "false refusal: an optimizer item is not written back (before, the "
+        "merge refused it: the iteration's scheduler holds its optimizer, "
+        "core/writeback.py _check_reach)"
+    ),
+    "wb-obj-trainer-holds-model": (
+        "false refusal (was SILENT: the trainer's `model` came back as the "
+        "engine's copy, `nets` kept the untrained modules): an object item "
+        "whose changed attribute holds torch modules is not written back"
+    ),
     "wb-torch-opts-dict-outside": (
         "false refusal: `opt = optimizers[name]; opt.step()`, each iteration's "
         "own optimizer looked up by key, is an input changed in place (static)"
@@ -90,6 +109,11 @@ KNOWN: dict[str, str] = {
     "wb-sk-fit-range-len-index": (
         "false refusal (documented): `models[i].fit(...)` over a range index "
         "changes an input (the own item is only the loop variable's)"
+    ),
+    "wb-own-key-list-sort-via-subscript": (
+        "false refusal: `groups[k].sort()` over `for k in groups`, each key's "
+        "own list changed through the dict, is taken for a loop that changes "
+        "its iterable and a keyed gather read back (static)"
     ),
     "wb-sink-keyed-max-get": (
         "false refusal: a keyed running max `d[k] = max(d.get(k, 0), v)` is "
@@ -152,3 +176,29 @@ def test_loop(sweep, private_cluster, c: Case):  # noqa: F811 - sweep is a fixtu
         if c.kind == "random" and o.warned:
             return  # documented: unseeded draws differ, and the magic said so
         pytest.fail(f"SILENT: {o.detail}")
+
+
+def test_a_notebook_stream_in_a_with_around_the_loop_is_refused(sweep, private_cluster):  # noqa: F811
+    """``with redirect_stdout(buf):`` around the loop is re-entered on each
+    engine with a copy of ``buf``: what the loop printed stayed there and
+    ``buf`` was empty (silently).  Refused before anything runs, naming it;
+    a redirection to ``sys.stderr`` (no notebook stream) still runs."""
+    from gpucell.errors import NotParallelizable
+
+    ip = sweep.ip
+    ip.run_cell("import io, sys, contextlib\nbuf = io.StringIO()\n").raise_error()
+    cell = (
+        "with contextlib.redirect_stdout(buf):\n"
+        "    for i in range(4):\n"
+        "        print('row', i)\n"
+        "captured = buf.getvalue()\n"
+    )
+    with pytest.raises(NotParallelizable, match="with a copy of `buf`"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert "captured" not in ip.user_ns and buf_empty(ip)
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell.replace("(buf)", "(sys.stderr)"))
+    assert ip.user_ns["i"] == 3
+
+
+def buf_empty(ip) -> bool:
+    return ip.user_ns["buf"].getvalue() == ""

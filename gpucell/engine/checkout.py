@@ -258,12 +258,50 @@ def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[tuple[Any, ...],
         return ("tensor", value, None if grad is None else grad, flag), ""
     if kind in ("object", "slots"):
         attrs = _attrs_update(then, now, _attributes(kind, leaf))
+        why = _holds_torch_identity(attrs[0])
+        if why:
+            return (), why
         return ("attrs" if kind == "object" else "slots", *attrs), ""
     if kind in ("dict", "list"):
         return _container_update(kind, leaf, then, now)
     if kind == "frame":  # a copy: the item itself would travel as a reference
         return ("frame", leaf.copy(deep=True)), ""
     return ("array", leaf.copy()), ""
+
+
+def _holds_torch_identity(changed: dict[str, Any]) -> str:
+    """Why no changed attribute can be written back when one holds a torch
+    parameter or module (an optimizer's ``state``, keyed by its parameters,
+    and its ``param_groups``; a trainer's ``model``): what the holder is for
+    is their identity, and written back it would hold the engine's copies, so
+    the kernel's optimizer would step tensors no model has."""
+    for n, v in changed.items():
+        if _reaches_torch(v, [10_000]):
+            return (
+                f"its attribute `{n}` holds torch parameters or modules (an "
+                "optimizer's state, a model): written back, it would hold the "
+                "engine's copies, not your objects"
+            )
+    return ""
+
+
+def _reaches_torch(v: Any, budget: list[int], depth: int = 0) -> bool:
+    budget[0] -= 1
+    if budget[0] < 0 or isinstance(v, _VALUES) or isinstance(v, type):
+        return False
+    if checkin._is_module(v) or type(v).__name__ == "Parameter":
+        return True
+    if depth >= 4 or checkin._is_tensor(v) or is_numpy(v):
+        return False
+    if isinstance(v, dict):
+        parts: Iterable[Any] = [*v.keys(), *v.values()]
+    elif isinstance(v, (list, tuple, set, frozenset)):
+        parts = v
+    elif isinstance(getattr(v, "__dict__", None), dict):
+        parts = list(vars(v).values())
+    else:
+        return False
+    return any(_reaches_torch(x, budget, depth + 1) for x in parts)
 
 
 def _attrs_update(

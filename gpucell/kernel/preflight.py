@@ -453,7 +453,40 @@ def _contexts_that_cannot_travel(plan: LoopPlan, ns: Namespace) -> list[Diagnost
                     wire.dumps(value)
                 except Exception as e:
                     out.append(_context_problem(layer.node, item, node.id, value, e))
+                    continue
+                if _a_notebook_stream(value):
+                    out.append(_stream_problem(layer.node, item, node.id, value))
     return out
+
+
+def _a_notebook_stream(value: Any) -> bool:
+    """A stream the notebook names (an ``io.StringIO`` it reads after the
+    loop): what an engine's copy of it receives stays on the engine
+    (``redirect_stdout(buf)`` around the loop).  ``sys.stdout`` is no name
+    here (an attribute of ``sys``), and the kernel may already be inside the
+    redirection, so it is not compared with."""
+    import io
+    import sys
+
+    if not isinstance(value, io.IOBase):
+        return False
+    return value is not sys.__stdout__ and value is not sys.__stderr__
+
+
+def _stream_problem(
+    node: ast.With, item: ast.withitem, name: str, value: Any
+) -> Diagnostic:
+    return _problem(
+        node.lineno,
+        name,
+        "context-writes-notebook-stream",
+        f"`with {ast.unparse(item.context_expr)}:` (line {node.lineno}) is "
+        "entered again on every engine around its share of the loop, with a "
+        f"copy of `{name}` (a {type(value).__name__}): what the loop writes "
+        f"through it would stay in the engines' copies, and `{name}` would "
+        "miss it. Collect what the loop prints (`lines.append(...)`) and write "
+        f"it to `{name}` after the loop, or run the cell without %%gpu_parallel.",
+    )
 
 
 def _context_problem(
