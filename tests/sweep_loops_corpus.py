@@ -5042,3 +5042,53 @@ for i in range(4):
 """,
     note="a property that caches on first read: serially the notebook's `d` keeps the cache",
 )
+
+# ------------------------------------------- a store of another dtype, by position
+
+case(
+    "np-int-array-half-steps",
+    "safe",
+    NP,
+    """
+counts = np.zeros(6, dtype=int)
+for i in range(6):
+    counts[i] += 0.5 * i
+""",
+    note="numpy casts each float back into the int array (1.5 -> 1)",
+)
+
+case(
+    "np-uint8-brighten-pixels",
+    "safe",
+    NP,
+    """
+img = (np.arange(8) * 30).astype(np.uint8)
+for i, gain in enumerate(np.linspace(0.5, 9.5, 8)):
+    img[i] += gain
+""",
+    note="a float added to uint8 pixels: cast at each store, as serially",
+)
+
+case(
+    "np-float32-weights-float64-updates",
+    "safe",
+    NP,
+    """
+w = np.ones(9, dtype=np.float32)
+for j, v in enumerate(vectors):
+    w[j] -= 0.1 * float(np.linalg.norm(v))
+""",
+    note="float64 updates into a float32 array keep float32",
+)
+
+case(
+    "np-bool-mask-counts",
+    "safe",
+    NP,
+    """
+seen = np.zeros(9, dtype=bool)
+for j, v in enumerate(vectors):
+    seen[j] += int(v[0] > 0)
+""",
+    note="ints added into a bool mask store True/False",
+)
