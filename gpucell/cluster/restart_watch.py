@@ -113,7 +113,7 @@ def forget() -> None:
 def _current(gc: Any) -> bool:
     from gpucell.cluster import lifecycle
 
-    return lifecycle.current_or_none() is gc and not gc.stopping
+    return not gc.stopping and lifecycle.current_or_none() is gc
 
 
 def _kernel_idle() -> bool:
