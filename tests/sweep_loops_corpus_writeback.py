@@ -2326,3 +2326,94 @@ for a in arrays[1:3]:
     a[:] = 0.0
 """,
 )
+
+# ---------------------------------------------------------------- fifth batch
+
+case(
+    "wb-fx-logging-filter-counts",
+    "safe",
+    """
+import logging
+class CountFilter(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+    def filter(self, record):
+        self.n += 1
+        return True
+counter = CountFilter()
+jlog = logging.getLogger("nb.jobs")
+jlog.setLevel(logging.INFO)
+jlog.addFilter(counter)
+""",
+    """
+for job in ["a", "b", "c", "d"]:
+    jlog.info("job %s", job)
+n_seen = counter.n
+jlog.removeFilter(counter)
+""",
+    note="a filter object on a notebook logger counts the records it sees",
+)
+
+case(
+    "wb-torch-init-own-item-unseeded",
+    "safe",
+    """
+import torch
+from torch import nn
+torch.manual_seed(0)
+layers = [nn.Linear(3, 3) for _ in range(3)]
+""",
+    """
+for lyr in layers:
+    nn.init.normal_(lyr.weight, std=0.02)
+    nn.init.zeros_(lyr.bias)
+""",
+    kind="random",
+    note="own items re-initialised from torch's global generator",
+)
+
+case(
+    "wb-torch-init-own-item-seeded",
+    "safe",
+    """
+import torch
+from torch import nn
+torch.manual_seed(0)
+layers = [nn.Linear(3, 3) for _ in range(3)]
+""",
+    """
+for lyr in layers:
+    nn.init.normal_(lyr.weight, std=0.02)
+""",
+    kind="seeded",
+)
+
+case(
+    "wb-form-enumerate-items-own-key",
+    "safe",
+    """
+prices = {"tea": 2.5, "cake": 4.0, "pie": 3.25}
+""",
+    """
+for rank, (item, p) in enumerate(prices.items()):
+    prices[item] = round(p * (1 + rank / 10), 2)
+""",
+)
+
+case(
+    "wb-u-generator-side-effects-interleave",
+    "unsafe",
+    """
+events = []
+def produce(n):
+    for x in range(n):
+        events.append(f"made {x}")
+        yield x
+""",
+    """
+for x in produce(3):
+    events.append(f"used {x}")
+""",
+    note="serially the generator's and the body's appends interleave",
+)

@@ -115,6 +115,11 @@ KNOWN: dict[str, str] = {
         "own list changed through the dict, is taken for a loop that changes "
         "its iterable and a keyed gather read back (static)"
     ),
+    "wb-form-enumerate-items-own-key": (
+        "false refusal: `for rank, (k, v) in enumerate(d.items()): d[k] = ...` "
+        "(own keys, values replaced) is taken for a loop that changes its "
+        "iterable; without enumerate it runs (static)"
+    ),
     "wb-sink-keyed-max-get": (
         "false refusal: a keyed running max `d[k] = max(d.get(k, 0), v)` is "
         "not a keyed reduction"
