@@ -202,7 +202,9 @@ class DeviceMonitor:
     def refresh(self) -> None:
         """Sample once and redraw the rows (what the thread does each period)."""
         samples = list(self.telemetry.sample()) if self.telemetry else []
-        engines = [self.gc.engines[e] for e in model.engine_order(self.gc.engines)]
+        # one copy: the main thread replaces a restarted engine's entry meanwhile
+        now = dict(self.gc.engines)
+        engines = [now[e] for e in model.engine_order(now)]
         rows = model.monitor_rows(_restarting(self.gc, engines), samples)
         self._hosts = model.host_loads(rows)
         self._apply(self.table.changes(rows))
