@@ -42,24 +42,6 @@ _OPTIMIZER = (
 
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
-    "wb-counter-items-update": (
-        "SILENT: counts (a Counter item is written back as a dict, refilled "
-        "with Counter.update over (key, value) pairs, which counts the pairs: "
-        "core/writeback.py _container)"
-    ),
-    "wb-u-shared-encoder-modules": (
-        "SILENT: encoder (module items sharing a submodule: the kernel copies "
-        "each engine's parameters into the shared one in turn; the reach and "
-        "memory checks do not look inside a changed module: core/writeback.py)"
-    ),
-    "wb-u-tied-parameter-items": (
-        "SILENT: shared (one Parameter tied into two module items, as "
-        "wb-u-shared-encoder-modules)"
-    ),
-    "wb-u-input-is-submodule-of-item": (
-        "SILENT: probe (an input is a submodule of a changed module item: "
-        "the reach check compares only the item itself: core/writeback.py)"
-    ),
     "wb-fx-warnings-catch-around": (
         "SILENT: caught (engines print their warnings as text; the kernel's "
         "warnings.catch_warnings(record=True) never sees them)"

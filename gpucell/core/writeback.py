@@ -115,9 +115,68 @@ def resolve(
                 _one_object(min(i, hit.iteration), max(i, hit.iteration), leaf)
             if hit is None:
                 others.append((f"the item of iteration {i}", leaf))
+    _check_module_parts(targets, inputs, others)
     _check_reach(targets, inputs, others)
     _check_memory(targets, inputs, others)
     return targets
+
+
+def _module_parts(obj: Any) -> list[tuple[str, Any]]:
+    """A torch module's submodules, parameters and buffers, by name: what its
+    write-back writes into, which another module may hold too (a shared
+    encoder, a tied weight)."""
+    if not callable(getattr(obj, "named_modules", None)):
+        return []
+    try:
+        return [
+            *((f"submodule `{n}`", m) for n, m in obj.named_modules() if n),
+            *((f"parameter `{n}`", p) for n, p in obj.named_parameters()),
+            *((f"buffer `{n}`", b) for n, b in obj.named_buffers() if b is not None),
+        ]
+    except Exception:
+        return []
+
+
+def _check_module_parts(
+    targets: list[Target],
+    inputs: Mapping[str, Any],
+    others: Sequence[tuple[str, Any]],
+) -> None:
+    """No two changed modules may share a part, and no input or other item may
+    be or hold one: serially the change (a step, an accumulated gradient, a
+    running statistic) is made to the one shared object and seen by all of its
+    holders; each engine changed its own copy, and the last write-back would
+    win."""
+    parts: dict[int, tuple[Target, str]] = {}
+    for t in targets:
+        for what, x in _module_parts(t.obj):
+            prior = parts.setdefault(id(x), (t, what))
+            if prior[0].obj is not t.obj:
+                raise NotParallelizable(
+                    f"gpucell: {prior[0].label} and {t.label} share one object "
+                    f"(its {prior[1]}, their {what}), and both changed it in "
+                    "place: serially each iteration's change would be made to "
+                    "that one object and seen by the other; each engine changed "
+                    "its own copy. Nothing was merged. Give each item its own "
+                    "modules and parameters (`copy.deepcopy`), or run the cell "
+                    "serially."
+                )
+    if not parts:
+        return
+    budget = [_REACH_MAX]
+    looked = [(_input_label(n, v), v) for n, v in inputs.items()] + list(others)
+    for holder, value in looked:
+        for x in _reachable(value, budget):
+            hit = parts.get(id(x))
+            if hit is not None:
+                t, what = hit
+                raise NotParallelizable(
+                    f"gpucell: {t.label} changed in place, and {holder} is or "
+                    f"holds its {what}: serially the change would be seen there "
+                    "too; each engine changed its own copy. Nothing was merged. "
+                    "Give each item its own modules and parameters "
+                    "(`copy.deepcopy`), or run the cell serially."
+                )
 
 
 def _as_slots(obj: Any, update: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -471,11 +530,13 @@ def _container(obj: Any, kind: str, entries: Sequence[tuple[Any, str, Any]]) -> 
     kernel's own object, identity kept), or a new value."""
     old = list(obj.values()) if kind == "dict" else list(obj)
     values = [old[v] if tag == "old" else v for _k, tag, v in entries]
+    # dict's and list's own methods: a subclass's may do something else with
+    # them (Counter.update adds counts)
     if kind == "dict":
-        obj.clear()
-        obj.update(zip([k for k, _t, _v in entries], values, strict=True))
+        dict.clear(obj)
+        dict.update(obj, zip([k for k, _t, _v in entries], values, strict=True))
     else:
-        obj[:] = values
+        list.__setitem__(obj, slice(None), values)
 
 
 def _grad(p: Any, g: Any) -> None:
