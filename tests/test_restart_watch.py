@@ -335,3 +335,21 @@ def test_a_cell_naming_an_engine_being_restarted_waits_for_it(ip, own_cluster):
     assert ip.user_ns["sq"] == [i * i for i in range(6)]
     (new,) = [e for e in own_cluster.engines if e not in (0, 1)]
     assert gpucell.last_run.engines == (new,)
+
+
+def test_a_distributed_cell_sent_during_a_restart_waits_for_the_device(
+    ip, own_cluster, capsys
+):
+    """A process group's size is every selected device: ``%%gpu_distributed``
+    waits for the engine being restarted (was a raw ``IndexError: No such
+    engine`` after 30 s)."""
+    os.kill(own_cluster.engines[1].pid, signal.SIGKILL)
+    time.sleep(0.3)
+    gc_mod.status()  # the restart begins (no event loop here: status does it)
+    assert own_cluster.restarts.restarting(1)
+    result = ip.run_cell(
+        "%%gpu_distributed --quiet --out ws\nimport os\nws = os.environ['WORLD_SIZE']\n"
+    )
+    assert result.error_in_exec is None, result.error_in_exec
+    assert ip.user_ns["ws"] == "2"
+    assert "waiting for the restart of engine(s) [1]" in capsys.readouterr().out

@@ -106,6 +106,15 @@ class Restarts:
         engine describing itself, a batch job's engine still to join."""
         return bool(self.pending or self.arrivals or self.joining)
 
+    def wait_for(self, gc: Any, eids: Any, timeout: float) -> None:
+        """Step the restarts until none of engines ``eids`` is being restarted
+        (each back or given up), at most ``timeout`` seconds: for a caller that
+        needs every device it was given (a process group's world size)."""
+        deadline = time.monotonic() + timeout
+        while any(self.restarting(e) for e in eids) and time.monotonic() < deadline:
+            self.step(gc)
+            time.sleep(0.05)
+
     def notice(self, gc: Any) -> list[int]:
         """Mark dead the engines gone since the last look (unregistered, or on
         this host their process ended: one /proc read each) and begin their

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpucell import config as _config
 from gpucell.core.provenance import LastRun
 from gpucell.errors import DeviceSelectionError
 from gpucell.kernel.dispatch import signal_engines, stop_button
@@ -216,7 +217,13 @@ def _prepare(
     compile(tree, filename, "exec")  # any SyntaxError here, before anything runs
     gc = current()
     gc.check_controller()
-    targets = select_targets(gc, CellRequest(devices=req.devices, targets=req.targets))
+    ask = CellRequest(devices=req.devices, targets=req.targets)
+    targets = select_targets(gc, ask)
+    back = [e for e in targets if gc.restarts.restarting(e)]
+    if back:  # the group's size is every selected device: wait for the new engines
+        echo(f"gpucell: waiting for the restart of engine(s) {back}")
+        gc.restarts.wait_for(gc, back, _config.settings().start_timeout)
+        targets = select_targets(gc, ask)
     if not targets:
         raise DeviceSelectionError("no live engine to run the cell on")
     order = rank_order(gc, targets)
