@@ -85,6 +85,14 @@ class GpuCell(Configurable):
         "preemption, scancel) is submitted again by itself, the run going on on "
         "its engines (--checkpoint N).",
     )
+    slurm_pending_timeout = Float(
+        600.0,
+        config=True,
+        help="Seconds a --slurm job submitted again by --checkpoint may stay "
+        "pending (a busy queue, a hold) before it is cancelled and a cell waiting "
+        "for its engines fails, its finished chunks kept for "
+        "`%%gpu_parallel --resume` (0: no limit).",
+    )
     slurm_partition = Unicode(
         "", config=True, help="A site's --partition for --slurm jobs ('': none)."
     )
@@ -104,12 +112,13 @@ class GpuCell(Configurable):
     encrypt = Bool(
         True,
         config=True,
-        help="Encrypt a cluster's messages (CurveZMQ) on this host and to --ssh "
-        "hosts, so other users cannot read them (--no-encrypt for one start). "
+        help="Encrypt a cluster's messages (CurveZMQ) on this host, to --ssh "
+        "hosts and to batch jobs' engines (--slurm, --scheduler), so other users "
+        "cannot read them (--no-encrypt for one start). "
         "Off, heavy traffic to other hosts costs less (a 16 MiB input: ~30 "
         "instead of ~110-160 ms over loopback ssh) and anyone who reaches the "
         "controller's ports reads what travels: only on hosts and networks of "
-        "your own. --slurm clusters are never encrypted.",
+        "your own.",
     )
     connect_timeout = Float(
         30.0,

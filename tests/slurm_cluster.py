@@ -8,8 +8,9 @@ nothing is written under /etc.  Needs root and Debian's slurmctld, slurmd,
 slurm-client and munge (``.ci/run`` installs them); skipped with the reason
 elsewhere.  Follows ../shared/MULTINODE-NOTES.md.
 
-Two partitions share the nodes: ``debug`` (the default) and ``urgent``, of a
-higher priority tier, whose jobs preempt debug's (``PreemptMode=CANCEL``).
+Three partitions share the nodes: ``debug`` (the default), ``urgent``, of a
+higher priority tier, whose jobs preempt the others' (``PreemptMode=CANCEL``),
+and ``requeue``, whose preempted jobs go back to pending (``REQUEUE``).
 
 The test modules take the module-scoped fixture :func:`slurm` (``from
 slurm_cluster import slurm``).  Its teardown leaves nothing behind, also when a
@@ -274,10 +275,15 @@ def start(root: Path) -> Slurm:
             f"NodeName={n} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
             f"Gres=gpu:{NGPU} State=UNKNOWN"
         )
-    for name, tier, default in (("debug", 1, "YES"), ("urgent", 2, "NO")):
+    # requeue: a preempted job of its goes back to pending (PreemptMode=REQUEUE)
+    for name, tier, extra in (
+        ("debug", 1, "Default=YES"),
+        ("urgent", 2, "Default=NO"),
+        ("requeue", 1, "Default=NO PreemptMode=REQUEUE"),
+    ):
         lines.append(
-            f"PartitionName={name} Nodes={','.join(nodes)} Default={default} "
-            f"MaxTime=INFINITE State=UP OverSubscribe=FORCE:4 PriorityTier={tier}"
+            f"PartitionName={name} Nodes={','.join(nodes)} {extra} MaxTime=INFINITE "
+            f"State=UP OverSubscribe=FORCE:4 PriorityTier={tier}"
         )
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")

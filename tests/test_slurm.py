@@ -360,3 +360,70 @@ def test_jobs_start_cells_on_the_first_job_and_the_held_one_joins_later(
         if gc_mod._current is not None:
             ip.run_line_magic("gpu_cluster", "stop")
     assert _wait_no_jobs(slurm, 20) == []
+
+
+def _connection_env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith("IPP_")}
+
+
+def test_slurm_engines_are_encrypted_and_the_key_lies_in_no_shared_place(
+    ip, slurm, no_active_cluster, capsys
+):
+    """A --slurm cluster is encrypted (CurveZMQ) as local and --ssh ones are:
+    the job's engines register through the handshake with the server key of
+    the 0600 connection file in the profile's 0700 security folder (not in
+    their environment, the job script or its log), and a party that
+    subscribes, with no key, to every port the controller opened reads
+    nothing of a cell's output (test_ssh_curve.py's probe; its control run
+    shows the probe reads such output in clear)."""
+    import json
+    import stat
+    import uuid
+
+    from test_ssh_curve import PROBE, _info, _ports
+
+    ip.run_line_magic("gpu_cluster", "start --slurm --gpus-per-node 2 --timeout 90")
+    capsys.readouterr()
+    gc = gc_mod.current()
+    try:
+        key = _info(gc, "engine").get("curve_serverkey")
+        assert key and gc.client.curve_serverkey
+        security = os.path.join(gc.cluster.profile_dir, "security")
+        path = os.path.join(
+            security, f"ipcontroller-{gc.cluster.cluster_id}-engine.json"
+        )
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(security).st_mode) == 0o700
+        envs = gc.client[:].apply_sync(_connection_env)
+        assert all(key not in json.dumps(e) for e in envs), envs
+        log = os.path.join(gc.cluster.profile_dir, "log")
+        for name in os.listdir(log):  # the job script, the engines' output
+            with open(os.path.join(log, name), errors="replace") as f:
+                assert key not in f.read(), name
+        marker = f"secret-{uuid.uuid4().hex}"
+        probe = subprocess.Popen(
+            [sys.executable, "-c", PROBE, json.dumps(_ports(gc)), marker, "5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.5)  # its subscriptions are in place
+        ip.user_ns["marker"] = marker
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            ip.run_cell_magic(
+                "gpu_parallel", "--quiet", "for i in range(4):\n    print(marker, i)\n"
+            )
+        out, err = probe.communicate(timeout=60)
+        assert probe.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {
+            "messages": 0,
+            "marker": False,
+        }
+        ip.run_line_magic("gpu_cluster", "status")
+        assert "encrypted: no" not in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []

@@ -26,13 +26,23 @@ pytestmark = pytest.mark.cluster
 slurm = slurm_cluster.slurm  # the module-scoped fixture: a real Slurm
 
 
-def _tag(i: int) -> tuple:
-    """Which job ran iteration ``i``, and when."""
-    import os
-    import time
+def _tagger(ended: str, folder: str, at: int):
+    """``tag(i)``: which job ran iteration ``i``, and when.  On the engines of
+    job ``ended``, once ``at`` of its iterations are done, an iteration waits
+    for Slurm to end the job (so the job ends mid-cell, however long Slurm
+    takes); elsewhere each takes 0.25 s."""
 
-    time.sleep(0.25)
-    return os.environ.get("SLURM_JOB_ID"), time.time()
+    def tag(i: int) -> tuple:
+        import os
+        import time
+
+        job = os.environ.get("SLURM_JOB_ID")
+        again = os.environ.get("SLURM_RESTART_COUNT")  # (requeued by Slurm)
+        done = sum(1 for f in os.listdir(folder) if f.startswith(f"{job}-"))
+        time.sleep(300 if job == ended and not again and done >= at else 0.25)
+        return (f"{job}+{again}" if again else job), time.time()
+
+    return tag
 
 
 def _wait_no_jobs(slurm, timeout: float) -> list[str]:
@@ -42,17 +52,16 @@ def _wait_no_jobs(slurm, timeout: float) -> list[str]:
     return slurm.jobs()
 
 
-def _cancel_when(slurm, gc, done: list, at: int) -> threading.Thread:
-    """scancel the cluster's job once ``at`` iterations finished on the
-    engines (their marker files); the job and when, in ``done``."""
+def _end_when(slurm, job: str, end, done: list, at: int) -> threading.Thread:
+    """``end(job)`` once ``at`` of the job's iterations finished on its engines
+    (their marker files); the job and when, in ``done``."""
 
     def go() -> None:
-        job = str(gc.cluster.engines["slurm"].job_id)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and _iterations_done(slurm, job) < at:
             time.sleep(0.1)
         done.append((job, time.time()))
-        subprocess.run(["scancel", job], env=slurm.env, check=False)
+        end(job)
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
@@ -77,14 +86,19 @@ def _marker(folder: str):
     return mark
 
 
-def _run_cancelled(ip, slurm, options: str, n: int = 60):
+def _run_ended(ip, slurm, options: str, n: int = 60, end=None, job_set="slurm"):
+    """Run CELL; Slurm ends the job of engine set ``job_set`` by ``end(job)``
+    (scancel by default) once 8 of its iterations are done."""
     marks = Path(slurm.root) / "marks"
     marks.mkdir(exist_ok=True)
     os.chmod(marks, 0o777)
     gc = gc_mod.current()
+    job = str(gc.cluster.engines[job_set].job_id)
     done: list = []
-    ip.user_ns.update(out=[], n=n, tag=_tag, mark=_marker(str(marks)))
-    killer = _cancel_when(slurm, gc, done, at=8)
+    tag = _tagger(job, str(marks), at=8)
+    ip.user_ns.update(out=[], n=n, tag=tag, mark=_marker(str(marks)))
+    end = end or (lambda j: slurm.run("scancel", j))
+    killer = _end_when(slurm, job, end, done, at=8)
     try:
         ip.run_cell_magic("gpu_parallel", options, CELL)
     finally:
@@ -92,33 +106,95 @@ def _run_cancelled(ip, slurm, options: str, n: int = 60):
     return done
 
 
-def test_a_cancelled_job_is_submitted_again_and_the_cell_equals_serial(
-    ip, slurm, no_active_cluster, capsys
-):
+def _preempt(slurm, blockers: list[str]):
+    """Ends a job as a preemption does: a job of the higher tier partition
+    takes its node's GPUs (its id kept in ``blockers``, to cancel)."""
+
+    def end(job: str) -> None:
+        node = slurm.run("squeue", "-h", "-j", job, "-o", "%N").strip()
+        blockers.append(_hold_gpus(slurm, node, "urgent"))
+
+    return end
+
+
+def _hold_gpus(slurm, node: str, partition: str = "debug") -> str:
+    return subprocess.run(
+        ["sbatch", "--parsable", f"--partition={partition}", f"--nodelist={node}"]
+        + ["--gpus-per-node=2", "--exclusive", "--output=/dev/null"]
+        + ["--wrap", "sleep 300"],
+        capture_output=True,
+        text=True,
+        env=slurm.env,
+        check=True,
+    ).stdout.strip()
+
+
+def _resubmitted_equals_serial(
+    ip, slurm, capsys, end, state: str, blockers: tuple[str, ...] | list[str] = ()
+) -> None:
+    """A one-job --checkpoint cluster whose job Slurm ends by ``end`` mid-cell:
+    the job is noticed ended in ``state``, submitted again, and the cell
+    equals the serial run."""
     ip.run_line_magic(
         "gpu_cluster", "start --slurm --gpus-per-node 2 --checkpoint --timeout 90"
     )
     capsys.readouterr()
     gc = gc_mod.current()
     try:
-        done = _run_cancelled(ip, slurm, "--quiet")
+        done = _run_ended(ip, slurm, "--quiet", n=40, end=end)
         said = capsys.readouterr().out
-        ((old, t_cancel),) = done
+        ((old, t_end),) = done
         out = ip.user_ns["out"]
-        assert [x[0] for x in out] == [i * i for i in range(60)], said
+        assert [x[0] for x in out] == [i * i for i in range(40)], said
         jobs = {x[1][0] for x in out}
         assert old in jobs and len(jobs) == 2, (jobs, said)
         (new,) = jobs - {old}
-        assert f"Slurm job {old} ended (" in said, said  # (COMPLETING or CANCELLED)
+        assert f"Slurm job {old} ended ({state}" in said, said
         assert f"submitted again as job {new}" in said, said
         first_new = min(x[1][1] for x in out if x[1][0] == new)
+        ((_, seen),) = gc.cluster.gpucell_jobs.noticed  # (time.monotonic)
+        noticed = time.time() - (time.monotonic() - seen)
         print(
-            f"\nscancel -> first iteration on the new job: {first_new - t_cancel:.1f} s"
+            f"\n{state or 'scancel'}: the job was seen ended {noticed - t_end:.1f} s "
+            f"after it was asked to; noticed -> the new job's first iteration: "
+            f"{first_new - noticed:.1f} s"
         )
         assert len(gc.engines) == 2 and not gc.dead  # the new job's, in their place
     finally:
+        for b in blockers:
+            slurm.run("scancel", b)
         ip.run_line_magic("gpu_cluster", "stop")
     assert _wait_no_jobs(slurm, 20) == []
+
+
+def test_a_cancelled_job_is_submitted_again_and_the_cell_equals_serial(
+    ip, slurm, no_active_cluster, capsys
+):
+    # (COMPLETING, or CANCELLED when squeue shows the final state first)
+    _resubmitted_equals_serial(ip, slurm, capsys, None, "")
+
+
+def test_a_job_at_its_time_limit_is_submitted_again_and_the_cell_equals_serial(
+    ip, slurm, no_active_cluster, capsys
+):
+    """TIMEOUT: the job's limit is cut to 0 while it runs; slurmctld ends it
+    at its next time-limit check (every 30 s: Slurm's granularity), as a
+    job that reaches its --time."""
+
+    def limit(job: str) -> None:
+        slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=0")
+
+    _resubmitted_equals_serial(ip, slurm, capsys, limit, "TIMEOUT")
+
+
+def test_a_preempted_job_is_submitted_again_and_the_cell_equals_serial(
+    ip, slurm, no_active_cluster, capsys
+):
+    """PREEMPTED: a job of the higher tier partition takes the node's GPUs
+    (PreemptMode=CANCEL); the job submitted again runs on the other node."""
+    blockers: list[str] = []
+    end = _preempt(slurm, blockers)
+    _resubmitted_equals_serial(ip, slurm, capsys, end, "PREEMPTED", blockers)
 
 
 def test_without_checkpoint_the_cell_fails_naming_the_job_and_resume(
@@ -130,7 +206,7 @@ def test_without_checkpoint_the_cell_fails_naming_the_job_and_resume(
     t0 = time.monotonic()
     try:
         with pytest.raises(Exception) as info:
-            _run_cancelled(ip, slurm, "--quiet", n=200)
+            _run_ended(ip, slurm, "--quiet", n=200)
         failed_after = time.monotonic() - t0
         said = capsys.readouterr().out
         job = str(gc.cluster.engines["slurm"].job_id)
@@ -142,6 +218,154 @@ def test_without_checkpoint_the_cell_fails_naming_the_job_and_resume(
     finally:
         ip.run_line_magic("gpu_cluster", "stop")
     assert _wait_no_jobs(slurm, 20) == []
+
+
+def test_a_requeued_job_is_its_own_resubmission_and_the_cell_equals_serial(
+    ip, slurm, no_active_cluster, capsys
+):
+    """PreemptMode=REQUEUE (the test Slurm's partition ``requeue``): the
+    preempted job goes back to pending by itself; with --checkpoint nothing is
+    submitted, the job's engines take the unfinished work when it runs again
+    (on the other node; its begin time, which Slurm sets some minutes ahead
+    for a requeued job, brought to now by the test), and the cell equals the
+    serial run."""
+    blockers: list[str] = []
+    preempt = _preempt(slurm, blockers)
+
+    def end_and_release(job: str) -> None:
+        preempt(job)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if slurm.run("squeue", "-h", "-j", job, "-o", "%T").strip() == "PENDING":
+                break
+            time.sleep(0.1)
+        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+
+    ip.run_line_magic(
+        "gpu_cluster",
+        "start --slurm --partition requeue --gpus-per-node 2 --checkpoint --timeout 90",
+    )
+    capsys.readouterr()
+    gc = gc_mod.current()
+    try:
+        ((job, _),) = _run_ended(ip, slurm, "--quiet", n=40, end=end_and_release)
+        said = capsys.readouterr().out
+        out = ip.user_ns["out"]
+        assert [x[0] for x in out] == [i * i for i in range(40)], said
+        assert {x[1][0] for x in out} == {job, f"{job}+1"}, said
+        assert f"Slurm job {job} was requeued by Slurm (" in said, said
+        assert "when it runs again (--checkpoint, 1 of 1)" in said, said
+        assert "submitted again" not in said, said
+        assert [j.split()[0] for j in slurm.jobs()].count(job) == 1
+        assert len(gc.engines) == 2 and not gc.dead  # its engines, back
+    finally:
+        for b in blockers:
+            slurm.run("scancel", b)
+        ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []
+
+
+def test_a_resubmitted_job_held_pending_fails_the_cell_at_the_limit(
+    ip, slurm, no_active_cluster, capsys, monkeypatch
+):
+    """The job submitted again stays pending (both nodes' GPUs taken, then
+    held): at GpuCell.slurm_pending_timeout it is cancelled and the cell
+    fails saying squeue's reason and --resume, its finished chunks kept;
+    `--resume` on a new cluster then ends the cell as the serial run."""
+    from gpucell.config import settings
+
+    monkeypatch.setattr(settings(), "slurm_pending_timeout", 4.0)
+    ip.run_line_magic(
+        "gpu_cluster", "start --slurm --gpus-per-node 2 --checkpoint --timeout 90"
+    )
+    capsys.readouterr()
+    gc = gc_mod.current()
+    watch = gc.cluster.gpucell_jobs
+    node = slurm.run("squeue", "-h", "-j", watch.jobs[0].job_id, "-o", "%N").strip()
+    blockers = [_hold_gpus(slurm, *(n for n in slurm.nodes if n != node))]
+    preempt = _preempt(slurm, blockers)
+
+    def end_and_hold(job: str) -> None:
+        preempt(job)
+        deadline = time.monotonic() + 20
+        while len(watch.jobs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        slurm.run("scontrol", "hold", watch.jobs[-1].job_id)
+
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            _run_ended(ip, slurm, "--quiet", n=40, end=end_and_hold)
+        failed_after = time.monotonic() - t0
+        said = capsys.readouterr().out
+        new = watch.jobs[-1].job_id
+        assert "still pending after 4 s (JobHeldAdmin)" in said, said
+        assert f"Slurm job {new} (submitted again by --checkpoint)" in said
+        assert "%%gpu_parallel --resume" in said, said
+        assert not any(j.startswith(f"{new} ") for j in slurm.jobs())  # cancelled
+        print(f"\nheld: the cell failed after {failed_after:.1f} s: {info.value}")
+        for b in blockers:
+            slurm.run("scancel", b)
+        ip.run_line_magic("gpu_cluster", "stop")
+        ip.run_line_magic("gpu_cluster", "start --slurm --gpus-per-node 2 --timeout 90")
+        ip.run_cell_magic("gpu_parallel", "--quiet --resume", CELL)
+        assert [x[0] for x in ip.user_ns["out"]] == [i * i for i in range(40)]
+    finally:
+        for b in blockers:
+            slurm.run("scancel", b)
+        ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []
+
+
+def test_with_jobs_only_the_ended_job_is_submitted_again(
+    ip, slurm, no_active_cluster, capsys
+):
+    """--jobs 2 --checkpoint, a job on each node: the second is cancelled
+    mid-cell; it alone is submitted again, the first job's engines work on,
+    and the cell equals the serial run."""
+    ip.run_line_magic(
+        "gpu_cluster",
+        "start --slurm --nodes 2 --gpus-per-node 2 --jobs 2 --checkpoint --timeout 90",
+    )
+    gc = gc_mod.current()
+    try:
+        deadline = time.monotonic() + 60
+        while len(gc.engines) < 4 and time.monotonic() < deadline:
+            gc.refresh()  # the second job's engines join
+            time.sleep(0.2)
+        assert len(gc.engines) == 4
+        first = str(gc.cluster.engines["slurm"].job_id)
+        capsys.readouterr()
+        done = _run_ended(ip, slurm, "--quiet", n=60, job_set="slurm-2")
+        said = capsys.readouterr().out
+        ((second, _),) = done
+        out = ip.user_ns["out"]
+        assert [x[0] for x in out] == [i * i for i in range(60)], said
+        assert said.count("submitted again as job") == 1, said
+        assert f"Slurm job {second} ended (" in said, said
+        new = said.split("submitted again as job ")[1].split()[0]
+        assert f"Slurm job {first} " not in said, said
+        # (the first job's engines may finish the cell before the new ones join)
+        assert {first, second} <= {x[1][0] for x in out} <= {first, second, new}
+        deadline = time.monotonic() + 60
+        while len(_live(gc)) < 4 and time.monotonic() < deadline:
+            gc.refresh()  # (what status does: the new job's engines join)
+            time.sleep(0.2)
+        seen = gc.client[_live(gc)].apply_sync(_job_here)
+        assert sorted(seen) == sorted([first, first, new, new]), seen
+    finally:
+        ip.run_line_magic("gpu_cluster", "stop")
+    assert _wait_no_jobs(slurm, 20) == []
+
+
+def _live(gc) -> list[int]:
+    return [e for e in gc.engines if e not in gc.dead]
+
+
+def _job_here() -> str | None:
+    import os
+
+    return os.environ.get("SLURM_JOB_ID")
 
 
 def _engines_of_job(job: str) -> list[int]:

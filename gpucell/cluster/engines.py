@@ -267,6 +267,6 @@ def encryption_note(gc: Any) -> str | None:
         return None
     return (
         "encrypted: no (anyone who reaches the controller's ports can read the "
-        "cells' inputs and output; clusters on this host and --ssh ones are "
-        "encrypted unless GpuCell.encrypt = False or --no-encrypt, batch ones never)"
+        "cells' inputs and output; clusters gpucell starts are encrypted unless "
+        "GpuCell.encrypt = False or --no-encrypt)"
     )

@@ -9,9 +9,10 @@ lost ones on the new engines and ends as the serial run would.  Without it the
 cell fails saying which job ended, squeue's state and reason, and how to go on.
 
 Driven from :meth:`Restarts.step` (the run's engine check, ``%gpu_cluster
-status``): one non-blocking ``squeue`` at a time, never a wait.  Also here:
-the job states squeue gives, and the wait for a start's engines that watches
-its job (pending said once, an ended job or the timeout a ClusterError).
+status``): one non-blocking ``squeue`` at a time, never a wait.  A job Slurm
+requeues (PreemptMode=REQUEUE) is, with ``--checkpoint``, its own resubmission;
+a job submitted again that pends past ``GpuCell.slurm_pending_timeout`` is
+cancelled.  What squeue and scontrol say: :mod:`gpucell.cluster.slurm_queue`.
 """
 
 from __future__ import annotations
@@ -19,39 +20,39 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpucell.cluster.restart import ANY_ENGINE
-from gpucell.errors import ClusterError
+from gpucell.cluster.slurm_queue import (
+    ENDED,
+    REQUEUED,
+    SCHEDULER_OF,
+    SQUEUE,
+    end_state,
+    hostnames,
+    job_state,
+    job_states,
+    kind,
+    short,
+    wait_for_job,
+)
 
 __all__ = [
     "ANY_ENGINE",
+    "SCHEDULER_OF",
     "Job",
     "JobWatch",
     "Resubmitter",
+    "hostnames",
     "job_state",
     "job_states",
+    "kind",
     "wait_for_job",
 ]
 
 #: seconds between squeue calls
 POLL = 1.0
-#: job states after which none of its engines runs
-ENDED = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    # its processes being ended: after RUNNING, the job is over for its engines
-    "COMPLETING",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "TIMEOUT",
-}
 
 
 def _job_id_here() -> str | None:
@@ -71,6 +72,12 @@ class Job:
     kw: dict[str, Any]
     resubmitted: int = 0
     ended: str | None = None  # "CANCELLED (reason)" once Slurm ended it
+    #: its nodes as squeue names them (once it runs): whose engines are whose
+    nodes: tuple[str, ...] = ()
+    #: when it was submitted (time.monotonic): a resubmission pends so long
+    submitted: float = field(default_factory=time.monotonic)
+    #: seen running: pending again after that, Slurm requeued it
+    ran: bool = False
 
 
 @dataclass
@@ -93,6 +100,8 @@ class JobWatch:
     _seen_at: float = field(default_factory=time.monotonic)
     #: (resubmitted job id, when its predecessor was noticed ended)
     noticed: list[tuple[str, float]] = field(default_factory=list)
+    #: seconds a resubmitted job may pend (None: GpuCell.slurm_pending_timeout)
+    pending_timeout: float | None = None
 
     def ids(self) -> list[str]:
         return [j.job_id for j in self.jobs if j.ended is None]
@@ -116,7 +125,7 @@ class JobWatch:
         active = self.ids()
         if not active or gc.stopping:
             return False
-        states = job_states(active)
+        states = job_states(active, nodes=True)
         if not states:  # squeue failed: the next poll decides
             return False
         self._act(gc, restarts, states, active)
@@ -126,7 +135,7 @@ class JobWatch:
         self,
         gc: Any,
         restarts: Any,
-        states: dict[str, tuple[str, str]],
+        states: dict[str, tuple[str, ...]],
         asked: list[str],
     ) -> None:
         """Act on squeue's ``states`` of the jobs ``asked`` about (a job
@@ -138,12 +147,60 @@ class JobWatch:
             st = states.get(job.job_id)
             if st is None and job.job_id not in self.seen:
                 continue  # (not listed yet)
+            if st is not None and len(st) > 2 and st[2] and not job.nodes:
+                job.nodes = tuple(hostnames(st[2]))
+            if st is not None and st[0] == "COMPLETING" and self._requeues(job):
+                continue  # (the run Slurm requeued, still being ended)
             if st is None or st[0] in ENDED:
                 # (squeue lists an ended job for MinJobAge, 300 s by default)
-                state, reason = st or ("ENDED", "no longer in squeue")
+                state, reason = (st or ("ENDED", "no longer in squeue"))[:2]
                 self._ended(gc, restarts, job, state, reason)
+            elif st[0] == "RUNNING":
+                job.ran = True
+            elif st[0] in REQUEUED or (st[0] == "PENDING" and self._ran(job)):
+                self._requeued(gc, restarts, job, st[0], st[1])
+            elif st[0] == "PENDING" and job.resubmitted:
+                limit = self._pending_limit()
+                if limit > 0 and time.monotonic() - job.submitted > limit:
+                    self._pending_too_long(gc, restarts, job, st[1], limit)
 
-    def _poll(self) -> tuple[dict[str, tuple[str, str]], list[str]] | None:
+    def _pending_limit(self) -> float:
+        """Seconds a resubmitted job may pend (0: no limit)."""
+        if self.pending_timeout is not None:
+            return self.pending_timeout
+        from gpucell.config import settings
+
+        return float(getattr(settings(), "slurm_pending_timeout", 0) or 0)
+
+    def _pending_too_long(
+        self, gc: Any, restarts: Any, job: Job, reason: str, limit: float
+    ) -> None:
+        """A resubmitted job still pending at the limit: cancelled, and the
+        engines waiting for it give up (a cell with no other engine fails,
+        its finished chunks kept for ``--resume``)."""
+        job.ended = f"PENDING, {reason or 'no reason given'}"
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["scancel", job.job_id],
+                capture_output=True,
+                timeout=15,
+                stdin=subprocess.DEVNULL,
+            )
+        text = (
+            f"Slurm job {job.job_id} (submitted again by --checkpoint) was still "
+            f"pending after {limit:g} s ({reason or 'no reason given'}); it was "
+            "cancelled (GpuCell.slurm_pending_timeout). A running cell's finished "
+            "chunks are kept: `%gpu_cluster stop`, `%gpu_cluster start` and "
+            "`%%gpu_parallel --resume` run only the rest"
+        )
+        restarts._tell(gc, text)
+        for r in _waiting_for(restarts, job):
+            r.gave_up = (
+                f"engine {r.dead} waited for Slurm job {job.job_id}, which was "
+                "cancelled still pending"
+            )
+
+    def _poll(self) -> tuple[dict[str, tuple[str, ...]], list[str]] | None:
         """squeue's answer once it is there (None before: it runs meanwhile)."""
         p = self._squeue
         if p is None:
@@ -154,8 +211,7 @@ class JobWatch:
             self._asked_jobs = self.ids()
             try:
                 self._squeue = subprocess.Popen(
-                    ["squeue", "-h", "-j", ",".join(self._asked_jobs)]
-                    + ["-o", "%i|%T|%r"],
+                    [*SQUEUE, ",".join(self._asked_jobs), "-o", "%i|%T|%r|%N"],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
                     stdin=subprocess.DEVNULL,
@@ -172,11 +228,10 @@ class JobWatch:
             p.stdout.close()
         if p.returncode != 0:  # the controller busy or down: nothing learnt
             return None
-        states = {}
+        states: dict[str, tuple[str, ...]] = {}
         for line in out.strip().splitlines():
-            job, _, rest = line.partition("|")
-            state, _, reason = rest.partition("|")
-            states[job.strip()] = (state.strip(), reason.strip())
+            job, state, reason, nodes = (line.split("|") + ["", "", ""])[:4]
+            states[job.strip()] = (state.strip(), reason.strip(), nodes.strip())
         return states, self._asked_jobs
 
     def _ask_engines(self, gc: Any) -> None:
@@ -195,15 +250,28 @@ class JobWatch:
                     self.job_of[eid] = str(ar.get(timeout=0))
 
     def engines_of(self, gc: Any, job: Job) -> list[int]:
-        """The live engines of ``job``: those that said so; with one job left,
-        every engine whose job is not known yet too."""
+        """The live engines of ``job``: those that said so; of those whose job
+        is not known yet (their answer queued behind a chunk), with one job
+        left every one, else those on a node of ``job``'s alone."""
         alive = [e for e in gc.engines if e not in gc.dead]
         mine = [e for e in alive if self.job_of.get(e) == job.job_id]
+        unknown = [e for e in alive if e not in self.job_of]
         if len(self.ids()) == 1:
-            mine += [e for e in alive if e not in self.job_of]
-        return mine
+            return mine + unknown
+        others = {
+            n for j in self.jobs if j is not job and j.ended is None for n in j.nodes
+        }
+        only = {short(n) for n in job.nodes} - {short(n) for n in others}
+        hosts = {e: short(str(getattr(gc.engines[e], "host", ""))) for e in unknown}
+        return mine + [e for e in unknown if hosts[e] in only]
 
     def _ended(self, gc: Any, restarts: Any, job: Job, state: str, reason: str) -> None:
+        if state == "COMPLETING":  # squeue shows the end state only after
+            got = end_state(job.job_id, reason, self._requeues(job))
+            state, reason = got or (state, reason)
+        if state in REQUEUED:
+            self._requeued(gc, restarts, job, state, reason)
+            return
         engines = self.engines_of(gc, job)
         self.ended_engines.update(engines)
         job.ended = f"{state}, {reason or 'no reason given'}"
@@ -254,8 +322,6 @@ class JobWatch:
         """Submit ``job`` once more; each of its dead engines (and each still
         waiting for ``job``'s) waits for one of the new job's: restarts that
         take any engine."""
-        from gpucell.cluster.restart import Restart
-
         k = job.resubmitted + 1
         set_id = f"{job.set_id}-c{k}"
         try:
@@ -269,10 +335,21 @@ class JobWatch:
             )
             return None
         new = Job(set_id, job_id, job.engines, job.kw, resubmitted=k)
+        self._await(gc, restarts, job, new, engines)
+        return new
+
+    def _await(
+        self, gc: Any, restarts: Any, job: Job, new: Job, engines: list[int]
+    ) -> None:
+        """Watch ``new`` (``job`` again): each of ``job``'s dead engines (and
+        each still waiting for ``job``'s) waits for one of ``new``'s, a restart
+        that takes any engine."""
+        from gpucell.cluster.restart import Restart
+
         self.jobs.append(new)
         waiting = _waiting_for(restarts, job)
         for r in waiting:  # its own engines never came: the new job's instead
-            r.engine_set = set_id
+            r.engine_set = new.set_id
         for eid in engines:
             info = gc.engines.get(eid)
             r = Restart(
@@ -281,10 +358,61 @@ class JobWatch:
                 restarts=getattr(info, "restarts", 0),
                 launched=True,
             )
-            r.engine_set, r.deadline = set_id, float("inf")
+            r.engine_set, r.deadline = new.set_id, float("inf")
             restarts.pending.append(r)
         restarts.joining += max(0, job.engines - len(engines) - len(waiting))
-        return new
+
+    def _requeues(self, job: Job) -> int:
+        """Times Slurm requeued ``job`` before (its earlier runs watched)."""
+        return sum(1 for j in self.jobs if j.job_id == job.job_id) - 1
+
+    def _ran(self, job: Job) -> bool:
+        """Whether ``job`` ran: seen running, or an engine said it is its."""
+        job.ran = job.ran or job.job_id in self.job_of.values()
+        return job.ran
+
+    def _requeued(
+        self, gc: Any, restarts: Any, job: Job, state: str, reason: str
+    ) -> None:
+        """Slurm put ``job`` back in the queue (a preemption with
+        PreemptMode=REQUEUE): its engines are gone, and it runs again by
+        itself.  With --checkpoint that is the resubmission (its engines take
+        the unfinished work when it runs, within the pending limit); without,
+        it is cancelled and the cell fails as for an ended job."""
+        engines = self.engines_of(gc, job)
+        self.ended_engines.update(engines)
+        job.ended = state + (f", {reason}" if reason not in ("", "None") else "")
+        what = f"Slurm job {job.job_id} was requeued by Slurm ({job.ended})"
+        if job.resubmitted < self.resubmit:
+            new = Job(job.set_id, job.job_id, job.engines, job.kw)
+            new.resubmitted = job.resubmitted + 1
+            self._await(gc, restarts, job, new, engines)
+            self.noticed.append((new.job_id, time.monotonic()))
+            restarts._tell(
+                gc,
+                f"{what}: its engines take the unfinished work when it runs "
+                f"again (--checkpoint, {new.resubmitted} of {self.resubmit})",
+            )
+        else:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    ["scancel", job.job_id],
+                    capture_output=True,
+                    timeout=15,
+                    stdin=subprocess.DEVNULL,
+                )
+            for r in _waiting_for(restarts, job):
+                r.gave_up = f"engine {r.dead} waited for Slurm job {job.job_id}"
+            restarts._tell(
+                gc,
+                f"{what} and is cancelled, its {len(engines)} engine(s) gone; a "
+                "running cell's finished chunks are kept: `%gpu_cluster stop`, "
+                "`%gpu_cluster start` and `%%gpu_parallel --resume` run only the "
+                "rest (`start --checkpoint` waits for a requeued job by itself)",
+            )
+        for eid in engines:  # the run notices them in its next check
+            gc.mark_dead(eid)
+            restarts.begin(gc, eid)
 
 
 def _waiting_for(restarts: Any, job: Job) -> list[Any]:
@@ -314,115 +442,3 @@ class Resubmitter:
             return self.cluster.start_engines_sync(n, **kw)
         finally:
             self.cluster.engine_launcher_class = saved
-
-
-#: job id -> its batch system, for jobs not Slurm's (PBS, LSF, SGE: asked
-#: with their own qstat/bjobs, gpucell.cluster.batch.job_state)
-SCHEDULER_OF: dict[str, str] = {}
-
-
-def kind(job_id: str) -> str:
-    """``Slurm job``, ``PBS job``... as messages name a job."""
-    first = job_id.split(",")[0]
-    return f"{SCHEDULER_OF.get(first, 'slurm').upper().replace('SLURM', 'Slurm')} job"
-
-
-def job_states(jobs: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(state, reason) of each of ``jobs`` its scheduler still lists."""
-    others = [j for j in jobs if j in SCHEDULER_OF]
-    out: dict[str, tuple[str, str]] = {}
-    if others:
-        from gpucell.cluster import batch
-
-        for j in others:
-            if (st := batch.job_state(SCHEDULER_OF[j], j)) is not None:
-                out[j] = st
-        jobs = [j for j in jobs if j not in SCHEDULER_OF]
-        if not jobs:
-            return out
-    try:
-        p = subprocess.run(
-            ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%T|%r"],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if p.returncode != 0:
-        return out
-    for line in p.stdout.strip().splitlines():
-        job, _, rest = line.partition("|")
-        state, _, reason = rest.partition("|")
-        out[job.strip()] = (state, reason)
-    return out
-
-
-def job_state(job_id: str) -> tuple[str, str] | None:
-    """(state, reason) of a job squeue still lists, or None; of several
-    (``a,b``: ``--jobs``): running if one runs, else pending if one is
-    (the first one's reason), else ended."""
-    got = job_states(job_id.split(",")).values()
-    for want in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
-        for st in got:
-            if st[0] == want:
-                return st
-    return next(iter(got), None)
-
-
-_ENDED = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "OUT_OF_MEMORY",
-}
-
-
-def wait_for_job(
-    client: Any,
-    job_id: str,
-    total: int,
-    timeout: float,
-    echo: Callable[[str], None] | None,
-    state: Callable[[str], tuple[str, str] | None] = job_state,
-) -> None:
-    """Wait for the job's engines, watching the job: pending is said once, an
-    ended job or the timeout is a ClusterError (the caller stops the cluster)."""
-    t0 = time.monotonic()
-    said = False
-    what = f"{kind(job_id)} {job_id}"
-    last: tuple[str, str] | None = None
-    while True:
-        try:
-            client.wait_for_engines(total, timeout=1.0, interactive=False)
-            return
-        except TimeoutError:
-            pass
-        last = state(job_id) or last
-        waited = time.monotonic() - t0
-        if last is not None and last[0] in _ENDED:
-            raise ClusterError(
-                f"{what} ended ({last[0]}: {last[1]}) before its engines "
-                "registered; its output is in the cluster's log directory."
-            )
-        if last is not None and last[0] == "PENDING" and not said and echo:
-            echo(
-                f"gpucell: {what} is pending ({last[1]}); waiting up to {timeout:.0f} s"
-            )
-            said = True
-        if waited > timeout:
-            if last is not None and last[0] == "PENDING":
-                raise ClusterError(
-                    f"{what} was still pending after {timeout:.0f} s "
-                    f"({last[1]}); it was cancelled. Ask for fewer nodes or GPUs, "
-                    "another --partition, or a longer --timeout."
-                )
-            raise ClusterError(
-                f"Only {len(client.ids)} of {total} engines of batch job {job_id} "
-                f"registered within {timeout:.0f} s; the job was cancelled. The "
-                "engines' output is in the cluster's log directory."
-            )

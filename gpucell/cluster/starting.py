@@ -107,11 +107,12 @@ def launch(
     ip = _listen_on(remote, slurm, controller_ip)
     if ip:
         profile_kw["controller_ip"] = ip
-    # encrypted on this host and to --ssh hosts (their engines take the server
-    # key from the connection info ipyparallel sends through ssh's stdin); a
-    # Slurm job's engines are signed only (their nodes' pyzmq is not checked);
+    # encrypted on this host, to --ssh hosts (their engines take the server key
+    # from the connection info ipyparallel sends through ssh's stdin) and to a
+    # batch job's engines (from the 0600 connection file in the profile's 0700
+    # security folder, as ipyparallel's batch launchers have them read it);
     # GpuCell.encrypt / --no-encrypt turn it off
-    curve = slurm is None and (s.encrypt if encrypt is None else encrypt)
+    curve = s.encrypt if encrypt is None else encrypt
     cluster, engine_args = _new_cluster(s, p.specs, profile_kw, curve)
     channel = shm_channel.open_for_cluster()
     try:

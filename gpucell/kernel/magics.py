@@ -195,7 +195,8 @@ def _add_slurm_options(start: MagicArgumentParser) -> None:
         metavar="N",
         help="--slurm: a job Slurm ends during a run (time limit, preemption, "
         "scancel) is submitted again, up to N times (default 1), and the run goes "
-        "on on its engines (GpuCell.slurm_resubmit).",
+        "on on its engines (GpuCell.slurm_resubmit); one still pending after "
+        "GpuCell.slurm_pending_timeout s (600) is cancelled.",
     )
     start.add_argument("--partition", default=None, help="--slurm: partition.")
     start.add_argument("--time", default=None, help="--slurm: time limit.")
