@@ -113,42 +113,49 @@ def _position_keyed(loop: ast.For) -> frozenset[str]:
     return frozenset(stored - other)
 
 
+#: statements whose body may run more than once per iteration (or later)
 _REPEATS = (
     ast.For,
     ast.AsyncFor,
     ast.While,
     ast.FunctionDef,
     ast.AsyncFunctionDef,
-    ast.Lambda,
-    ast.ListComp,
-    ast.SetComp,
-    ast.DictComp,
-    ast.GeneratorExp,
+    ast.ClassDef,
 )
 
 
 def _stored_once(loop: ast.For, names: frozenset[str]) -> frozenset[str]:
     """The ``names`` whose items one statement of the body stores, outside
-    any inner loop, function or comprehension (which may run it again).  Two
-    statements on one key (`y[i] += a; y[i] += b`) each cast serially, and a
-    fold of both casts once."""
+    any inner loop or function (which may run it again).  Two statements on
+    one key (`y[i] += a; y[i] += b`) each cast serially, and a fold of both
+    casts once.  Stores are statements, so only statements are walked (a
+    comprehension or lambda holds none)."""
+    if not names:
+        return frozenset()
     count: dict[str, int] = dict.fromkeys(names, 0)
 
-    def visit(node: ast.AST, repeated: bool) -> None:
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        for t in targets:
-            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
-                if t.value.id in count:
-                    count[t.value.id] += 2 if repeated else 1
-        for child in ast.iter_child_nodes(node):
-            visit(child, repeated or isinstance(child, _REPEATS))
+    def visit(stmts: list[ast.stmt], repeated: bool) -> None:
+        for st in stmts:
+            targets: list[ast.expr] = []
+            if isinstance(st, ast.Assign):
+                targets = st.targets
+            elif isinstance(st, (ast.AugAssign, ast.AnnAssign)):
+                targets = [st.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                    if t.value.id in count:
+                        count[t.value.id] += 2 if repeated else 1
+            inner = repeated or isinstance(st, _REPEATS)
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(st, field, None)
+                if isinstance(block, list):
+                    visit(block, inner)
+            for h in getattr(st, "handlers", ()):
+                visit(h.body, inner)
+            for case in getattr(st, "cases", ()):
+                visit(case.body, inner)
 
-    for st in loop.body:
-        visit(st, isinstance(st, _REPEATS))
+    visit(loop.body, False)
     return frozenset(n for n, c in count.items() if c == 1)
 
 
