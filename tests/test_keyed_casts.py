@@ -49,6 +49,21 @@ EQUAL = {
         "for i in range(4):\n    m[i] += vals[i]\n",
         lambda: {"m": np.zeros(4, dtype=bool), "vals": [0, 1, 2, 0]},
     ),
+    "bool mask, or-ed with numpy bools": (
+        "for i in range(5):\n    m[i] |= vals[i] > 2\n",
+        lambda: {"m": np.array([1, 0, 0, 1, 0], dtype=bool), "vals": np.arange(5)},
+    ),
+    "int16 array, scaled by floats": (
+        "for i in range(5):\n    y[i] *= 0.75\n",
+        lambda: {"y": np.arange(5, dtype=np.int16) * 7},
+    ),
+    "float32 tensor rows, float64 tensors (in place on the view)": (
+        "for b in range(3):\n    t[b] += w[b]\n",
+        lambda: {
+            "t": torch.arange(12, dtype=torch.float32).reshape(3, 4) / 3,
+            "w": torch.rand(3, 4, dtype=torch.float64),
+        },
+    ),
     "float32 tensor, python floats": (
         "for i in range(6):\n    t[i] += 0.1 * i\n",
         lambda: {"t": torch.linspace(0, 1, 6)},
