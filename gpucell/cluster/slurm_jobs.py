@@ -312,9 +312,7 @@ class JobWatch:
                 "start` and `%%gpu_parallel --resume` run only the rest "
                 "(`start --checkpoint` submits an ended job again by itself)",
             )
-        for eid in engines:  # the run notices them in its next check
-            gc.mark_dead(eid)
-            restarts.begin(gc, eid)
+        _gone(gc, restarts, engines)
 
     def _submit_again(
         self, gc: Any, job: Job, restarts: Any, engines: list[int]
@@ -410,9 +408,16 @@ class JobWatch:
                 "`%gpu_cluster start` and `%%gpu_parallel --resume` run only the "
                 "rest (`start --checkpoint` waits for a requeued job by itself)",
             )
-        for eid in engines:  # the run notices them in its next check
-            gc.mark_dead(eid)
-            restarts.begin(gc, eid)
+        _gone(gc, restarts, engines)
+
+
+def _gone(gc: Any, restarts: Any, engines: list[int]) -> None:
+    """Mark a job's engines dead (the run notices them in its next check) and
+    gone for the restarts: none starts them again (their job's engines, if
+    any, take their places), so none says it would not."""
+    for eid in engines:
+        gc.mark_dead(eid)
+        restarts.gone.add(eid)
 
 
 def _waiting_for(restarts: Any, job: Job) -> list[Any]:
