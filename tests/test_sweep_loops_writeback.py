@@ -43,12 +43,15 @@ _OPTIMIZER = (
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
     "wb-fx-warnings-catch-around": (
-        "SILENT: caught (engines print their warnings as text; the kernel's "
-        "warnings.catch_warnings(record=True) never sees them)"
+        "false refusal: `catch_warnings(record=True)` around the loop is refused "
+        "before any iteration (each engine would record into its own copy; was "
+        "SILENT), after the kernel entered it and bound `caught`, which this "
+        "sweep does not count as the prelude's"
     ),
     "wb-fx-capture-warnings-logging": (
-        "SILENT: warned_msgs and the log (logging.captureWarnings is the "
-        "kernel's: engines' warnings never become log records)"
+        "the records are now the serial ones (warnings issued again in the "
+        "kernel, in order), but each names the cell as gpucell compiled it: "
+        "another filename, and the line one down (the magic's line is line 1)"
     ),
     # ------------------------------------------------ false refusals
     "wb-fx-redirect-stdout-around": (

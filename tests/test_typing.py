@@ -25,6 +25,7 @@ STRICT = [
     "gpucell/protocol/telemetry.py",
     "gpucell/protocol/devices.py",
     "gpucell/protocol/panel.py",
+    "gpucell/protocol/warned.py",
     "gpucell/ui/panel_state.py",
 ]
 

@@ -530,13 +530,15 @@ def _container(obj: Any, kind: str, entries: Sequence[tuple[Any, str, Any]]) -> 
     kernel's own object, identity kept), or a new value."""
     old = list(obj.values()) if kind == "dict" else list(obj)
     values = [old[v] if tag == "old" else v for _k, tag, v in entries]
-    # dict's and list's own methods: a subclass's may do something else with
-    # them (Counter.update adds counts)
     if kind == "dict":
-        dict.clear(obj)
-        dict.update(obj, zip([k for k, _t, _v in entries], values, strict=True))
+        # stored key by key: what every mapping means by a store (not
+        # ``update``: a Counter's adds counts; nor dict's own methods: an
+        # OrderedDict keeps its order beside them)
+        obj.clear()
+        for (k, _t, _v), v in zip(entries, values, strict=True):
+            obj[k] = v
     else:
-        list.__setitem__(obj, slice(None), values)
+        obj[:] = values
 
 
 def _grad(p: Any, g: Any) -> None:

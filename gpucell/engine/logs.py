@@ -9,7 +9,8 @@ record that reaches it instead of letting the engine's own handlers (or
 logging's last resort on stderr) print it.  The records travel with the
 chunk's result, prepared as ``logging.handlers.QueueHandler`` prepares them:
 the message formatted now (its arguments may change later in the iteration),
-the traceback as text.
+the traceback as text.  Warnings the chunk shows are kept among them, in
+order (``gpucell.protocol.warned``), for the kernel to issue again.
 
 Standard library only.
 """
@@ -19,10 +20,13 @@ from __future__ import annotations
 import copy
 import logging
 import pickle
+import sys
 import threading
+import warnings
 from typing import Any
 
 from gpucell.protocol.program import LogLevels
+from gpucell.protocol.warned import Warned
 
 __all__ = ["Capture"]
 
@@ -87,7 +91,7 @@ class _Keep(logging.Handler):
     def __init__(self, thread: int) -> None:
         super().__init__(logging.NOTSET)
         self.thread = thread
-        self.records: list[logging.LogRecord] = []
+        self.records: list[logging.LogRecord | Warned] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread != self.thread or _engine_logger(record.name):
@@ -120,6 +124,61 @@ def _plan(levels: LogLevels) -> list[tuple[logging.Logger, int]]:
     return _PLAN[1]  # type: ignore[no-any-return]
 
 
+#: module file -> module name, for what a warning's filters match; and how
+#: many modules there were when it was made (a miss remakes it only if more)
+_MODULE_FILES: list[Any] = [0, {}]
+
+
+def _module_of(filename: str) -> str:
+    """The ``__name__`` of the code that warned, from its file (what
+    ``warnings.warn`` takes from the caller's globals): a module's, else the
+    notebook's own ``__main__`` (the cell's code has the cell's filename)."""
+    names = _MODULE_FILES[1]
+    if filename not in names and len(sys.modules) != _MODULE_FILES[0]:
+        _MODULE_FILES[0] = len(sys.modules)
+        names = _MODULE_FILES[1] = {
+            f: name
+            for name, m in list(sys.modules.items())
+            if isinstance(f := getattr(m, "__file__", None), str)
+        }
+    return names.get(filename, "__main__")  # type: ignore[no-any-return]
+
+
+def _warned(msg: Any) -> Warned:
+    message = msg.message
+    try:
+        pickle.dumps(message)
+    except Exception:
+        message = str(message)
+    return Warned(
+        message, msg.category, msg.filename, msg.lineno, _module_of(msg.filename)
+    )
+
+
+class _ShowHook:
+    """``warnings._showwarnmsg`` while a chunk runs: a warning the chunk's
+    thread shows is kept (for the kernel to issue) instead of printed, unless
+    the iteration itself replaced how warnings are shown (its own
+    ``catch_warnings(record=True)``, a ``showwarning`` of its own), which then
+    gets it as serially."""
+
+    def __init__(self, keep: _Keep) -> None:
+        self.keep = keep
+        self.previous = warnings._showwarnmsg  # type: ignore[attr-defined]
+        self.impl = warnings._showwarnmsg_impl  # type: ignore[attr-defined]
+        self.showwarning = warnings.showwarning
+
+    def __call__(self, msg: Any) -> None:
+        if (
+            threading.get_ident() != self.keep.thread
+            or warnings._showwarnmsg_impl is not self.impl  # type: ignore[attr-defined]
+            or warnings.showwarning is not self.showwarning
+        ):
+            self.previous(msg)
+            return
+        self.keep.records.append(_warned(msg))
+
+
 class Capture:
     """The kernel's levels and a keeping root handler while a chunk runs;
     everything is put back on exit, whatever happened.  Loggers cache which
@@ -128,11 +187,12 @@ class Capture:
 
     def __init__(self, levels: LogLevels | None) -> None:
         self.levels = levels
-        self.records: list[logging.LogRecord] = []
+        self.records: list[logging.LogRecord | Warned] = []
         self._saved: list[tuple[logging.Logger, int]] = []
         self._handlers: list[logging.Handler] = []
         self._disable = logging.NOTSET
         self._keep: _Keep | None = None
+        self._shown: _ShowHook | None = None
 
     def __enter__(self) -> Capture:
         root = logging.getLogger()
@@ -156,11 +216,16 @@ class Capture:
         keep.level, keep.filters = logging.NOTSET, []  # (a loop may set them)
         self._keep = keep
         root.handlers[:] = [keep]
+        self._shown = _ShowHook(keep)
+        warnings._showwarnmsg = self._shown  # type: ignore[attr-defined]
         if changed:
             _levels_changed(manager)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._shown is not None:
+            warnings._showwarnmsg = self._shown.previous  # type: ignore[attr-defined]
+            self._shown = None
         root = logging.getLogger()
         root.handlers[:] = self._handlers
         changed = root.manager.disable != self._disable

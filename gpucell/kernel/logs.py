@@ -3,7 +3,8 @@
 The engines make the records the kernel's levels allow (``engine/logs.py``)
 and send them with each chunk's result; after the merge the kernel hands them
 to its own loggers in iteration order, so a ``basicConfig(filename=...)``
-file, a list handler or a stream gets the lines a serial run writes.
+file, a list handler or a stream gets the lines a serial run writes.  The
+warnings the iterations showed come among them and are issued again here.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 from gpucell.protocol.program import LogLevels
+from gpucell.protocol.warned import Warned
 
 __all__ = ["emit", "levels"]
 
@@ -45,6 +49,9 @@ def emit(records: Iterable[Any]) -> None:
     thread = threading.current_thread()
     root = logging.getLogger()
     for r in records:
+        if isinstance(r, Warned):
+            _warn_again(r)
+            continue
         if not isinstance(r, logging.LogRecord):
             continue
         r.process, r.processName = pid, process
@@ -53,3 +60,22 @@ def emit(records: Iterable[Any]) -> None:
             r.relativeCreated = (r.created - start) * 1000
         logger = root if r.name == root.name else logging.getLogger(r.name)
         logger.handle(r)
+
+
+def _warn_again(w: Warned) -> None:
+    """Issue an engine's warning in the kernel, as its iteration would have:
+    the kernel's filters and the warning place's registry (shown once per
+    place, across engines and chunks), a ``catch_warnings`` or
+    ``logging.captureWarnings`` of the kernel's."""
+    module = sys.modules.get(w.module)
+    if w.module == "__main__" or module is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        where = shell.user_ns if shell is not None else vars(sys.modules["__main__"])
+    else:
+        where = vars(module)
+    registry = where.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        w.message, w.category, w.filename, w.lineno, module=w.module, registry=registry
+    )

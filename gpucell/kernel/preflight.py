@@ -443,6 +443,8 @@ def _contexts_that_cannot_travel(plan: LoopPlan, ns: Namespace) -> list[Diagnost
     out = []
     for layer in plan.layers:
         for item in layer.node.items:
+            if _records_warnings(item.context_expr, ns):
+                out.append(_recorder_problem(layer.node, item))
             if item.optional_vars is not None:
                 continue
             for node in ast.walk(item.context_expr):
@@ -471,6 +473,40 @@ def _a_notebook_stream(value: Any) -> bool:
     if not isinstance(value, io.IOBase):
         return False
     return value is not sys.__stdout__ and value is not sys.__stderr__
+
+
+def _records_warnings(expr: ast.expr, ns: Namespace) -> bool:
+    """``warnings.catch_warnings(record=True)`` (by any name the notebook
+    gave it): each engine would record into its copy of the list."""
+    import warnings
+
+    if not isinstance(expr, ast.Call):
+        return False
+    record = [k.value for k in expr.keywords if k.arg == "record"]
+    if not record or (isinstance(record[0], ast.Constant) and not record[0].value):
+        return False
+    f = expr.func
+    if isinstance(f, ast.Name):
+        fn = ns.get(f.id)
+    elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        fn = getattr(ns.get(f.value.id), f.attr, None)
+    else:
+        return False
+    return isinstance(fn, type) and issubclass(fn, warnings.catch_warnings)
+
+
+def _recorder_problem(node: ast.With, item: ast.withitem) -> Diagnostic:
+    return _problem(
+        node.lineno,
+        "warnings",
+        "context-records-warnings",
+        f"`with {ast.unparse(item.context_expr)}:` (line {node.lineno}) would "
+        "be entered again on every engine around its share of the loop, and "
+        "each engine would record the warnings into its own copy of the list: "
+        "the notebook's list would stay empty. Record inside the loop "
+        "(`with warnings.catch_warnings(record=True) as w:` in the body, then "
+        "`caught.extend(w)`), or run the cell without %%gpu_parallel.",
+    )
 
 
 def _stream_problem(
