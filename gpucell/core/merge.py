@@ -296,6 +296,12 @@ def _replay_array_store(target: Any, k: Any, op: str, c: Any, binary: bool) -> A
     return tscratch
 
 
+def _holds_objects(target: Any) -> bool:
+    """A numpy array of dtype object: its elements are the objects themselves
+    (a list ``+=`` extends in place), so the replay on a copy would not be one."""
+    return is_numpy(target) and target.dtype.kind == "O"
+
+
 def _numpy_scalar(v: Any) -> bool:
     """A numpy scalar (``np.float32(0)``, ``np.int64(3)``): immutable."""
     np = sys.modules.get("numpy")
@@ -926,7 +932,7 @@ def _prepare_keyed(
         if (selects(op) and not (is_array and once)) or (rebinding and not is_array):
             new: Any = BINARY[op](base, c)
             action: Callable[[], Any] = _returner(new)
-        elif is_array and once:
+        elif is_array and once and not _holds_objects(target):
             new = _replay_array_store(target, k, op, c, rebinding or selects(op))
             action = _returner(new)
         elif is_array:
