@@ -24,8 +24,15 @@ __all__ = ["raise_iteration_error"]
 
 
 def raise_iteration_error(
-    payload: ChunkError, chunk: Chunk, gc: GpuCluster, record: LastRun
+    payload: ChunkError,
+    chunk: Chunk,
+    gc: GpuCluster,
+    record: LastRun,
+    unfinished_before: list[tuple[int, int]] | None = None,
 ) -> None:
+    """Raise what the iteration raised, with where it ran; ``unfinished_before``:
+    earlier iterations other engines had not finished (serially one of them
+    might have raised first: said, as the run stops at the first error heard)."""
     info = gc.engines.get(chunk.engine) if chunk.engine is not None else None
     where = (
         f"iteration {payload['iteration']} (loop values {payload['item']}) on engine "
@@ -36,6 +43,14 @@ def raise_iteration_error(
         f"gpucell: raised in {where}. Nothing from the loop was merged; the prelude "
         "ran.\nRemote traceback (cell lines):\n" + payload["traceback"].rstrip()
     )
+    if unfinished_before:
+        from gpucell.core.resume import describe_ranges
+
+        context += (
+            f"\ngpucell: iterations {describe_ranges(unfinished_before)}, before "
+            "it, had not finished on other engines when it raised: serially one "
+            "of them might have raised first."
+        )
     oom, changed = payload.get("oom"), payload.get("changed")
     if oom:
         context += "\n" + oom

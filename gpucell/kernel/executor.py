@@ -239,8 +239,23 @@ class Executor:
             p.get("type"),
             p.get("message"),
         )
-        raise_iteration_error(ins.payload, ins.chunk, self.gc, self.record)
+        raise_iteration_error(
+            ins.payload, ins.chunk, self.gc, self.record, self._unfinished_before(ins)
+        )
         raise AssertionError("unreachable")  # (raise_iteration_error raises)
+
+    def _unfinished_before(self, ins: ev.ChunkFailed) -> list[tuple[int, int]]:
+        """Iterations before the one that raised that had not finished on other
+        engines: serially one of them might have raised first."""
+        k, c = ins.payload.get("iteration"), ins.chunk
+        if not isinstance(k, int):
+            return []
+        out = []
+        for lo, hi in self.sched.pending_ranges():
+            for a, b in ((lo, min(hi, c.start, k)), (max(lo, c.stop), min(hi, k))):
+                if a < b:
+                    out.append((a, b))
+        return out
 
     def _do_fail(self, ins: ev.Fail) -> NoReturn:
         log.warning("the run fails: %s", _first_line(ins.error))
