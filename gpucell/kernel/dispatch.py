@@ -164,8 +164,7 @@ class Run(InputShipping, Executor):
         namespace: dict[str, Any] | None = None,
     ) -> None:
         self.gc = gc
-        # what the cluster told before this run: the rest may explain its end
-        self._told_before = len(getattr(gc, "warnings", ()))
+        self._told_before = len(getattr(gc, "warnings", ()))  # (_no_engine_left)
         # the notebook's: functions the loop's code made get it as globals
         self.namespace = namespace
         self.kept = tuple(kept)
@@ -552,18 +551,6 @@ class Run(InputShipping, Executor):
                 time.sleep(0.05)
                 return  # an engine is coming back for the rest
             raise EnginesLost(self._no_engine_left())
-
-    def _no_engine_left(self) -> str:
-        """Why the run cannot go on, with what the cluster said since it began
-        (a restart given up, a batch job cancelled while pending)."""
-        told = list(getattr(self.gc, "warnings", ()))[self._told_before :]
-        why = "".join(f"\n- {t}" for t in told[-3:])
-        return (
-            "No engine is left to run the rest of the loop, and none is coming "
-            "back" + (f":{why}" if why else ".") + "\nStart engines again "
-            "(`%gpu_cluster stop`, then `start`) and run the cell again, with "
-            "`--resume` where gpucell said it kept finished iterations."
-        )
 
     def abort(self, error: BaseException) -> NoReturn:
         """The run ends early: outstanding work is cancelled, engines left

@@ -107,6 +107,7 @@ class Executor:
     mapped: dict[tuple[str, ...], list[Any]]
     leaders: dict[tuple[str, tuple[str, ...]], tuple[int, int, str]]
     drop_inputs: Callable[[str], bool]
+    _told_before: int  # the cluster's warnings when the run began
 
     @property
     def sched(self) -> Schedule:
@@ -243,6 +244,18 @@ class Executor:
             ins.payload, ins.chunk, self.gc, self.record, self._unfinished_before(ins)
         )
         raise AssertionError("unreachable")  # (raise_iteration_error raises)
+
+    def _no_engine_left(self) -> str:
+        """Why the run cannot go on, with what the cluster said since it began
+        (a restart given up, a batch job cancelled while pending)."""
+        told = list(getattr(self.gc, "warnings", ()))[self._told_before :]
+        why = "".join(f"\n- {t}" for t in told[-3:])
+        return (
+            "No engine is left to run the rest of the loop, and none is coming "
+            "back" + (f":{why}" if why else ".") + "\nStart engines again "
+            "(`%gpu_cluster stop`, then `start`) and run the cell again, with "
+            "`--resume` where gpucell said it kept finished iterations."
+        )
 
     def _unfinished_before(self, ins: ev.ChunkFailed) -> list[tuple[int, int]]:
         """Iterations before the one that raised that had not finished on other
