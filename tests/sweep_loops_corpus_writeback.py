@@ -1862,6 +1862,143 @@ for b in bufs:
 """,
 )
 
+# ------------------------------------------------ sets, deques, bytearrays, generators
+# (each written back by its own means: checkout._stdlib_kind)
+
+case(
+    "wb-set-items-ior-alias",
+    "safe",
+    """
+tagsets = {"ana": {"a"}, "ben": {"b", "c"}, "cai": set()}
+first = tagsets["ana"]
+""",
+    """
+for name, s in tagsets.items():
+    s |= {name[0], "x"}
+    s -= {"c"}
+    s.update(name)
+sizes = {k: len(s) for k, s in tagsets.items()}
+same = first is tagsets["ana"]
+""",
+)
+
+case(
+    "wb-deque-maxlen-window",
+    "safe",
+    """
+from collections import deque
+windows = [deque([1, 2, 3], maxlen=3), deque(maxlen=2), deque([9], maxlen=5)]
+last_window = windows[-1]
+""",
+    """
+for w in windows:
+    w.append(len(w) * 10)
+    w.append(7)
+    if len(w) > 1:
+        w.popleft()
+    w.rotate(-1)
+caps = [w.maxlen for w in windows]
+same = last_window is windows[-1]
+""",
+)
+
+case(
+    "wb-bytearray-slice-assign",
+    "safe",
+    """
+bufs = [bytearray(b"hello"), bytearray(b"abc"), bytearray()]
+alias = bufs[1]
+""",
+    """
+for b in bufs:
+    b[:] = b.upper() + b"."
+    b.reverse()
+alias_val = bytes(alias)
+""",
+)
+
+case(
+    "wb-random-instances-dict-gauss",
+    "safe",
+    """
+import random
+gens = {name: random.Random(seed) for name, seed in [("a", 1), ("b", 2), ("c", 3)]}
+ga = gens["a"]
+""",
+    """
+picks = {}
+for name, g in gens.items():
+    picks[name] = g.sample(range(100), 3)
+    g.gauss(0, 1)
+next_a = ga.random()
+next_gauss = [g.gauss(0, 1) for g in gens.values()]
+""",
+    note="gauss caches its second draw: the state to write back includes it",
+)
+
+case(
+    "wb-rng-randomstate-items-odd-randn",
+    "safe",
+    """
+import numpy as np
+states = [np.random.RandomState(s) for s in (3, 4, 5)]
+""",
+    """
+draws = []
+for rs in states:
+    draws.append(rs.randn(3).round(8).tolist())
+later = [rs.randn(2).round(8).tolist() for rs in states]
+""",
+    note="randn(3) leaves a cached Gaussian in the legacy state",
+)
+
+case(
+    "wb-u-set-same-object-twice",
+    "unsafe",
+    """
+shared = {"a"}
+tagsets = [shared, {"b"}, shared]
+""",
+    """
+for s in tagsets:
+    s.add(len(s))
+""",
+    note="serially the third iteration sees the first one's element",
+)
+
+case(
+    "wb-u-rng-shared-bit-generator",
+    "unsafe",
+    """
+import numpy as np
+bg = np.random.PCG64(7)
+rngs = [np.random.Generator(bg) for _ in range(3)]
+""",
+    """
+draws = []
+for g in rngs:
+    draws.append(float(g.random()))
+""",
+    note="one stream: serially each draw continues the previous one",
+)
+
+case(
+    "wb-u-bytearray-view-read",
+    "unsafe",
+    """
+import numpy as np
+bufs = [bytearray(b"abcd"), bytearray(b"efgh")]
+views = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
+""",
+    """
+totals = []
+for b in bufs:
+    b[0] = 65
+    totals.append(int(sum(int(v.sum()) for v in views)))
+""",
+    note="the views share the bytearrays' memory: serially they see each change",
+)
+
 case(
     "wb-counter-items-update",
     "safe",

@@ -114,14 +114,7 @@ KNOWN: dict[str, str] = {
         "the loop (a commutative accumulation) is an input changed in place"
     ),
     "wb-bound-methods-items": _ITEM_KIND.format("method"),
-    "wb-rng-generators-items": _ITEM_KIND.format("numpy Generator"),
-    "wb-random-instances-items": _ITEM_KIND.format(
-        "random.Random (was SILENT: its state is no attribute)"
-    ),
     "wb-iterators-items-next": _ITEM_KIND.format("list_iterator"),
-    "wb-deque-items-rotate": _ITEM_KIND.format("deque"),
-    "wb-set-items-add": _ITEM_KIND.format("set"),
-    "wb-bytearray-items-extend": _ITEM_KIND.format("bytearray"),
     "wb-user-dict-subclass-items": _ITEM_KIND.format(
         "notebook dict subclass (was SILENT: written back by attributes only)"
     ),

@@ -6,7 +6,8 @@ every other name that refers to one of them sees the change.  So the kernel
 never replaces an item: a module's parameters, buffers and gradients are
 copied into its existing tensors (their identity, and an optimizer's hold on
 them, kept), a tensor's values into it, an object's changed attributes set
-on it.
+on it, a container refilled (a set by what it lost and gained), a random
+generator's state set.
 
 Refused, atomically (before anything is written), where the engines' copies
 could not have seen what a serial run sees: two iterations whose items are
@@ -18,6 +19,8 @@ shared with another item or an input.  torch is recognised, never imported.
 from __future__ import annotations
 
 import bisect
+import collections
+import ctypes
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,8 +53,10 @@ class Target:
 def _children(value: Any) -> Iterator[Any]:
     """What ``value`` holds one level down: elements, dict values, instance
     attributes."""
-    if isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
         items: Any = value
+    elif _bit_generator(value) is not None:
+        items = [_bit_generator(value)]
     elif isinstance(value, dict):
         items = value.values()
     elif not isinstance(value, (type, types.ModuleType)) and isinstance(
@@ -122,9 +127,13 @@ def resolve(
 
 
 def _module_parts(obj: Any) -> list[tuple[str, Any]]:
-    """A torch module's submodules, parameters and buffers, by name: what its
-    write-back writes into, which another module may hold too (a shared
-    encoder, a tied weight)."""
+    """A torch module's submodules, parameters and buffers, by name, or a
+    numpy generator's bit generator: what its write-back writes into, which
+    another item may hold too (a shared encoder, a tied weight, two
+    ``Generator``s of one bit generator)."""
+    bits = _bit_generator(obj)
+    if bits is not None:
+        return [("bit generator", bits)]
     if not callable(getattr(obj, "named_modules", None)):
         return []
     try:
@@ -158,8 +167,7 @@ def _check_module_parts(
                     "place: serially each iteration's change would be made to "
                     "that one object and seen by the other; each engine changed "
                     "its own copy. Nothing was merged. Give each item its own "
-                    "modules and parameters (`copy.deepcopy`), or run the cell "
-                    "serially."
+                    f"{_own(what)} (`copy.deepcopy`), or run the cell serially."
                 )
     if not parts:
         return
@@ -174,9 +182,15 @@ def _check_module_parts(
                     f"gpucell: {t.label} changed in place, and {holder} is or "
                     f"holds its {what}: serially the change would be seen there "
                     "too; each engine changed its own copy. Nothing was merged. "
-                    "Give each item its own modules and parameters "
-                    "(`copy.deepcopy`), or run the cell serially."
+                    f"Give each item its own {_own(what)} (`copy.deepcopy`), or "
+                    "run the cell serially."
                 )
+
+
+def _own(part: str) -> str:
+    if part == "bit generator":
+        return "generator (`np.random.default_rng(seed)` for each)"
+    return "modules and parameters"
 
 
 def _as_slots(obj: Any, update: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -257,13 +271,17 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
             problem = "its dtype changed"
         elif not obj.flags.writeable:
             problem = "the kernel's array is read-only"
-    elif kind in ("dict", "list"):
+    elif kind in ("dict", "list", "deque"):
         if kind == "dict" and not (
             isinstance(obj, dict) and list(obj.keys()) == update[1]
         ):
             problem = "its keys are not the ones the engine's copy had"
-        elif kind == "list" and not (isinstance(obj, list) and len(obj) == update[1]):
+        elif kind != "dict" and not (
+            type(obj).__name__ == kind and len(obj) == update[1]
+        ):
             problem = "its length is not the engine copy's"
+    elif kind in ("set", "bytes", "random", "rng"):
+        problem = _check_state(obj, update)
     elif kind == "frame":
         if type(obj) is not type(update[1]) or not hasattr(obj, "_update_inplace"):
             problem = "it is not the frame the engine had"
@@ -279,6 +297,63 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
             "merged. Build the object inside the loop and collect it "
             "(`results.append(m)`), or run the cell serially."
         )
+
+
+def _check_state(obj: Any, update: tuple[Any, ...]) -> str:
+    """Why a set, bytearray or generator cannot take the engine's change."""
+    kind = update[0]
+    if kind == "set":
+        if type(obj) is not set:
+            return "it is not the set the engine had"
+        try:
+            lost = [v for v in update[1] if v not in obj]
+        except TypeError:
+            lost = list(update[1])
+        if lost:
+            # an object compared by identity: the engine's is a copy
+            return (
+                f"an element it removed (a {type(lost[0]).__name__}) is not in "
+                "the kernel's set by value"
+            )
+    elif kind == "bytes":
+        if type(obj) is not bytearray:
+            return "it is not the bytearray the engine had"
+        if len(obj) != len(update[1]) and not _resizable(obj):
+            return (
+                "its length changed, and a view of it (a memoryview, an "
+                "array) holds its memory"
+            )
+    elif kind == "random":
+        if type(obj).__name__ != "Random" or not hasattr(obj, "setstate"):
+            return "it is not the generator the engine had"
+    elif _bit_generator(obj) is None or (
+        type(_bit_generator(obj)).__name__ != update[1].get("bit_generator")
+    ):
+        return "its bit generator is not the one the engine's copy had"
+    return ""
+
+
+def _resizable(b: bytearray) -> bool:
+    """Whether no buffer (a memoryview, a numpy array) holds a bytearray's
+    memory: resizing it would raise there (grown by one and shrunk back, or
+    not at all)."""
+    try:
+        b.append(0)
+    except BufferError:
+        return False
+    b.pop()
+    return True
+
+
+def _bit_generator(obj: Any) -> Any:
+    """A numpy ``Generator``'s or ``RandomState``'s bit generator (what two
+    generators may share), or ``None``."""
+    name = type(obj).__name__
+    if name == "Generator" and type(obj).__module__.startswith("numpy"):
+        return getattr(obj, "bit_generator", None)
+    if name == "RandomState" and type(obj).__module__.startswith("numpy"):
+        return getattr(obj, "_bit_generator", None)
+    return None
 
 
 #: objects looked at (through containers and attributes) when checking who
@@ -427,8 +502,14 @@ def _check_reach(
 
 
 def _span(x: Any) -> tuple[int, int] | None:
-    """The bytes an array or tensor covers in memory, ``[lo, hi)``."""
+    """The bytes an array, tensor or bytearray covers in memory, ``[lo, hi)``."""
     try:
+        if type(x) is bytearray:
+            if not x:
+                return None
+            # (the ctypes view is an export only while it lives: here)
+            ptr = ctypes.addressof((ctypes.c_char * len(x)).from_buffer(x))
+            return ptr, ptr + len(x)
         if type(x).__name__ == "ndarray" and hasattr(x, "__array_interface__"):
             face = x.__array_interface__
             ptr, shape = face["data"][0], x.shape
@@ -510,8 +591,20 @@ def apply(targets: Sequence[Target]) -> None:
             obj[...] = t.update[1]
         elif kind == "frame":
             obj._update_inplace(t.update[1])
-        elif kind in ("dict", "list"):
+        elif kind in ("dict", "list", "deque"):
             _container(obj, kind, t.update[2])
+        elif kind == "set":
+            obj.difference_update(t.update[1])
+            obj.update(t.update[2])
+        elif kind == "bytes":
+            obj[:] = t.update[1]
+        elif kind == "random":
+            obj.setstate(t.update[1])
+        elif kind == "rng":
+            if type(obj).__name__ == "Generator":
+                obj.bit_generator.state = t.update[1]
+            else:
+                obj.set_state(t.update[1])
         elif kind == "slots":
             for n in t.update[2]:
                 if hasattr(obj, n):
@@ -537,6 +630,9 @@ def _container(obj: Any, kind: str, entries: Sequence[tuple[Any, str, Any]]) -> 
         obj.clear()
         for (k, _t, _v), v in zip(entries, values, strict=True):
             obj[k] = v
+    elif kind == "deque":  # (its maxlen kept: the values fit, as the engine's)
+        obj.clear()
+        obj.extend(values)
     else:
         obj[:] = values
 

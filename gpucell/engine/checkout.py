@@ -13,28 +13,37 @@ a tuple item such as ``enumerate``'s or ``dict.items()``'s pairs):
 * a torch module: its parameters, buffers and their gradients, and every
   submodule's train/eval flag;
 * a torch tensor: its values (and gradient);
+* a ``set`` (what it lost and gained), a ``collections.deque`` (its
+  elements, as a list's), a ``bytearray`` (its bytes);
+* a ``random.Random``, a numpy ``Generator`` or ``RandomState``: its whole
+  state (``getstate``, ``bit_generator.state``, ``get_state``), so the
+  kernel's draws go on where the engine's copy stopped;
 * any other object with a ``__dict__`` (an estimator, a plain object): the
   attributes the iteration set, changed or deleted, where they are all its
-  state as pickle sees it (not a ``random.Random``, whose generator state is
-  no attribute, nor a notebook subclass of ``dict`` or ``list``, whose
-  elements are not).
+  state as pickle sees it (not a notebook subclass of ``dict`` or ``list``,
+  whose elements are not).
 
-Anything else that changed (a set, a deque, a ``random.Random``) cannot be
-written back: the chunk fails as before, naming it.  So does a change to a
-notebook class's own attributes made through an item (``self.seen.append``
-on a class-level list, ``type(self).count += 1``): every instance shares
-them, serially later iterations would see the change.  Standard library only.
+Anything else that changed (a subclass of those, an iterator, a bound
+method) cannot be written back: the chunk fails as before, naming it.  So
+does a change to a notebook class's own attributes made through an item
+(``self.seen.append`` on a class-level list, ``type(self).count += 1``):
+every instance shares them, serially later iterations would see the change.
+A process-wide generator is never written back (each process has its own:
+``protocol/globalrng.py``).  Standard library only.
 """
 
 from __future__ import annotations
 
+import collections
 import copyreg
+import random
 import types
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from gpucell.engine import checkin
 from gpucell.protocol.fold import is_numpy
+from gpucell.protocol.globalrng import global_generator
 
 __all__ = ["ItemsBefore", "before", "changes"]
 
@@ -63,6 +72,9 @@ def _kind(obj: Any) -> str:
         return "dict"
     if isinstance(obj, list) and t.__module__ == "builtins":
         return "list"
+    special = _stdlib_kind(obj)
+    if special is not None:
+        return special
     if isinstance(obj, (set, tuple, frozenset)) or t.__module__ == "builtins":
         return ""
     if isinstance(getattr(obj, "__dict__", None), dict):
@@ -70,6 +82,43 @@ def _kind(obj: Any) -> str:
     if _slot_names(obj):
         return "slots" if _attributes_are_state(obj) else ""
     return ""
+
+
+#: numpy's generators, by (module, class): their state is their bit
+#: generator's, read and set through these
+_NUMPY_RNG = {
+    ("numpy.random._generator", "Generator"): "generator",
+    ("numpy.random.mtrand", "RandomState"): "randomstate",
+}
+
+
+def _stdlib_kind(obj: Any) -> str | None:
+    """Containers and generators whose state is not attributes, written back
+    by their own means (exactly these classes: a subclass may hold more)."""
+    t = type(obj)
+    if global_generator(obj) is not None:
+        return ""  # process state, a reference to each process's own
+    if t is set:
+        return "set"
+    if t is bytearray:
+        return "bytes"
+    if t is collections.deque:
+        return "deque"
+    if t is random.Random:
+        return "random"
+    if (t.__module__, t.__name__) in _NUMPY_RNG:
+        return "rng"
+    return None
+
+
+def rng_state(obj: Any) -> Any:
+    """A ``random.Random``'s or numpy generator's whole state (a
+    ``RandomState``'s cached Gaussian included)."""
+    if type(obj) is random.Random:
+        return obj.getstate()
+    if _NUMPY_RNG[(type(obj).__module__, type(obj).__name__)] == "generator":
+        return obj.bit_generator.state
+    return obj.get_state(legacy=False)
 
 
 def _attributes_are_state(obj: Any) -> bool:
@@ -123,10 +172,11 @@ def _attributes(kind: str, obj: Any) -> dict[str, Any]:
     return dict(vars(obj))
 
 
-def _entries(kind: str, obj: Any) -> list[tuple[Any, int, Hashable]]:
-    """A dict's or list's ``(key, id, token)`` for each element, in order."""
+def _entries(kind: str, obj: Any) -> list[tuple[Any, int, Hashable, Any]]:
+    """A dict's, list's or deque's ``(key, id, token, element)`` for each
+    element, in order (the element held: its id is not reused meanwhile)."""
     pairs = obj.items() if kind == "dict" else ((None, v) for v in obj)
-    return [(k, id(v), _attribute(v)) for k, v in pairs]
+    return [(k, id(v), _attribute(v), v) for k, v in pairs]
 
 
 def _parts(
@@ -155,8 +205,14 @@ def _state(kind: str, obj: Any) -> Any:
     if kind == "module":
         attrs = _attributes(kind, obj).items()
         return (checkin.token(obj), {k: (id(v), _attribute(v)) for k, v in attrs})
-    if kind in ("dict", "list"):
+    if kind in ("dict", "list", "deque"):
         return _entries(kind, obj)
+    if kind == "set":  # by identity, the values kept (a removed one is sent)
+        return {id(v): (_attribute(v), v) for v in obj}
+    if kind == "bytes":
+        return bytes(obj)
+    if kind in ("random", "rng"):
+        return checkin._pickled(rng_state(obj))
     if kind == "frame":
         return checkin._pickled(obj)
     if kind == "array":
@@ -262,8 +318,14 @@ def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[tuple[Any, ...],
         if why:
             return (), why
         return ("attrs" if kind == "object" else "slots", *attrs), ""
-    if kind in ("dict", "list"):
+    if kind in ("dict", "list", "deque"):
         return _container_update(kind, leaf, then, now)
+    if kind == "set":
+        return _set_update(then, now)
+    if kind == "bytes":
+        return ("bytes", now), ""
+    if kind in ("random", "rng"):
+        return (kind, rng_state(leaf)), ""
     if kind == "frame":  # a copy: the item itself would travel as a reference
         return ("frame", leaf.copy(deep=True)), ""
     return ("array", leaf.copy()), ""
@@ -323,14 +385,13 @@ def _attrs_update(
 def _container_update(
     kind: str, leaf: Any, then: list[Any], now: list[Any]
 ) -> tuple[tuple[Any, ...], str]:
-    """A dict's or list's new elements: each an old one (kept: the kernel's own
+    """A dict's, list's or deque's new elements: each an old one (kept: the kernel's own
     object goes back in, identity as serially) or a new value.  An old mutable
     element changed in place, or held by a new value, cannot be: the kernel's
     object may be shared (``rows[0]['c'] is rows[1]['c']``)."""
-    old = {i: (j, tok) for j, (_k, i, tok) in enumerate(then)}
-    values = list(leaf.values()) if kind == "dict" else list(leaf)
+    old = {i: (j, tok) for j, (_k, i, tok, _v) in enumerate(then)}
     out: list[tuple[Any, str, Any]] = []
-    for (key, i, tok), v in zip(now, values, strict=True):
+    for key, i, tok, v in now:
         if i in old and not isinstance(v, _VALUES):
             j, was = old[i]
             if not _same("", was, tok):
@@ -344,8 +405,28 @@ def _container_update(
             if not isinstance(v, _VALUES) and _holds(v, old):
                 return (), "a new element holds one of its old elements"
             out.append((key, "new", v))
-    keys = [k for k, _i, _t in then] if kind == "dict" else len(then)
+    keys = [e[0] for e in then] if kind == "dict" else len(then)
     return (kind, keys, out), ""
+
+
+def _set_update(
+    then: dict[int, tuple[Hashable, Any]], now: dict[int, tuple[Hashable, Any]]
+) -> tuple[tuple[Any, ...], str]:
+    """A set's change as what it lost and what it gained: the elements kept
+    stay the kernel's own objects (identity as serially); a removed one is
+    found in the kernel's set by value, as ``discard`` finds it."""
+    for i, (tok, v) in now.items():
+        if i in then and not isinstance(v, _VALUES):
+            if not checkin._same(then[i][0], tok):
+                return (), (
+                    f"an element (a {type(v).__name__}) changed in place; only "
+                    "elements added or removed can be written back"
+                )
+        elif i not in then and not isinstance(v, _VALUES) and _holds(v, then):
+            return (), "a new element holds one of its old elements"
+    removed = [v for i, (_t, v) in then.items() if i not in now]
+    added = [v for i, (_t, v) in now.items() if i not in then]
+    return ("set", removed, added), ""
 
 
 def _holds(v: Any, ids: dict[int, Any], depth: int = 0) -> bool:
@@ -372,7 +453,11 @@ def _same(kind: str, was: Any, now: Any) -> bool:
         )
     if kind == "module":
         return _same("", was[0], now[0]) and _same("object", was[1], now[1])
-    if kind in ("dict", "list"):
+    if kind == "set":
+        return was.keys() == now.keys() and all(
+            checkin._same(was[i][0], now[i][0]) for i in was
+        )
+    if kind in ("dict", "list", "deque"):
         return len(was) == len(now) and all(
             a[0] == b[0] and a[1] == b[1] and checkin._same(a[2], b[2])
             for a, b in zip(was, now, strict=True)

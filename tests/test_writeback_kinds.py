@@ -1,0 +1,155 @@
+"""Sets, deques, bytearrays and random generators as own items (issue 28
+§1): what the engine's copy ended as (``engine/checkout.py``) is written
+into the kernel's object (``core/writeback.py``), identity kept, so every
+other name for it sees the change and later draws continue the engine's
+stream, as serially.  Each test runs the step on a pickled copy (as an
+engine does), sends the updates through pickle and applies them to the
+originals; the serial run is the step applied to another copy."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import random
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from gpucell.core import writeback as w
+from gpucell.engine import checkout
+from gpucell.errors import NotParallelizable
+
+
+def _engine(items: list[Any], step: Callable[[Any], Any]) -> tuple[list, list[str]]:
+    """The updates an engine sends for ``step`` over copies of ``items``."""
+    copies = cloudpickle.loads(cloudpickle.dumps(items))
+    was = checkout.before(copies, 0)
+    for x in copies:
+        step(x)
+    updates, cannot = checkout.changes(was, copies, 0)
+    return cloudpickle.loads(cloudpickle.dumps(updates)), cannot
+
+
+def _written(
+    items: list[Any], step: Callable[[Any], Any], by_value: bool = True
+) -> list[Any]:
+    """The serial run's items, after writing the engine's changes back into
+    ``items`` (asserted equal to it, ``by_value``; generators compare by
+    their later draws)."""
+    serial = copy.deepcopy(items)
+    for x in serial:
+        step(x)
+    updates, cannot = _engine(items, step)
+    assert not cannot
+    kept = list(items)
+    w.apply(w.resolve(updates, lambda i: items[i], {}, len(items)))
+    assert all(a is b for a, b in zip(items, kept, strict=True))
+    assert items == serial or not by_value
+    return serial
+
+
+def test_sets_keep_the_elements_they_kept() -> None:
+    class Tag:  # hashed by identity: the kernel's own object must stay
+        pass
+
+    tag = Tag()
+    sets = [{"a", tag}, set(), {"z", 3}]
+    _written(sets, lambda s: (s.add("seen"), s.discard("z"), s.update({1, 2})), False)
+    assert sets[0] - {tag} == {"a", "seen", 1, 2} and tag in sets[0]
+    assert sets[1:] == [{"seen", 1, 2}, {"seen", 1, 2, 3}]
+    # removing an element compared by identity: the kernel's is not the copy's
+    with pytest.raises(NotParallelizable, match="not in the kernel's set by value"):
+        tagged = [{tag, "a"}]
+        updates, _ = _engine(tagged, lambda s: s.discard(next(iter(s - {"a"}))))
+        w.resolve(updates, lambda i: tagged[i], {}, 1)
+
+
+def test_a_set_element_changed_in_place_is_not_written_back() -> None:
+    class Box:
+        def __init__(self) -> None:
+            self.n = 0
+
+    _, cannot = _engine([{Box()}], lambda s: [setattr(b, "n", 1) for b in s])
+    assert cannot and "changed in place" in cannot[0]
+
+
+def test_deques_keep_maxlen_and_their_elements() -> None:
+    inner = [1]
+    rings = [collections.deque([inner, 2, 3], maxlen=3), collections.deque("ab")]
+    _written(rings, lambda d: (d.rotate(1), d.appendleft(0), d.append("z")))
+    assert rings[0].maxlen == 3 and any(x is inner for x in rings[0])
+
+
+def test_bytearrays_written_into_and_resized_unless_a_view_holds_them() -> None:
+    bufs = [bytearray(b"ab"), bytearray()]
+    view = memoryview(bufs[0])
+    _written(bufs, lambda b: b.__setitem__(slice(None), b.upper()))
+    assert bytes(view) == b"AB"  # written in place: the view sees it
+    updates, _ = _engine(bufs, lambda b: b.extend(b"!"))
+    with pytest.raises(NotParallelizable, match="a view of it"):
+        w.resolve(updates, lambda i: bufs[i], {}, 2)
+    view.release()
+    _written(bufs, lambda b: b.extend(b"!"))
+    held = bytearray(b"abcd")
+    arr = np.frombuffer(held, dtype=np.uint8)
+    updates, _ = _engine([held], lambda b: b.__setitem__(0, 65))
+    with pytest.raises(NotParallelizable, match="`arr` shares its memory"):
+        w.resolve(updates, lambda i: [held][i], {"arr": arr}, 1)
+
+
+def test_random_instances_continue_the_engines_stream() -> None:
+    gens = [random.Random(1), random.Random(2)]
+    serial = _written(gens, lambda g: (g.random(), g.gauss(0, 1)), False)
+    # (gauss caches its pair's second draw: part of the state written back)
+    assert [(g.gauss(0, 1), g.random()) for g in gens] == [
+        (g.gauss(0, 1), g.random()) for g in serial
+    ]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: np.random.default_rng(s),
+        lambda s: np.random.Generator(np.random.MT19937(s)),
+        lambda s: np.random.RandomState(s),
+    ],
+    ids=["pcg64", "mt19937", "randomstate"],
+)
+def test_numpy_generators_continue_the_engines_stream(make) -> None:
+    gens = [make(s) for s in range(3)]
+    bits = [g.bit_generator if hasattr(g, "bit_generator") else g for g in gens]
+    serial = _written(gens, lambda g: g.standard_normal(3), False)
+    assert [g.standard_normal(3).tolist() for g in gens] == [
+        g.standard_normal(3).tolist() for g in serial
+    ]
+    assert all(
+        (g.bit_generator if hasattr(g, "bit_generator") else g) is b
+        for g, b in zip(gens, bits, strict=True)
+    )
+
+
+def test_generators_sharing_a_bit_generator_are_refused() -> None:
+    bg = np.random.PCG64(7)
+    gens = [np.random.Generator(bg), np.random.Generator(np.random.PCG64(8))]
+    updates, cannot = _engine(gens[1:], lambda g: g.random())
+    updates = [(1, p, u) for _i, p, u in updates]
+    assert not cannot
+    # an input holding the item's bit generator, and another item sharing it
+    with pytest.raises(NotParallelizable, match="`draw` is or holds its bit"):
+        w.resolve(updates, lambda i: gens[i], {"draw": gens[1].bit_generator}, 2)
+    twins = [np.random.Generator(bg), np.random.Generator(bg)]
+    updates, _ = _engine(twins, lambda g: g.random())
+    with pytest.raises(NotParallelizable, match="share one object"):
+        w.resolve(updates, lambda i: twins[i], {}, 2)
+
+
+def test_a_subclass_or_the_global_generator_is_not_written_back() -> None:
+    class Dice(random.Random):
+        pass
+
+    _, cannot = _engine([Dice(1)], lambda g: g.random())
+    assert cannot and "a Dice, changed in place" in cannot[0]
+    assert checkout._kind(random._inst) == checkout._kind(np.random.mtrand._rand) == ""
