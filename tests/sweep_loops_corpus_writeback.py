@@ -1982,6 +1982,75 @@ for g in rngs:
     note="one stream: serially each draw continues the previous one",
 )
 
+# ------------------------------------------------ containers inside an item
+# (changed in place: written into the kernel's own, identity kept)
+
+case(
+    "wb-nested-tags-and-visits",
+    "safe",
+    """
+people = [{"name": "ana", "tags": {"new"}, "visits": [3, 1]},
+          {"name": "ben", "tags": set(), "visits": []},
+          {"name": "cai", "tags": {"vip"}, "visits": [5]}]
+ana_tags = people[0]["tags"]
+ana_visits = people[0]["visits"]
+""",
+    """
+for p in people:
+    p["tags"].add(p["name"][0])
+    p["tags"].discard("new")
+    p["visits"].append(len(p["visits"]))
+    p["visits"].sort()
+seen_through_alias = (sorted(ana_tags), list(ana_visits))
+""",
+)
+
+case(
+    "wb-nested-inner-lists-sort",
+    "safe",
+    """
+groups = [[[3, 1, 2], [9, 8]], [[5, 4]], [[0]]]
+first_inner = groups[0][0]
+""",
+    """
+for g in groups:
+    g[0].sort()
+    g[-1].append(len(g))
+first_sorted = list(first_inner)
+""",
+)
+
+case(
+    "wb-u-nested-list-shared-by-two-items",
+    "unsafe",
+    """
+common = [4, 2]
+rows = [{"id": 1, "vals": common}, {"id": 2, "vals": common}, {"id": 3, "vals": [7]}]
+""",
+    """
+for r in rows:
+    r["vals"].append(r["id"])
+    r["n"] = len(r["vals"])
+""",
+    note="serially the second row sees the first one's append (n == 4)",
+)
+
+case(
+    "wb-u-nested-list-held-by-an-input",
+    "unsafe",
+    """
+rows = [{"vals": [3, 1]}, {"vals": [2]}]
+index = {"first": rows[0]["vals"]}
+""",
+    """
+seen = []
+for r in rows:
+    r["vals"].append(0)
+    seen.append(len(index["first"]))
+""",
+    note="serially the second iteration reads the first one's append through index",
+)
+
 case(
     "wb-u-bytearray-view-read",
     "unsafe",

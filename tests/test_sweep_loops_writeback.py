@@ -79,10 +79,6 @@ KNOWN: dict[str, str] = {
         "false refusal: `p.requires_grad = False` over the own item's "
         "parameters through a nested loop's variable (static)"
     ),
-    "wb-nested-records-sort-scores": (
-        "false refusal (documented): an element of a dict item changed in "
-        "place (`r['scores'].sort()`) is not written back"
-    ),
     "wb-sink-running-min-with-epoch": (
         "false refusal (running argmin, by design; the advice is exact)"
     ),
@@ -93,7 +89,8 @@ KNOWN: dict[str, str] = {
     ),
     "wb-sk-fit-range-len-index": (
         "false refusal (documented): `models[i].fit(...)` over a range index "
-        "changes an input (the own item is only the loop variable's)"
+        "changes an input (the own item is only the loop variable's); the "
+        "error says the rewrite (test_an_item_reached_by_index_names_the_rewrite)"
     ),
     "wb-own-key-list-sort-via-subscript": (
         "false refusal: `groups[k].sort()` over `for k in groups`, each key's "
@@ -185,3 +182,23 @@ def test_a_notebook_stream_in_a_with_around_the_loop_is_refused(sweep, private_c
 
 def buf_empty(ip) -> bool:
     return ip.user_ns["buf"].getvalue() == ""
+
+
+def test_an_item_reached_by_index_names_the_rewrite(sweep, private_cluster):  # noqa: F811
+    """``for i in range(len(models)): models[i].grow()`` changes an input (an
+    item reached by index is not the loop variable's own): refused, nothing
+    merged, and the error says the loop that is written back."""
+    from gpucell.errors import InputChanged
+
+    ip = sweep.ip
+    ip.run_cell(
+        "class Acc:\n    def __init__(self):\n        self.n = 0\n"
+        "    def grow(self):\n        self.n += 1\n"
+        "accs = [Acc() for _ in range(3)]\n"
+    ).raise_error()
+    cell = "for i in range(len(accs)):\n    accs[i].grow()\n"
+    with pytest.raises(InputChanged, match=r"written `for x in accs:` or"):
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert [a.n for a in ip.user_ns["accs"]] == [0, 0, 0]
+    ip.run_cell_magic("gpu_parallel", "--quiet", "for a in accs:\n    a.grow()\n")
+    assert [a.n for a in ip.user_ns["accs"]] == [1, 1, 1]

@@ -153,3 +153,44 @@ def test_a_subclass_or_the_global_generator_is_not_written_back() -> None:
     _, cannot = _engine([Dice(1)], lambda g: g.random())
     assert cannot and "a Dice, changed in place" in cannot[0]
     assert checkout._kind(random._inst) == checkout._kind(np.random.mtrand._rand) == ""
+
+
+def test_containers_changed_in_place_inside_an_item_keep_their_identity() -> None:
+    """``r["scores"].sort()`` on a dict item: the kernel's own list sorted."""
+    recs = [
+        {"name": "ana", "scores": [3, 9, 1], "tags": {"x"}},
+        {"name": "ben", "scores": [5, 2], "tags": set()},
+    ]
+    scores, tags = recs[0]["scores"], recs[1]["tags"]
+
+    def step(r: dict) -> None:
+        r["scores"].sort(reverse=True)
+        r["best"] = r["scores"][0]
+        r["tags"].add(r["name"])
+
+    _written(recs, step)
+    assert recs[0]["scores"] is scores and scores == [9, 3, 1]
+    assert recs[1]["tags"] is tags and tags == {"ben"}
+    lists = [[[3, 1], [2]], [[9, 7]]]
+    inner = lists[0][0]
+    _written(lists, lambda xs: (xs[0].sort(), xs.reverse()))
+    assert lists[0][1] is inner and inner == [1, 3]
+
+
+def test_an_element_another_item_or_an_input_holds_is_refused() -> None:
+    inner = [3, 1]
+    twins = [{"s": inner}, {"s": inner}]
+    updates, cannot = _engine(twins, lambda r: r["s"].sort())
+    assert not cannot
+    with pytest.raises(NotParallelizable, match="iterations 0 and 1 hold one"):
+        w.resolve(updates, lambda i: twins[i], {}, 2)
+    recs = [{"s": [3, 1]}, {"s": [2]}]
+    updates, _ = _engine(recs, lambda r: r["s"].sort())
+    with pytest.raises(NotParallelizable, match="an element .* and `index` holds"):
+        w.resolve(updates, lambda i: recs[i], {"index": {"a": recs[0]["s"]}}, 2)
+
+    class Box:
+        n = 0
+
+    _, cannot = _engine([{"o": Box()}], lambda r: setattr(r["o"], "n", 1))
+    assert cannot and "only elements replaced" in cannot[0]

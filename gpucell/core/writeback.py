@@ -30,8 +30,10 @@ from gpucell.errors import NotParallelizable
 
 __all__ = ["Target", "Update", "apply", "resolve"]
 
-#: (iteration, path into its item, ("module" | "tensor" | "attrs", ...))
-Update = tuple[int, tuple[int, ...], tuple[Any, ...]]
+#: (iteration, path into its item, ("module" | "tensor" | "attrs", ...)): the
+#: path's ints are a tuple item's parts, its ``("el", j)`` steps the j-th
+#: element of a container (in the order the kernel's has before the merge)
+Update = tuple[int, tuple[Any, ...], tuple[Any, ...]]
 
 #: elements of a container looked at for references, at most
 _CHILDREN_MAX = 100_000
@@ -44,10 +46,24 @@ class Target:
     iteration: int
     obj: Any
     update: tuple[Any, ...]
+    path: tuple[Any, ...] = ()
 
     @property
     def label(self) -> str:
-        return f"the item of iteration {self.iteration} (a {type(self.obj).__name__})"
+        what = f"(a {type(self.obj).__name__})"
+        if any(isinstance(j, tuple) for j in self.path):
+            return f"an element {what} of the item of iteration {self.iteration}"
+        return f"the item of iteration {self.iteration} {what}"
+
+    def within(self, other: Target) -> bool:
+        """Whether this is an element (at any depth) of ``other``'s object,
+        written back with it: the one item holds it, as the engine's did."""
+        n = len(other.path)
+        return (
+            self.iteration == other.iteration
+            and len(self.path) > n
+            and self.path[:n] == other.path
+        )
 
 
 def _children(value: Any) -> Iterator[Any]:
@@ -92,23 +108,23 @@ def resolve(
     that another iteration changed)."""
     targets: list[Target] = []
     owner: dict[int, int] = {}
-    at: set[tuple[int, tuple[int, ...]]] = set()
-    for iteration, path, update in sorted(updates, key=lambda u: (u[0], u[1])):
+    at: set[tuple[int, tuple[Any, ...]]] = set()
+    done: set[tuple[int, int]] = set()
+    for iteration, path, update in sorted(updates, key=_order):
         at.add((iteration, tuple(path)))
-        obj = item_of(iteration)
-        for j in path:
-            obj = obj[j]
+        obj = _at(item_of(iteration), path, iteration)
         other = owner.setdefault(id(obj), iteration)
         if other != iteration:
-            _one_object(other, iteration, obj)
-        again = item_of(iteration)
-        for j in path:
-            again = again[j]
+            _one_object(other, iteration, obj, len(path) > 0 and _is_el(path[-1]))
+        if (iteration, id(obj)) in done:
+            continue  # one object reached twice in one item: one update
+        done.add((iteration, id(obj)))
+        again = _at(item_of(iteration), path, iteration)
         if again is not obj and (_span(obj) is None or _span(again) != _span(obj)):
             _made_anew(iteration, obj)
         update = _as_slots(obj, update)
         _check_shape(obj, update, iteration)
-        targets.append(Target(iteration, obj, update))
+        targets.append(Target(iteration, obj, update, tuple(path)))
     changed = {id(t.obj): t for t in targets}
     others: list[tuple[str, Any]] = []
     for i in range(count or 0):
@@ -124,6 +140,32 @@ def resolve(
     _check_reach(targets, inputs, others)
     _check_memory(targets, inputs, others)
     return targets
+
+
+def _order(u: Update) -> tuple[int, list[tuple[int, int]]]:
+    """Iteration, then path: parts, then elements (an item's own update
+    before its elements')."""
+    return u[0], [(0, j) if isinstance(j, int) else (1, j[1]) for j in u[1]]
+
+
+def _at(item: Any, path: Sequence[Any], iteration: int) -> Any:
+    """The object ``path`` names in an item (see ``Update``)."""
+    obj = item
+    try:
+        for j in path:
+            if isinstance(j, int):
+                obj = obj[j]
+            elif isinstance(obj, dict):
+                obj = list(obj.values())[j[1]]
+            else:
+                obj = list(obj)[j[1]]
+    except (IndexError, KeyError, TypeError):
+        raise NotParallelizable(
+            f"gpucell: the item of iteration {iteration} changed in place and "
+            "cannot be written back: an element the engine changed is not in "
+            "the kernel's item. Nothing was merged. Run the cell serially."
+        ) from None
+    return obj
 
 
 def _module_parts(obj: Any) -> list[tuple[str, Any]]:
@@ -232,10 +274,15 @@ def _made_anew(iteration: int, obj: Any) -> None:
     )
 
 
-def _one_object(first: int, second: int, obj: Any) -> None:
+def _is_el(step: Any) -> bool:
+    return isinstance(step, tuple)
+
+
+def _one_object(first: int, second: int, obj: Any, element: bool = False) -> None:
+    what = "hold one object" if element else "are one object"
     raise NotParallelizable(
-        f"gpucell: the items of iterations {first} and {second} are one "
-        f"object (a {type(obj).__name__}) and the loop changes it: serially "
+        f"gpucell: the items of iterations {first} and {second} {what} "
+        f"(a {type(obj).__name__}) and the loop changes it: serially "
         "the second iteration would see the first one's change, each engine "
         "changed its own copy. Nothing was merged. Make the items distinct "
         "objects (`[make() for _ in range(n)]`, not `[m] * n`)."
@@ -464,22 +511,25 @@ def _check_reach(
             if n in old and _mutable(old[n]):
                 replaced[id(old[n])] = (t, n)
     budget = [_REACH_MAX]
-    looked: list[tuple[str, Any, Iterator[Any]]] = [
+    looked: list[tuple[str, Target | None, Iterator[Any]]] = [
         (_input_label(n, v), None, _reachable(v, budget)) for n, v in inputs.items()
     ]
     looked += [(what, None, _reachable(v, budget)) for what, v in others]
     looked += [
         (
             t.label,
-            t.obj,
+            t,
             (y for x in _children(t.obj) for y in _reachable(x, budget, 2)),
         )
         for t in targets
     ]
-    for what, holder, seen in looked:
+    for what, by, seen in looked:
+        holder = None if by is None else by.obj
         first = True
         for x in seen:
             hit = changed.get(id(x))
+            if hit is not None and by is not None and hit.within(by):
+                continue  # its own element: written back with it
             if hit is not None and hit.obj is not holder:
                 raise NotParallelizable(
                     f"gpucell: {hit.label} changed in place, and {what} "

@@ -172,11 +172,42 @@ def _attributes(kind: str, obj: Any) -> dict[str, Any]:
     return dict(vars(obj))
 
 
-def _entries(kind: str, obj: Any) -> list[tuple[Any, int, Hashable, Any]]:
-    """A dict's, list's or deque's ``(key, id, token, element)`` for each
-    element, in order (the element held: its id is not reused meanwhile)."""
+#: containers followed below an item, and how deep: an element of one that
+#: changed in place is written back into the kernel's own element
+#: (``r["scores"].sort()`` on a dict item), identity kept
+_NESTED = ("dict", "list", "deque", "set", "bytes")
+_NESTED_DEPTH = 2
+
+
+def _entries(kind: str, obj: Any, depth: int = 0) -> list[tuple[Any, ...]]:
+    """A dict's, list's or deque's ``(key, id, token, element, its own state
+    if it is a container)`` for each element, in order (the element held: its
+    id is not reused meanwhile)."""
     pairs = obj.items() if kind == "dict" else ((None, v) for v in obj)
-    return [(k, id(v), _attribute(v), v) for k, v in pairs]
+    out: list[tuple[Any, ...]] = []
+    for k, v in pairs:
+        sub = _nested_state(v, depth)
+        tok = _attribute(v) if sub is None else _shape(sub)
+        out.append((k, id(v), tok, v, sub))
+    return out
+
+
+def _nested_state(v: Any, depth: int) -> tuple[str, Any] | None:
+    if depth >= _NESTED_DEPTH or isinstance(v, _VALUES):
+        return None
+    kind = _kind(v)
+    return (kind, _state(kind, v, depth + 1)) if kind in _NESTED else None
+
+
+def _shape(sub: tuple[str, Any]) -> Hashable:
+    """A nested container's token, made from its state (each element hashed
+    once, not again inside its container's pickle)."""
+    kind, state = sub
+    if kind == "set":
+        return ("set", tuple(sorted((i, e[0]) for i, e in state.items())))
+    if kind == "bytes":
+        return ("bytes", state)
+    return (kind, tuple(e[:3] for e in state))
 
 
 def _parts(
@@ -199,14 +230,14 @@ def _attribute(v: Any) -> Hashable:
     return checkin._pickled(v)
 
 
-def _state(kind: str, obj: Any) -> Any:
+def _state(kind: str, obj: Any, depth: int = 0) -> Any:
     if kind in ("object", "slots"):  # (identity, value): rebound, or changed in place
         return {k: (id(v), _attribute(v)) for k, v in _attributes(kind, obj).items()}
     if kind == "module":
         attrs = _attributes(kind, obj).items()
         return (checkin.token(obj), {k: (id(v), _attribute(v)) for k, v in attrs})
     if kind in ("dict", "list", "deque"):
-        return _entries(kind, obj)
+        return _entries(kind, obj, depth)
     if kind == "set":  # by identity, the values kept (a removed one is sent)
         return {id(v): (_attribute(v), v) for v in obj}
     if kind == "bytes":
@@ -293,16 +324,30 @@ def changes(
             if kind != now_kind or kind == "":
                 cannot.append(f"{where}, a {type(leaf).__name__}, changed in place")
                 continue
-            update, why = _update(kind, leaf, then, now)
+            ups, why = _update(kind, leaf, then, now)
             if why:
                 cannot.append(f"{where}, a {type(leaf).__name__}: {why}")
             else:
-                updates.append((start + k, path, update))
+                updates += [(start + k, (*path, *sub), u) for sub, u in ups]
     return updates, cannot
 
 
-def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[tuple[Any, ...], str]:
-    """What to send for one changed leaf, or why it cannot be written back."""
+#: (a path below the leaf: ``("el", position)`` steps, update)
+_Ups = list[tuple[tuple[Any, ...], tuple[Any, ...]]]
+
+
+def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[_Ups, str]:
+    """What to send for one changed leaf (and its changed elements), or why
+    it cannot be written back."""
+    if kind in ("dict", "list", "deque"):
+        return _container_update(kind, leaf, then, now)
+    update, why = _update_one(kind, leaf, then, now)
+    return ([((), update)] if not why else []), why
+
+
+def _update_one(
+    kind: str, leaf: Any, then: Any, now: Any
+) -> tuple[tuple[Any, ...], str]:
     if kind == "module":
         state = _module_state(leaf)
         state["attrs"] = _attrs_update(then[1], now[1], _attributes(kind, leaf))
@@ -318,8 +363,6 @@ def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[tuple[Any, ...],
         if why:
             return (), why
         return ("attrs" if kind == "object" else "slots", *attrs), ""
-    if kind in ("dict", "list", "deque"):
-        return _container_update(kind, leaf, then, now)
     if kind == "set":
         return _set_update(then, now)
     if kind == "bytes":
@@ -384,29 +427,39 @@ def _attrs_update(
 
 def _container_update(
     kind: str, leaf: Any, then: list[Any], now: list[Any]
-) -> tuple[tuple[Any, ...], str]:
+) -> tuple[_Ups, str]:
     """A dict's, list's or deque's new elements: each an old one (kept: the kernel's own
-    object goes back in, identity as serially) or a new value.  An old mutable
-    element changed in place, or held by a new value, cannot be: the kernel's
-    object may be shared (``rows[0]['c'] is rows[1]['c']``)."""
-    old = {i: (j, tok) for j, (_k, i, tok, _v) in enumerate(then)}
+    object goes back in, identity as serially) or a new value; an old
+    container element changed in place is written into the kernel's own
+    (``("el", its old position)``: ``resolve`` checks that nothing else
+    holds it).  Any other old element changed in place, or one held by a new
+    value, cannot be: the kernel's object may be shared (``rows[0]['c'] is
+    rows[1]['c']``)."""
+    old = {e[1]: (j, e[2], e[4]) for j, e in enumerate(then)}
     out: list[tuple[Any, str, Any]] = []
-    for key, i, tok, v in now:
+    nested: _Ups = []
+    for key, i, tok, v, sub in now:
         if i in old and not isinstance(v, _VALUES):
-            j, was = old[i]
+            j, was, was_sub = old[i]
+            what = f"`[{key!r}]`" if kind == "dict" else "an element"
             if not _same("", was, tok):
-                what = f"`[{key!r}]`" if kind == "dict" else "an element"
-                return (), (
-                    f"{what} (a {type(v).__name__}) changed in place; only "
-                    "elements replaced (`row[k] = new`) can be written back"
-                )
+                if was_sub is None or sub is None or was_sub[0] != sub[0]:
+                    return [], (
+                        f"{what} (a {type(v).__name__}) changed in place; only "
+                        "elements replaced (`row[k] = new`) and containers' "
+                        "elements can be written back"
+                    )
+                ups, why = _update(sub[0], v, was_sub[1], sub[1])
+                if why:
+                    return [], f"{what} (a {type(v).__name__}): {why}"
+                nested += [((("el", j), *p), u) for p, u in ups]
             out.append((key, "old", j))
         else:
             if not isinstance(v, _VALUES) and _holds(v, old):
-                return (), "a new element holds one of its old elements"
+                return [], "a new element holds one of its old elements"
             out.append((key, "new", v))
     keys = [e[0] for e in then] if kind == "dict" else len(then)
-    return (kind, keys, out), ""
+    return [((), (kind, keys, out)), *nested], ""
 
 
 def _set_update(

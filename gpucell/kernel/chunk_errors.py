@@ -8,6 +8,7 @@ traceback's cell lines and gpucell's context as a note) or gpucell's
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from gpucell.protocol.conversation import ChunkError
 
 if TYPE_CHECKING:
     from gpucell.cluster.lifecycle import GpuCluster
+    from gpucell.core.analysis.plan import LoopPlan
 
 __all__ = ["raise_iteration_error"]
 
@@ -84,6 +86,22 @@ def raise_iteration_error(
     raise IterationError(f"{payload['type']}: {payload['message']}\n{context}")
 
 
+def _by_index(name: str, plan: LoopPlan | None) -> str:
+    """The rewrite, where the changed input is the list the loop indexes
+    (``for i in range(len(models)): models[i].fit(...)``): the loop
+    variable's own item is written back (engine/checkout.py); an item reached
+    by index is an input."""
+    source = plan.iter_space.source if plan and plan.iter_space else ""
+    pattern = rf"range\(\s*len\(\s*{re.escape(name)}\s*\)\s*\)"
+    if not name or not re.fullmatch(pattern, source):
+        return ""
+    return (
+        f" (the loop reaches `{name}`'s items by index: written `for x in "
+        f"{name}:` or `for i, x in enumerate({name}):`, each iteration's change "
+        "to its own item is written back in place)"
+    )
+
+
 def _changed_message(
     changed: list[tuple[str, str]], chunk: Chunk, where: str, record: LastRun
 ) -> str:
@@ -100,7 +118,7 @@ def _changed_message(
         if lines:
             at = " (by a call on line" + ("s " if len(lines) > 1 else " ")
             at += ", ".join(map(str, lines)) + ")"
-        parts.append(f"{label} changed in place{at}: {what}")
+        parts.append(f"{label} changed in place{at}: {what}{_by_index(name, plan)}")
     span = f"iterations {chunk.start}-{chunk.stop - 1}"
     return (
         f"gpucell: {'; '.join(parts)}, in {span} on {where.split(' on ', 1)[-1]}. "
