@@ -1448,6 +1448,47 @@ def test_process_wide_state_changed_in_the_body_is_refused(ip, cluster, call):
         )
 
 
+def test_a_setter_inside_a_with_that_puts_it_back_runs_as_serially(ip, cluster):
+    """Within one iteration, a ``with`` that restores the state undoes the
+    setter before the next iteration: nothing leaks (an "always" or "default"
+    warnings filter stays refused: the kernel issues the warnings again under
+    its own filters)."""
+    import warnings
+
+    ip.run_cell("import warnings, numpy as np, pandas as pd")
+    cell = (
+        "out = []\nfor i in range(4):\n"
+        "    with warnings.catch_warnings():\n"
+        "        warnings.simplefilter('ignore')\n"
+        "        warnings.warn(f'hidden {i}')\n"
+        "    with np.errstate(all='ignore'):\n"
+        "        np.seterr(divide='ignore')\n"
+        "        out.append(float(np.log(np.float64(i))))\n"
+        "    with pd.option_context('display.width', 50):\n"
+        "        pd.set_option('display.width', 60)\n"
+        "        out.append(pd.get_option('display.width'))\n"
+        "    warnings.warn(f'shown {i}')\n"
+    )
+    runs = []
+    for magic in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if magic:
+                ip.run_cell_magic("gpu_parallel", "--quiet --schedule static", cell)
+            else:
+                assert ip.run_cell(cell).success
+        runs.append((list(ip.user_ns["out"]), sorted(str(w.message) for w in caught)))
+    assert runs[1] == runs[0]
+    assert runs[0][1] == [f"shown {i}" for i in range(4)]
+    with pytest.raises(gpucell.NotParallelizable, match="state of the whole process"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(3):\n    with warnings.catch_warnings():\n"
+            "        warnings.simplefilter('always')\n        warnings.warn('x')\n",
+        )
+
+
 def test_run_time_refusals_are_listed_together(ip, cluster, tmp_path):
     """Every problem the pre-flight checks find after the prelude is named in
     one message, as the static analysis names its own, so the cell is fixed

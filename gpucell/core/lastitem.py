@@ -236,6 +236,67 @@ PROCESS_STATE_SETTERS = frozenset(
 )
 
 
+#: the ``with`` forms (their function's last name) that put back what a setter
+#: changes: a setter inside one, within an iteration, changes nothing the next
+#: iteration or the notebook sees
+RESTORED_BY: dict[str, frozenset[str]] = {
+    # (an "ignore" or "error" filter only: one that shows warnings the
+    # kernel's filters would not could show them differently when the kernel
+    # issues them again, gpucell.protocol.warned)
+    **dict.fromkeys(
+        ("warnings.filterwarnings", "warnings.simplefilter"),
+        frozenset({"catch_warnings"}),
+    ),
+    **dict.fromkeys(("np.seterr", "numpy.seterr"), frozenset({"errstate"})),
+    **dict.fromkeys(
+        ("pd.set_option", "pandas.set_option", "pd.reset_option"),
+        frozenset({"option_context"}),
+    ),
+    **dict.fromkeys(
+        ("np.set_printoptions", "numpy.set_printoptions"), frozenset({"printoptions"})
+    ),
+    "torch.set_grad_enabled": frozenset(
+        {"no_grad", "enable_grad", "set_grad_enabled", "inference_mode"}
+    ),
+    **dict.fromkeys(
+        (
+            "matplotlib.rcParams.update",
+            "plt.rcParams.update",
+            "matplotlib.rcParams[...]",
+            "plt.rcParams[...]",
+            "mpl.rcParams[...]",
+        ),
+        frozenset({"rc_context"}),
+    ),
+    "os.chdir": frozenset({"chdir"}),
+}
+
+
+def _restoring(node: ast.With | ast.AsyncWith) -> frozenset[str]:
+    """The last names of the context functions a ``with`` enters."""
+    names = set()
+    for item in node.items:
+        e = item.context_expr
+        f = e.func if isinstance(e, ast.Call) else e
+        name = dotted_name(f) or ""
+        names.add(name.rsplit(".", 1)[-1])
+    return frozenset(names)
+
+
+def _undone(call: str, node: ast.Call, contexts: list[frozenset[str]]) -> bool:
+    """A setter inside a ``with`` that puts its state back."""
+    if call.startswith("warnings."):
+        action = [k.value for k in node.keywords if k.arg == "action"] or node.args[:1]
+        if not (
+            action
+            and isinstance(action[0], ast.Constant)
+            and action[0].value in ("ignore", "error")
+        ):
+            return False
+    undo = RESTORED_BY.get(call, frozenset())
+    return any(undo & names for names in contexts)
+
+
 def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
     """``(line, call)`` of each call in the body of the ``for`` loop at
     ``line`` that changes process-wide state (``os.chdir``,
@@ -243,15 +304,19 @@ def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
     ``os.environ``: serially the later iterations see the change, and the
     kernel keeps it; an engine changes its own process only, and keeps it
     for the cells after.  A ``with`` form (``np.errstate``,
-    ``pd.option_context``) is fine: it undoes itself."""
+    ``pd.option_context``) is fine: it undoes itself; so is a setter inside
+    a ``with`` in the body that puts its state back (``warnings.simplefilter``
+    in ``with warnings.catch_warnings():``, :data:`RESTORED_BY`)."""
     loop = loop_node(source, line)
     if loop is None:
         return []
     out: list[tuple[int, str]] = []
-    for node in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+    contexts: list[frozenset[str]] = []
+
+    def visit(node: ast.AST) -> None:
         if isinstance(node, ast.Call):
             name = dotted_name(node.func)
-            if name in PROCESS_STATE_SETTERS:
+            if name in PROCESS_STATE_SETTERS and not _undone(name, node, contexts):
                 out.append((node.lineno, name))
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
             targets = (
@@ -266,7 +331,22 @@ def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
                     "matplotlib.rcParams",
                     "mpl.rcParams",
                 ):
-                    out.append((node.lineno, f"{dotted_name(t.value)}[...]"))
+                    what = f"{dotted_name(t.value)}[...]"
+                    if not any(RESTORED_BY.get(what, set()) & c for c in contexts):
+                        out.append((node.lineno, what))
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                visit(item)
+            contexts.append(_restoring(node))
+            for st in node.body:
+                visit(st)
+            contexts.pop()
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for st in loop.body:
+        visit(st)
     return sorted(out)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from gpucell.engine import (
     checkin,
     checkout,
+    fileaccess,
     logs,
     rngstate,
     runtime,
@@ -60,6 +61,7 @@ class Envelope:
         self._caught: Any = None
         self._home: str | None = None
         self._rng_before: dict[str, Any] | None = None
+        self.opened: fileaccess.FileAccess | None = None
         self.end = self.compute = 0.0
 
     def __enter__(self) -> Envelope:
@@ -137,9 +139,11 @@ class Envelope:
     @contextlib.contextmanager
     def running(self) -> Iterator[logs.Capture]:
         """Around the iterations alone: the kernel's logging levels (records
-        captured), imports an interrupt waits for, the kernel's settings."""
+        captured), the files each iteration opens (``opened``), imports an
+        interrupt waits for, the kernel's settings."""
         with (
             logs.Capture(self.st.log_levels) as logged,
+            fileaccess.FileAccess(self.where) as self.opened,
             runtime.imports_finish_first(),
             _kernel_state(self.st.state),
         ):

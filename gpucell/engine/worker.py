@@ -315,6 +315,8 @@ def _iterations(
                 hand_back=env.hand_back,
             )
         result.logs = logged.records
+        if env.opened is not None:
+            result.files = env.opened.files
         drew = env.drew()
         if task.seed is not None and drew:
             raise unreseeded_draw(drew)

@@ -130,6 +130,9 @@ def merge(
         merging.check_exactly_once(results, loop.chunker.count)
         item_of = _item_of(loop.chunker)
 
+    from gpucell.core.fileconflicts import check_files
+
+    check_files(results)  # two iterations that met in one file: nothing merged
     current = {n: ns[n] for n in plan.affected_names if n in ns}
     update = merging.prepare(  # an interrupt here changes nothing
         plan,

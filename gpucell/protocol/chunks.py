@@ -72,6 +72,10 @@ class ChunkResult:
     own_items: list[tuple[int, tuple[int, ...], tuple[Any, ...]]] = field(
         default_factory=list
     )
+    # path -> (iterations that wrote it, iterations that read it), at most two
+    # of each: enough for the kernel to see two iterations meet in one file
+    # (engine/fileaccess.py, core/fileconflicts.py)
+    files: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
 
 def chunk_items(obj: tuple[Any, ...]) -> Iterable[Any]:
