@@ -175,6 +175,18 @@ def test_containers_changed_in_place_inside_an_item_keep_their_identity() -> Non
     inner = lists[0][0]
     _written(lists, lambda xs: (xs[0].sort(), xs.reverse()))
     assert lists[0][1] is inner and inner == [1, 3]
+    # two levels down, through a list of lists (followed element by element)
+    grid = [{"rows": [[3, 1], [2]], "seen": {("a", 1)}}, {"rows": [], "seen": set()}]
+    rows, row0 = grid[0]["rows"], grid[0]["rows"][0]
+
+    def step2(g: dict) -> None:
+        for r in g["rows"]:
+            r.sort()
+        g["rows"].append([0])
+        g["seen"].add(("b", len(g["rows"])))
+
+    _written(grid, step2)
+    assert grid[0]["rows"] is rows and rows[0] is row0 and row0 == [1, 3]
 
 
 def test_an_element_another_item_or_an_input_holds_is_refused() -> None:

@@ -353,7 +353,7 @@ def _check_state(obj: Any, update: tuple[Any, ...]) -> str:
         if type(obj) is not set:
             return "it is not the set the engine had"
         try:
-            lost = [v for v in update[1] if v not in obj]
+            lost = [v for v in update[1] or () if v not in obj]
         except TypeError:
             lost = list(update[1])
         if lost:
@@ -643,6 +643,9 @@ def apply(targets: Sequence[Target]) -> None:
             obj._update_inplace(t.update[1])
         elif kind in ("dict", "list", "deque"):
             _container(obj, kind, t.update[2])
+        elif kind == "set" and t.update[1] is None:  # (plain values: those)
+            obj.intersection_update(t.update[2])
+            obj.update(t.update[2])
         elif kind == "set":
             obj.difference_update(t.update[1])
             obj.update(t.update[2])

@@ -53,6 +53,7 @@ __all__ = ["ItemsBefore", "before", "changes"]
 ItemsBefore = dict[tuple[int, tuple[int, ...]], tuple[str, Any, Hashable]]
 
 _VALUES = (type(None), bool, int, float, complex, str, bytes, range)
+_VALUE_TYPES = frozenset(_VALUES)
 
 
 def _kind(obj: Any) -> str:
@@ -177,26 +178,76 @@ def _attributes(kind: str, obj: Any) -> dict[str, Any]:
 #: (``r["scores"].sort()`` on a dict item), identity kept
 _NESTED = ("dict", "list", "deque", "set", "bytes")
 _NESTED_DEPTH = 2
+#: elements of containers inside one item looked at one by one, at most
+#: (past it a container element is hashed whole: changed in place, it fails
+#: the chunk as before); the items' own elements are not counted
+_NESTED_BUDGET = 20_000
+
+#: the state of each element that is a container, by its id: what the state
+#: after the chunk follows (``None``: before the chunk, within a budget)
+_Template = dict[int, Any] | None
 
 
-def _entries(kind: str, obj: Any, depth: int = 0) -> list[tuple[Any, ...]]:
+def _entries(
+    kind: str, obj: Any, depth: int, budget: list[int], template: _Template
+) -> list[tuple[Any, ...]]:
     """A dict's, list's or deque's ``(key, id, token, element, its own state
     if it is a container)`` for each element, in order (the element held: its
     id is not reused meanwhile)."""
     pairs = obj.items() if kind == "dict" else ((None, v) for v in obj)
     out: list[tuple[Any, ...]] = []
     for k, v in pairs:
-        sub = _nested_state(v, depth)
-        tok = _attribute(v) if sub is None else _shape(sub)
+        sub = _nested_state(v, depth, budget, template)
+        tok = _attribute(v) if sub is None or len(sub) == 3 else _shape(sub)
         out.append((k, id(v), tok, v, sub))
     return out
 
 
-def _nested_state(v: Any, depth: int) -> tuple[str, Any] | None:
+def _flat(kind: str, v: Any) -> bool:
+    """A container of plain values only: hashed whole, and written back as
+    values (none has an identity to keep)."""
+    if kind not in (*_LISTS, "set"):
+        return False
+    xs = v.values() if kind == "dict" else v
+    return set(map(type, xs)) <= _VALUE_TYPES
+
+
+def _outline(kind: str, v: Any) -> Any:
+    """What the kernel checks its element against: a dict's keys, a list's
+    or deque's length."""
+    if kind == "dict":
+        return list(v.keys())
+    return len(v) if kind in _LISTS else None
+
+
+def _nested_state(
+    v: Any, depth: int, budget: list[int], template: _Template
+) -> tuple[Any, ...] | None:
+    """A container element's own state, where it is followed: before the
+    chunk, within the depth and the budget; after it, where it was before."""
     if depth >= _NESTED_DEPTH or isinstance(v, _VALUES):
         return None
     kind = _kind(v)
-    return (kind, _state(kind, v, depth + 1)) if kind in _NESTED else None
+    if kind not in _NESTED:
+        return None
+    if template is None:
+        if _flat(kind, v):  # (kind, None, outline): its values, sent whole
+            return kind, None, _outline(kind, v)
+        size = len(v)
+        if size > budget[0]:
+            return None
+        budget[0] -= size
+        return kind, _state(kind, v, depth + 1, budget)
+    was = template.get(id(v))
+    if was is None or was[0] != kind:
+        return None
+    if len(was) == 3:
+        return kind, None, was[2]
+    inner = {e[1]: e[4] for e in was[1] if e[4] is not None} if kind in _LISTS else {}
+    return kind, _state(kind, v, depth + 1, budget, inner)
+
+
+_LISTS = ("dict", "list", "deque")
 
 
 def _shape(sub: tuple[str, Any]) -> Hashable:
@@ -230,14 +281,21 @@ def _attribute(v: Any) -> Hashable:
     return checkin._pickled(v)
 
 
-def _state(kind: str, obj: Any, depth: int = 0) -> Any:
+def _state(
+    kind: str,
+    obj: Any,
+    depth: int = 0,
+    budget: list[int] | None = None,
+    template: _Template = None,
+) -> Any:
     if kind in ("object", "slots"):  # (identity, value): rebound, or changed in place
         return {k: (id(v), _attribute(v)) for k, v in _attributes(kind, obj).items()}
     if kind == "module":
         attrs = _attributes(kind, obj).items()
         return (checkin.token(obj), {k: (id(v), _attribute(v)) for k, v in attrs})
-    if kind in ("dict", "list", "deque"):
-        return _entries(kind, obj, depth)
+    if kind in _LISTS:
+        budget = [_NESTED_BUDGET] if budget is None else budget
+        return _entries(kind, obj, depth, budget, template)
     if kind == "set":  # by identity, the values kept (a removed one is sent)
         return {id(v): (_attribute(v), v) for v in obj}
     if kind == "bytes":
@@ -318,7 +376,13 @@ def changes(
                 )
                 continue
             now_kind = _kind(leaf)
-            now = _state(now_kind, leaf)
+            # (its containers followed where they were before the chunk)
+            was_subs = (
+                {e[1]: e[4] for e in then if e[4] is not None}
+                if now_kind == kind and kind in _LISTS
+                else {}
+            )
+            now = _state(now_kind, leaf, 0, None, was_subs)
             if now_kind == kind and _same(kind, then, now):
                 continue
             if kind != now_kind or kind == "":
@@ -449,7 +513,10 @@ def _container_update(
                         "elements replaced (`row[k] = new`) and containers' "
                         "elements can be written back"
                     )
-                ups, why = _update(sub[0], v, was_sub[1], sub[1])
+                if len(was_sub) == 3:
+                    ups, why = [((), _values_update(sub[0], v, was_sub[2]))], ""
+                else:
+                    ups, why = _update(sub[0], v, was_sub[1], sub[1])
                 if why:
                     return [], f"{what} (a {type(v).__name__}): {why}"
                 nested += [((("el", j), *p), u) for p, u in ups]
@@ -460,6 +527,15 @@ def _container_update(
             out.append((key, "new", v))
     keys = [e[0] for e in then] if kind == "dict" else len(then)
     return [((), (kind, keys, out)), *nested], ""
+
+
+def _values_update(kind: str, v: Any, outline: Any) -> tuple[Any, ...]:
+    """A container that held plain values only, as its new elements, each
+    new (``("set", None, values)``: the kernel's set becomes those values)."""
+    if kind == "set":
+        return ("set", None, list(v))
+    pairs = v.items() if kind == "dict" else ((None, x) for x in v)
+    return (kind, outline, [(k, "new", x) for k, x in pairs])
 
 
 def _set_update(
