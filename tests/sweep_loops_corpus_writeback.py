@@ -1982,6 +1982,46 @@ for g in rngs:
     note="one stream: serially each draw continues the previous one",
 )
 
+case(
+    "wb-user-dict-subclass-attrs-alias",
+    "safe",
+    """
+class Record(dict):
+    def total(self):
+        return sum(v for v in self.values() if isinstance(v, (int, float)))
+recs = [Record(a=1, b=2), Record(a=5), Record()]
+recs[0].source = "csv"
+held = recs[1]
+""",
+    """
+for r in recs:
+    r["n"] = len(r)
+    r.checked = r.total()
+    r.pop("b", None)
+same = held is recs[1]
+checked = [r.checked for r in recs]
+""",
+)
+
+case(
+    "wb-u-user-list-subclass-shared-log",
+    "unsafe",
+    """
+log = []
+class Batch(list):
+    def __init__(self, xs):
+        super().__init__(xs)
+        self.log = log
+batches = [Batch([1, 2]), Batch([3]), Batch([])]
+""",
+    """
+for b in batches:
+    b.append(len(b.log))
+    b.log.append(len(b))
+""",
+    note="every batch's log is one list: serially each append sees the others'",
+)
+
 # ------------------------------------------------ containers inside an item
 # (changed in place: written into the kernel's own, identity kept)
 

@@ -1,11 +1,11 @@
 """An own item whose state is not all in its attributes is never written back
 by its attributes (``engine/checkout.py``): a ``random.Random`` (its state in
 its C base: written back by that state), a notebook subclass of ``dict`` or
-``list`` (its elements), or a change to what every instance of a notebook
-class shares (a class-level list appended to through ``self``,
-``type(self).count += 1``).  Each was silently lost (found by
-tests/test_sweep_loops_writeback.py); now the chunk fails, naming the item,
-and the input check sees the class's change.
+``list`` (its elements: written back with them, unless it overrides a store),
+or a change to what every instance of a notebook class shares (a class-level
+list appended to through ``self``, ``type(self).count += 1``). Each was
+silently lost (found by tests/test_sweep_loops_writeback.py); now the chunk
+fails, naming the item, and the input check sees the class's change.
 
 The classes are made in a ``__main__``-like namespace, as a notebook's are.
 """
@@ -62,8 +62,20 @@ def test_a_random_instance_is_written_back_by_its_state_not_its_attributes():
     ],
     ids=["dict-subclass", "list-subclass"],
 )
-def test_notebook_container_subclasses_are_not_written_back_by_attributes(src, step):
-    updates, cannot, seen = _run(_notebook(src)["items"], step)
+def test_notebook_container_subclasses_are_written_back_elements_and_all(src, step):
+    """Their elements as a dict's or list's, their attributes as an object's
+    (``("dict", keys, elements, attributes)``); a subclass that overrides a
+    store is not (the kernel's refill would run it again)."""
+    items = _notebook(src)["items"]
+    items[0].tag = "t"
+    updates, cannot, seen = _run(items, step)
+    assert seen and not cannot and len(updates) == 2
+    assert [u[2][0] for u in updates] == [type(items[0]).__mro__[1].__name__] * 2
+    assert updates[0][2][3][0] == {}  # (attributes: none changed)
+    loud = _notebook(
+        src.replace("    pass\n", "    def __setitem__(self, k, v):\n        pass\n")
+    )["items"]
+    updates, cannot, seen = _run(loud, step)
     assert seen and not updates and len(cannot) == 2
 
 

@@ -112,12 +112,6 @@ KNOWN: dict[str, str] = {
     ),
     "wb-bound-methods-items": _ITEM_KIND.format("method"),
     "wb-iterators-items-next": _ITEM_KIND.format("list_iterator"),
-    "wb-user-dict-subclass-items": _ITEM_KIND.format(
-        "notebook dict subclass (was SILENT: written back by attributes only)"
-    ),
-    "wb-user-list-subclass-items": _ITEM_KIND.format(
-        "notebook list subclass (was SILENT: written back by attributes only)"
-    ),
 }
 
 OUTCOMES: dict[str, Outcome] = {}

@@ -206,3 +206,22 @@ def test_an_element_another_item_or_an_input_holds_is_refused() -> None:
 
     _, cannot = _engine([{"o": Box()}], lambda r: setattr(r["o"], "n", 1))
     assert cannot and "only elements replaced" in cannot[0]
+
+
+def test_a_container_subclass_is_written_back_with_its_attributes() -> None:
+    """Its elements as a list's, its attributes as an object's; an attribute
+    it changed in place that another item holds too is refused by name."""
+    ns: dict[str, Any] = {"__name__": "__main__"}
+    exec("class Batch(list):\n    pass\n", ns)
+    log: list = []
+    batches = [ns["Batch"]([1, 2]), ns["Batch"]([3])]
+    for b in batches:
+        b.seen = 0
+    _written(batches, lambda b: (b.append(len(b)), setattr(b, "seen", b.seen + 1)))
+    assert [(list(b), b.seen) for b in batches] == [([1, 2, 2], 1), ([3, 1], 1)]
+    for b in batches:
+        b.log = log
+    updates, cannot = _engine(batches, lambda b: b.log.append(len(b)))
+    assert not cannot
+    with pytest.raises(NotParallelizable, match="attribute `log`, which"):
+        w.resolve(updates, lambda i: batches[i], {}, 2)

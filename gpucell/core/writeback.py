@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import itertools
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,11 @@ def _children(value: Any) -> Iterator[Any]:
         items = vars(value).values()
     else:
         return
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(value, (list, tuple, set, frozenset, dict)) and isinstance(
+        attrs, dict
+    ):  # a subclass of a container: its attributes too (`Batch(list).log`)
+        items = itertools.chain(items, list(attrs.values()))
     for n, x in enumerate(items):
         if n >= _CHILDREN_MAX:
             return
@@ -324,9 +330,12 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
         ):
             problem = "its keys are not the ones the engine's copy had"
         elif kind != "dict" and not (
-            type(obj).__name__ == kind and len(obj) == update[1]
+            isinstance(obj, list if kind == "list" else collections.deque)
+            and len(obj) == update[1]
         ):
             problem = "its length is not the engine copy's"
+        elif len(update) > 3 and not isinstance(getattr(obj, "__dict__", None), dict):
+            problem = "it has no attributes to set"
     elif kind in ("set", "bytes", "random", "rng"):
         problem = _check_state(obj, update)
     elif kind == "frame":
@@ -475,6 +484,8 @@ def _attrs_old(t: Target) -> dict[str, Any]:
         return {
             n: getattr(t.obj, n) for n in t.update[1]["attrs"][0] if n in vars(t.obj)
         }
+    if kind in ("dict", "list") and len(t.update) > 3:
+        return dict(vars(t.obj))
     return {}
 
 
@@ -484,6 +495,8 @@ def _inplace(t: Target) -> list[str]:
         return list(t.update[3])
     if kind == "module":
         return list(t.update[1]["attrs"][2])
+    if kind in ("dict", "list") and len(t.update) > 3:
+        return list(t.update[3][2])
     return []
 
 
@@ -643,6 +656,11 @@ def apply(targets: Sequence[Target]) -> None:
             obj._update_inplace(t.update[1])
         elif kind in ("dict", "list", "deque"):
             _container(obj, kind, t.update[2])
+            if len(t.update) > 3:  # a subclass's attributes (set, deleted)
+                state = vars(obj)
+                for n in t.update[3][1]:
+                    state.pop(n, None)
+                state.update(t.update[3][0])
         elif kind == "set" and t.update[1] is None:  # (plain values: those)
             obj.intersection_update(t.update[2])
             obj.update(t.update[2])

@@ -18,18 +18,23 @@ a tuple item such as ``enumerate``'s or ``dict.items()``'s pairs):
 * a ``random.Random``, a numpy ``Generator`` or ``RandomState``: its whole
   state (``getstate``, ``bit_generator.state``, ``get_state``), so the
   kernel's draws go on where the engine's copy stopped;
+* a notebook subclass of ``dict`` or ``list`` (``class Row(dict)``): its
+  elements as a dict's or list's and its attributes, unless it defines a
+  store (``__setitem__``, ``append``...) that the kernel's refill would run
+  again;
 * any other object with a ``__dict__`` (an estimator, a plain object): the
   attributes the iteration set, changed or deleted, where they are all its
-  state as pickle sees it (not a notebook subclass of ``dict`` or ``list``,
-  whose elements are not).
+  state as pickle sees it;
+* a container inside a dict, list or deque item (two levels down) changed
+  in place: into the kernel's own, as its item is.
 
-Anything else that changed (a subclass of those, an iterator, a bound
-method) cannot be written back: the chunk fails as before, naming it.  So
-does a change to a notebook class's own attributes made through an item
-(``self.seen.append`` on a class-level list, ``type(self).count += 1``):
-every instance shares them, serially later iterations would see the change.
-A process-wide generator is never written back (each process has its own:
-``protocol/globalrng.py``).  Standard library only.
+Anything else that changed (a subclass of a set or a generator, an iterator,
+a bound method) cannot be written back: the chunk fails as before, naming
+it. So does a change to a notebook class's own attributes made through an
+item (``self.seen.append`` on a class-level list, ``type(self).count +=
+1``): every instance shares them, serially later iterations would see the
+change. A process-wide generator is never written back (each process has its
+own: ``protocol/globalrng.py``). Standard library only.
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ def _kind(obj: Any) -> str:
         return "dict"
     if isinstance(obj, list) and t.__module__ == "builtins":
         return "list"
+    if isinstance(obj, (dict, list)) and _plain_subclass(obj):
+        return "udict" if isinstance(obj, dict) else "ulist"
     special = _stdlib_kind(obj)
     if special is not None:
         return special
@@ -91,6 +98,44 @@ _NUMPY_RNG = {
     ("numpy.random._generator", "Generator"): "generator",
     ("numpy.random.mtrand", "RandomState"): "randomstate",
 }
+
+
+#: what a subclass of dict or list may not define for its elements to be
+#: written back by dict's and list's own stores (they would run again)
+_MUTATORS = frozenset(
+    "__setitem__ __delitem__ __iadd__ __imul__ clear update setdefault pop "
+    "popitem append extend insert remove sort reverse".split()
+)
+
+
+def _plain_subclass(obj: Any) -> bool:
+    """A subclass of ``dict`` or ``list`` (``class Row(dict)``) whose state is
+    its elements and its attributes, as pickle sees it, with none of the
+    stores overridden: its elements are written back as a dict's or list's,
+    its attributes as an object's."""
+    base = dict if isinstance(obj, dict) else list
+    for cls in type(obj).__mro__:
+        if cls in (base, object):
+            break
+        if _MUTATORS & set(vars(cls)) or "__slots__" in vars(cls):
+            return False
+    else:
+        return False
+    try:
+        red = obj.__reduce_ex__(4)
+    except Exception:
+        return False
+    newobj = getattr(copyreg, "__newobj__", None)
+    if not (isinstance(red, tuple) and len(red) == 5 and red[0] is newobj):
+        return False
+    elements = red[4] if base is dict else red[3]
+    other = red[3] if base is dict else red[4]
+    return (
+        tuple(red[1]) == (type(obj),)
+        and (red[2] is None or isinstance(red[2], dict))
+        and elements is not None
+        and other is None
+    )
 
 
 def _stdlib_kind(obj: Any) -> str | None:
@@ -296,6 +341,11 @@ def _state(
     if kind in _LISTS:
         budget = [_NESTED_BUDGET] if budget is None else budget
         return _entries(kind, obj, depth, budget, template)
+    if kind in ("udict", "ulist"):  # (its elements, its attributes)
+        return (
+            _state(kind[1:], obj, depth, budget, template),
+            _state("object", obj),
+        )
     if kind == "set":  # by identity, the values kept (a removed one is sent)
         return {id(v): (_attribute(v), v) for v in obj}
     if kind == "bytes":
@@ -377,9 +427,10 @@ def changes(
                 continue
             now_kind = _kind(leaf)
             # (its containers followed where they were before the chunk)
+            entries = then[0] if kind in ("udict", "ulist") else then
             was_subs = (
-                {e[1]: e[4] for e in then if e[4] is not None}
-                if now_kind == kind and kind in _LISTS
+                {e[1]: e[4] for e in entries if e[4] is not None}
+                if now_kind == kind and kind in (*_LISTS, "udict", "ulist")
                 else {}
             )
             now = _state(now_kind, leaf, 0, None, was_subs)
@@ -405,6 +456,13 @@ def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[_Ups, str]:
     it cannot be written back."""
     if kind in ("dict", "list", "deque"):
         return _container_update(kind, leaf, then, now)
+    if kind in ("udict", "ulist"):
+        ups, why = _container_update(kind[1:], leaf, then[0], now[0])
+        attrs = _attrs_update(then[1], now[1], dict(vars(leaf)))
+        why = why or _holds_torch_identity(attrs[0])
+        if why:
+            return [], why
+        return [((), (*ups[0][1], attrs)), *ups[1:]], ""
     update, why = _update_one(kind, leaf, then, now)
     return ([((), update)] if not why else []), why
 
@@ -586,6 +644,8 @@ def _same(kind: str, was: Any, now: Any) -> bool:
         return was.keys() == now.keys() and all(
             checkin._same(was[i][0], now[i][0]) for i in was
         )
+    if kind in ("udict", "ulist"):
+        return _same(kind[1:], was[0], now[0]) and _same("object", was[1], now[1])
     if kind in ("dict", "list", "deque"):
         return len(was) == len(now) and all(
             a[0] == b[0] and a[1] == b[1] and checkin._same(a[2], b[2])
