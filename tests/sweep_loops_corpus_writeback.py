@@ -2022,6 +2022,30 @@ for b in batches:
     note="every batch's log is one list: serially each append sees the others'",
 )
 
+case(
+    "wb-u-bound-methods-one-object",
+    "unsafe",
+    """
+class Meter:
+    def __init__(self):
+        self.n = 0
+    def up(self):
+        self.n += 1
+        return self.n
+    def double(self):
+        self.n *= 2
+        return self.n
+m = Meter()
+steps = [m.up, Meter().up, m.double, m.up]
+""",
+    """
+out = []
+for f in steps:
+    out.append(f())
+""",
+    note="three of the methods are bound to one object: serially out == [1, 1, 2, 3]",
+)
+
 # ------------------------------------------------ containers inside an item
 # (changed in place: written into the kernel's own, identity kept)
 

@@ -110,7 +110,6 @@ KNOWN: dict[str, str] = {
         "false refusal: `np.add.at(hist, g, 1.0)` into an array from before "
         "the loop (a commutative accumulation) is an input changed in place"
     ),
-    "wb-bound-methods-items": _ITEM_KIND.format("method"),
     "wb-iterators-items-next": _ITEM_KIND.format("list_iterator"),
 }
 

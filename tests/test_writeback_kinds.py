@@ -225,3 +225,18 @@ def test_a_container_subclass_is_written_back_with_its_attributes() -> None:
     assert not cannot
     with pytest.raises(NotParallelizable, match="attribute `log`, which"):
         w.resolve(updates, lambda i: batches[i], {}, 2)
+
+
+def test_a_bound_method_item_is_written_back_to_its_object() -> None:
+    """``ticks = [c.tick for c in counters]``: calling an item changes its
+    ``self``, the kernel's own counter (another name for it sees it)."""
+    ns: dict[str, Any] = {"__name__": "__main__"}
+    exec("class C:\n    n = 0\n    def tick(self):\n        self.n += 1\n", ns)
+    counters = [ns["C"](), ns["C"]()]
+    ticks = [c.tick for c in counters]
+    updates, cannot = _engine(ticks, lambda f: f())
+    assert not cannot
+    w.apply(w.resolve(updates, lambda i: ticks[i], {}, 2))
+    assert [c.n for c in counters] == [1, 1]
+    with pytest.raises(NotParallelizable, match="`keep` holds it"):
+        w.resolve(updates, lambda i: ticks[i], {"keep": [counters[1]]}, 2)

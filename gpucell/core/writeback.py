@@ -52,6 +52,8 @@ class Target:
     @property
     def label(self) -> str:
         what = f"(a {type(self.obj).__name__})"
+        if self.path and self.path[-1] == _SELF:
+            return f"the object of the item of iteration {self.iteration} {what}"
         if any(isinstance(j, tuple) for j in self.path):
             return f"an element {what} of the item of iteration {self.iteration}"
         return f"the item of iteration {self.iteration} {what}"
@@ -148,6 +150,10 @@ def resolve(
     return targets
 
 
+#: the step from a bound method item to its object
+_SELF = ("self", 0)
+
+
 def _order(u: Update) -> tuple[int, list[tuple[int, int]]]:
     """Iteration, then path: parts, then elements (an item's own update
     before its elements')."""
@@ -161,6 +167,8 @@ def _at(item: Any, path: Sequence[Any], iteration: int) -> Any:
         for j in path:
             if isinstance(j, int):
                 obj = obj[j]
+            elif j == _SELF:
+                obj = obj.__self__
             elif isinstance(obj, dict):
                 obj = list(obj.values())[j[1]]
             else:
@@ -256,12 +264,17 @@ def _as_slots(obj: Any, update: tuple[Any, ...]) -> tuple[Any, ...]:
     return update
 
 
-def _leaves(item: Any, depth: int = 0) -> Iterator[tuple[tuple[int, ...], Any]]:
-    """An item's parts as ``engine/checkout`` splits it (a tuple, 2 levels)."""
+def _leaves(item: Any, depth: int = 0) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """An item's parts as ``engine/checkout`` splits it (a tuple, 2 levels;
+    a bound method by its object)."""
     if type(item) is tuple and depth < 2:
         for j, x in enumerate(item):
             for path, leaf in _leaves(x, depth + 1):
                 yield (j, *path), leaf
+    elif type(item) is types.MethodType and not isinstance(
+        item.__self__, (type, types.ModuleType)
+    ):
+        yield (_SELF,), item.__self__
     else:
         yield (), item
 

@@ -104,7 +104,8 @@ _NUMPY_RNG = {
 #: written back by dict's and list's own stores (they would run again)
 _MUTATORS = frozenset(
     "__setitem__ __delitem__ __iadd__ __imul__ clear update setdefault pop "
-    "popitem append extend insert remove sort reverse".split()
+    "popitem append extend insert remove sort reverse __setattr__ __delattr__ "
+    "__setstate__ __getstate__ __reduce__ __reduce_ex__ __slots__".split()
 )
 
 
@@ -117,8 +118,8 @@ def _plain_subclass(obj: Any) -> bool:
     for cls in type(obj).__mro__:
         if cls in (base, object):
             break
-        if _MUTATORS & set(vars(cls)) or "__slots__" in vars(cls):
-            return False
+        if cls.__module__ != "__main__" or _MUTATORS & set(vars(cls)):
+            return False  # (a library's subclass may keep invariants)
     else:
         return False
     try:
@@ -307,15 +308,27 @@ def _shape(sub: tuple[str, Any]) -> Hashable:
 
 
 def _parts(
-    item: Any, path: tuple[int, ...] = ()
-) -> Iterator[tuple[tuple[int, ...], Any]]:
+    item: Any, path: tuple[Any, ...] = ()
+) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """The item's leaves: a tuple item (``(i, x)``, ``(key, model)``) by
-    part, two levels deep; anything else is one leaf."""
+    part, two levels deep; a bound method by its object (``ticks =
+    [c.tick for c in counters]``: calling one changes its ``self``,
+    ``("self", 0)``); anything else is one leaf."""
     if type(item) is tuple and len(path) < 2:
         for j, x in enumerate(item):
             yield from _parts(x, (*path, j))
+    elif type(item) is types.MethodType and not isinstance(
+        item.__self__, (type, types.ModuleType)
+    ):
+        yield (*path, ("self", 0)), item.__self__
     else:
         yield path, item
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    steps = [str(j) for j in path if isinstance(j, int)]
+    part = f" (part {'/'.join(steps)})" if steps else ""
+    return part + (" (its method's object)" if path and path[-1] == ("self", 0) else "")
 
 
 def _attribute(v: Any) -> Hashable:
@@ -415,9 +428,7 @@ def changes(
         for path, leaf in _parts(item):
             key = (start + k, path)
             kind, then, shared = was.get(key, ("", None, None))
-            where = f"the item of iteration {start + k}" + (
-                f" (part {'/'.join(map(str, path))})" if path else ""
-            )
+            where = f"the item of iteration {start + k}" + _where(path)
             if not checkin._same(shared, _class_state(leaf, classes)):
                 cannot.append(
                     f"{where}, a {type(leaf).__name__}: an attribute of its class "
