@@ -2046,6 +2046,44 @@ for f in steps:
     note="three of the methods are bound to one object: serially out == [1, 1, 2, 3]",
 )
 
+case(
+    "wb-u-torch-opts-alone-step",
+    "unsafe",
+    TORCH
+    + """
+torch.manual_seed(21)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+for n in nets:
+    loss_fn(n(X), Y).backward()
+""",
+    """
+for opt in opts:
+    opt.step()
+w0 = nets[0].weight.detach().clone()
+""",
+    note="the optimizers step the nets' parameters, which are no item: they would be lost",
+)
+
+case(
+    "wb-u-torch-one-net-two-pairs",
+    "unsafe",
+    TORCH
+    + """
+torch.manual_seed(22)
+net = nn.Linear(4, 1)
+pairs = [(net, torch.optim.SGD(net.parameters(), lr=0.1)) for _ in range(2)]
+""",
+    """
+for n, opt in pairs:
+    opt.zero_grad()
+    loss_fn(n(X), Y).backward()
+    opt.step()
+w = net.weight.detach().clone()
+""",
+    note="one net trained by both iterations in turn",
+)
+
 # ------------------------------------------------ containers inside an item
 # (changed in place: written into the kernel's own, identity kept)
 

@@ -122,10 +122,12 @@ def test_an_unpicklable_class_attribute_is_left_out_of_the_class_state():
     assert not checkin._unchecked(state) and [p[1] for p in state[1]] == ["n"]
 
 
-def test_an_optimizer_or_a_holder_of_a_model_is_not_written_back():
+def test_an_optimizer_only_with_its_module_and_a_holder_of_a_model_never():
     """Written back by attributes, an optimizer would hold the engine's copies
     of the parameters (its ``state`` keys, its ``param_groups``): the kernel's
-    would step tensors no model has.  A trainer's ``model`` likewise."""
+    would step tensors no model has.  By its ``state_dict`` (parameters by
+    position) it can be, where the item holds the module it steps (else the
+    steps would be lost).  A trainer's ``model`` never."""
     torch = pytest.importorskip("torch")
     nets = [torch.nn.Linear(2, 1) for _ in range(2)]
     items = [(n, torch.optim.Adam(n.parameters(), lr=0.1)) for n in nets]
@@ -137,7 +139,13 @@ def test_an_optimizer_or_a_holder_of_a_model_is_not_written_back():
         opt.step()
 
     updates, cannot, seen = _run(items, step)
-    assert seen and cannot and "holds torch parameters or modules" in cannot[0]
+    # with its own module in the item: by its state_dict (parameters by position)
+    assert seen and not cannot
+    kinds = sorted((u[1], u[2][0]) for u in updates)
+    assert kinds == [((0,), "module")] * 2 + [((1,), "torchstate")] * 2
+    alone = [torch.optim.Adam(n.parameters(), lr=0.1) for n in nets]
+    _, cannot, _ = _run(alone, lambda o: step((nets[alone.index(o)], o)))
+    assert len(cannot) == 2 and "parameters of no module in the same item" in cannot[0]
     ns = _notebook(
         "class Trainer:\n    def __init__(self, m):\n        self.model = m\n"
     )

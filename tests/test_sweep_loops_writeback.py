@@ -34,12 +34,6 @@ _ITEM_KIND = (
     "atomically): the item of iteration k, a {}, changed in place"
 )
 
-_OPTIMIZER = (
-    "false refusal (was SILENT: the optimizer came back holding the engine's "
-    "copies of the parameters, so a later step trained nothing): an "
-    "optimizer item is not written back"
-)
-
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
     "wb-fx-warnings-catch-around": (
@@ -58,13 +52,6 @@ KNOWN: dict[str, str] = {
         "false refusal (was SILENT: re-entered on each engine with a copy of "
         "buf, the prints stayed there): a notebook stream in a `with` around "
         "the loop is refused before anything runs"
-    ),
-    "wb-torch-nets-adam-zip-outside": _OPTIMIZER,
-    "wb-torch-adam-zip-state-identity": _OPTIMIZER,
-    "wb-torch-net-opt-scheduler-zip": (
-        "false refusal: an optimizer item is not written back (before, the "
-        "merge refused it: the iteration's scheduler holds its optimizer, "
-        "core/writeback.py _check_reach)"
     ),
     "wb-obj-trainer-holds-model": (
         "false refusal (was SILENT: the trainer's `model` came back as the "

@@ -240,3 +240,27 @@ def test_a_bound_method_item_is_written_back_to_its_object() -> None:
     assert [c.n for c in counters] == [1, 1]
     with pytest.raises(NotParallelizable, match="`keep` holds it"):
         w.resolve(updates, lambda i: ticks[i], {"keep": [counters[1]]}, 2)
+
+
+def test_an_optimizer_with_its_module_is_loaded_by_position() -> None:
+    """``for net, opt in zip(nets, opts)``: the kernel's optimizer ends with
+    the engine copy's state, keyed by the kernel's own parameters, so its
+    next step is the serial run's."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    nets = [torch.nn.Linear(3, 1) for _ in range(2)]
+    items = [(n, torch.optim.Adam(n.parameters(), lr=0.1)) for n in nets]
+
+    def step(pair: tuple) -> None:
+        net, opt = pair
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+
+    serial = _written(items, step, False)
+    for (net, opt), (snet, sopt) in zip(items, serial, strict=True):
+        assert all(p in opt.state for p in net.parameters())
+        step((net, opt))
+        step((snet, sopt))
+        assert torch.equal(net.weight, snet.weight)

@@ -351,6 +351,8 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
             problem = "it has no attributes to set"
     elif kind in ("set", "bytes", "random", "rng"):
         problem = _check_state(obj, update)
+    elif kind == "torchstate":
+        problem = _check_torch_state(obj, update[1])
     elif kind == "frame":
         if type(obj) is not type(update[1]) or not hasattr(obj, "_update_inplace"):
             problem = "it is not the frame the engine had"
@@ -399,6 +401,22 @@ def _check_state(obj: Any, update: tuple[Any, ...]) -> str:
         type(_bit_generator(obj)).__name__ != update[1].get("bit_generator")
     ):
         return "its bit generator is not the one the engine's copy had"
+    return ""
+
+
+def _check_torch_state(obj: Any, state: Mapping[str, Any]) -> str:
+    """An optimizer's groups must hold as many parameters as the engine's
+    (``load_state_dict`` would raise half-way through the merge)."""
+    if not callable(getattr(obj, "load_state_dict", None)):
+        return "it has no state to load"
+    groups = state.get("param_groups")
+    if groups is None:
+        return ""
+    mine = getattr(obj, "param_groups", None)
+    if not isinstance(mine, list) or [len(g["params"]) for g in mine] != [
+        len(g["params"]) for g in groups
+    ]:
+        return "its parameter groups are not the engine copy's"
     return ""
 
 
@@ -556,6 +574,13 @@ def _check_reach(
             hit = changed.get(id(x))
             if hit is not None and by is not None and hit.within(by):
                 continue  # its own element: written back with it
+            if (
+                hit is not None
+                and by is not None
+                and by.update[0] == "torchstate"
+                and hit.iteration == by.iteration
+            ):
+                continue  # (a scheduler's optimizer: loaded, never replaced)
             if hit is not None and hit.obj is not holder:
                 raise NotParallelizable(
                     f"gpucell: {hit.label} changed in place, and {what} "
@@ -684,6 +709,8 @@ def apply(targets: Sequence[Target]) -> None:
             obj[:] = t.update[1]
         elif kind == "random":
             obj.setstate(t.update[1])
+        elif kind == "torchstate":  # by position: the kernel's own parameters
+            obj.load_state_dict(t.update[1])
         elif kind == "rng":
             if type(obj).__name__ == "Generator":
                 obj.bit_generator.state = t.update[1]

@@ -18,6 +18,9 @@ a tuple item such as ``enumerate``'s or ``dict.items()``'s pairs):
 * a ``random.Random``, a numpy ``Generator`` or ``RandomState``: its whole
   state (``getstate``, ``bit_generator.state``, ``get_state``), so the
   kernel's draws go on where the engine's copy stopped;
+* a torch optimizer or LR scheduler: its ``state_dict`` (parameters by
+  position), where the item holds the modules it steps (and a scheduler its
+  optimizer);
 * a notebook subclass of ``dict`` or ``list`` (``class Row(dict)``): its
   elements as a dict's or list's and its attributes, unless it defines a
   store (``__setitem__``, ``append``...) that the kernel's refill would run
@@ -68,6 +71,9 @@ def _kind(obj: Any) -> str:
         return "module"
     if checkin._is_tensor(obj):
         return "tensor"
+    torch_kind = _torch_state_kind(obj)
+    if torch_kind:
+        return torch_kind
     if is_numpy(obj):
         plain = not checkin._is_numpy_scalar(obj) and not obj.dtype.hasobject
         return "array" if plain else ""
@@ -107,6 +113,21 @@ _MUTATORS = frozenset(
     "popitem append extend insert remove sort reverse __setattr__ __delattr__ "
     "__setstate__ __getstate__ __reduce__ __reduce_ex__ __slots__".split()
 )
+
+
+#: torch's objects that keep their state in a ``state_dict`` (their
+#: parameters, their optimizer, by position: never the engine's copies)
+_TORCH_STATE = {
+    ("torch.optim.optimizer", "Optimizer"): "optimizer",
+    ("torch.optim.lr_scheduler", "LRScheduler"): "scheduler",
+}
+
+
+def _torch_state_kind(obj: Any) -> str:
+    for cls in type(obj).__mro__:
+        if (cls.__module__, cls.__name__) in _TORCH_STATE:
+            return _TORCH_STATE[(cls.__module__, cls.__name__)]
+    return ""
 
 
 def _plain_subclass(obj: Any) -> bool:
@@ -365,6 +386,11 @@ def _state(
         return bytes(obj)
     if kind in ("random", "rng"):
         return checkin._pickled(rng_state(obj))
+    if kind == "optimizer":  # (and the parameters it steps: they change too)
+        params = [p for g in obj.param_groups for p in g["params"]]
+        return (checkin._pickled(obj.state_dict()), tuple(map(checkin.token, params)))
+    if kind == "scheduler":
+        return checkin._pickled(obj.state_dict())
     if kind == "frame":
         return checkin._pickled(obj)
     if kind == "array":
@@ -450,7 +476,8 @@ def changes(
             if kind != now_kind or kind == "":
                 cannot.append(f"{where}, a {type(leaf).__name__}, changed in place")
                 continue
-            ups, why = _update(kind, leaf, then, now)
+            why = _torch_state_why(kind, leaf, item)
+            ups, why = ([], why) if why else _update(kind, leaf, then, now)
             if why:
                 cannot.append(f"{where}, a {type(leaf).__name__}: {why}")
             else:
@@ -478,9 +505,38 @@ def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[_Ups, str]:
     return ([((), update)] if not why else []), why
 
 
+def _torch_state_why(kind: str, leaf: Any, item: Any) -> str:
+    """Why an optimizer or a scheduler cannot be written back by its
+    ``state_dict``: it holds no parameters, only their positions, so the
+    parameters it steps must be written back with it, each a parameter of a
+    module in the same item (``for net, opt in zip(nets, opts)``); a
+    scheduler's optimizer must be in the item too (the rates it set travel in
+    the optimizer's state)."""
+    if kind not in ("optimizer", "scheduler"):
+        return ""
+    leaves = [x for _p, x in _parts(item)]
+    if kind == "scheduler":
+        if any(x is getattr(leaf, "optimizer", None) for x in leaves):
+            return ""
+        return (
+            "its optimizer is not in the same item (`for net, opt, sched in "
+            "zip(nets, opts, scheds)`): the rates it set would be lost"
+        )
+    mine = {id(p) for x in leaves if _kind(x) == "module" for p in x.parameters()}
+    params = [p for g in leaf.param_groups for p in g["params"]]
+    if all(id(p) in mine for p in params):
+        return ""
+    return (
+        "it steps parameters of no module in the same item (`for net, opt in "
+        "zip(nets, opts)`): written back, its steps would be lost"
+    )
+
+
 def _update_one(
     kind: str, leaf: Any, then: Any, now: Any
 ) -> tuple[tuple[Any, ...], str]:
+    if kind in ("optimizer", "scheduler"):
+        return ("torchstate", leaf.state_dict()), ""
     if kind == "module":
         state = _module_state(leaf)
         state["attrs"] = _attrs_update(then[1], now[1], _attributes(kind, leaf))
