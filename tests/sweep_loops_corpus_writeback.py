@@ -2084,6 +2084,58 @@ w = net.weight.detach().clone()
     note="one net trained by both iterations in turn",
 )
 
+TRAINER = """
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.losses = []
+    def fit(self):
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        for xb, yb in batches:
+            opt.zero_grad()
+            loss = loss_fn(self.model(xb), yb)
+            loss.backward()
+            opt.step()
+        self.losses.append(round(loss.item(), 6))
+"""
+
+case(
+    "wb-u-trainers-share-one-model",
+    "unsafe",
+    TORCH
+    + TRAINER
+    + """
+torch.manual_seed(23)
+shared = nn.Linear(4, 1)
+trainers = [Trainer(shared), Trainer(nn.Linear(4, 1)), Trainer(shared)]
+""",
+    """
+for t in trainers:
+    t.fit()
+w = shared.weight.detach().clone()
+""",
+    note="the first and third trainers train one model in turn",
+)
+
+case(
+    "wb-u-trainer-model-read-through-input",
+    "unsafe",
+    TORCH
+    + TRAINER
+    + """
+torch.manual_seed(24)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+trainers = [Trainer(n) for n in nets]
+""",
+    """
+norms = []
+for t in trainers:
+    t.fit()
+    norms.append(round(float(sum(n.weight.norm() for n in nets)), 5))
+""",
+    note="the body reads every net through `nets`: serially the second sum sees the first fit",
+)
+
 # ------------------------------------------------ containers inside an item
 # (changed in place: written into the kernel's own, identity kept)
 

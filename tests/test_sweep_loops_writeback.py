@@ -53,11 +53,6 @@ KNOWN: dict[str, str] = {
         "buf, the prints stayed there): a notebook stream in a `with` around "
         "the loop is refused before anything runs"
     ),
-    "wb-obj-trainer-holds-model": (
-        "false refusal (was SILENT: the trainer's `model` came back as the "
-        "engine's copy, `nets` kept the untrained modules): an object item "
-        "whose changed attribute holds torch modules is not written back"
-    ),
     "wb-torch-opts-dict-outside": (
         "false refusal: `opt = optimizers[name]; opt.step()`, each iteration's "
         "own optimizer looked up by key, is an input changed in place (static)"

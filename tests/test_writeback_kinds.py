@@ -264,3 +264,31 @@ def test_an_optimizer_with_its_module_is_loaded_by_position() -> None:
         step((net, opt))
         step((snet, sopt))
         assert torch.equal(net.weight, snet.weight)
+
+
+def test_a_module_attribute_trained_in_place_keeps_its_identity() -> None:
+    """A trainer's ``model`` trained in place: written into the kernel's own
+    module (``nets``, another name for it, sees it); one model shared by two
+    trainers is refused."""
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {"__name__": "__main__"}
+    exec("class T:\n    def __init__(self, m):\n        self.model = m\n", ns)
+    torch.manual_seed(0)
+    nets = [torch.nn.Linear(2, 1) for _ in range(2)]
+    trainers = [ns["T"](n) for n in nets]
+
+    def fit(t: Any) -> None:
+        t.model(torch.ones(3, 2)).sum().backward()
+        with torch.no_grad():
+            t.model.weight -= t.model.weight.grad
+        t.runs = 1
+
+    serial = _written(trainers, fit, False)
+    assert [t.model is n for t, n in zip(trainers, nets, strict=True)] == [True] * 2
+    assert all(
+        torch.equal(n.weight, s.model.weight) for n, s in zip(nets, serial, strict=True)
+    )
+    twins = [ns["T"](nets[0]), ns["T"](nets[0])]
+    updates, _ = _engine(twins, fit)
+    with pytest.raises(NotParallelizable, match="hold one object"):
+        w.resolve(updates, lambda i: twins[i], {}, 2)

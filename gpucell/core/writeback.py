@@ -52,6 +52,12 @@ class Target:
     @property
     def label(self) -> str:
         what = f"(a {type(self.obj).__name__})"
+        last = self.path[-1] if self.path else None
+        if isinstance(last, tuple) and last[0] == "attr":
+            return (
+                f"the attribute `{self.path[-1][1]}` {what} of the item of "
+                f"iteration {self.iteration}"
+            )
         if self.path and self.path[-1] == _SELF:
             return f"the object of the item of iteration {self.iteration} {what}"
         if any(isinstance(j, tuple) for j in self.path):
@@ -154,10 +160,10 @@ def resolve(
 _SELF = ("self", 0)
 
 
-def _order(u: Update) -> tuple[int, list[tuple[int, int]]]:
-    """Iteration, then path: parts, then elements (an item's own update
-    before its elements')."""
-    return u[0], [(0, j) if isinstance(j, int) else (1, j[1]) for j in u[1]]
+def _order(u: Update) -> tuple[int, list[tuple[Any, ...]]]:
+    """Iteration, then path: parts, then elements and attributes (an item's
+    own update before theirs)."""
+    return u[0], [(0, j) if isinstance(j, int) else (1, *map(repr, j)) for j in u[1]]
 
 
 def _at(item: Any, path: Sequence[Any], iteration: int) -> Any:
@@ -169,11 +175,13 @@ def _at(item: Any, path: Sequence[Any], iteration: int) -> Any:
                 obj = obj[j]
             elif j == _SELF:
                 obj = obj.__self__
+            elif j[0] == "attr":
+                obj = getattr(obj, j[1])
             elif isinstance(obj, dict):
                 obj = list(obj.values())[j[1]]
             else:
                 obj = list(obj)[j[1]]
-    except (IndexError, KeyError, TypeError):
+    except (IndexError, KeyError, TypeError, AttributeError):
         raise NotParallelizable(
             f"gpucell: the item of iteration {iteration} changed in place and "
             "cannot be written back: an element the engine changed is not in "

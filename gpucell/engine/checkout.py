@@ -352,6 +352,14 @@ def _where(path: tuple[Any, ...]) -> str:
     return part + (" (its method's object)" if path and path[-1] == ("self", 0) else "")
 
 
+def _attr_state(v: Any) -> tuple[Any, ...]:
+    """An attribute's (identity, token), and a torch module's own state (a
+    trainer's ``model`` trained in place is written into the kernel's)."""
+    if checkin._is_module(v):
+        return id(v), _attribute(v), _state("module", v)
+    return id(v), _attribute(v)
+
+
 def _attribute(v: Any) -> Hashable:
     """An attribute's token, by value (never made read-only: the item's own
     ``fit`` may write into its own arrays)."""
@@ -368,7 +376,7 @@ def _state(
     template: _Template = None,
 ) -> Any:
     if kind in ("object", "slots"):  # (identity, value): rebound, or changed in place
-        return {k: (id(v), _attribute(v)) for k, v in _attributes(kind, obj).items()}
+        return {k: _attr_state(v) for k, v in _attributes(kind, obj).items()}
     if kind == "module":
         attrs = _attributes(kind, obj).items()
         return (checkin.token(obj), {k: (id(v), _attribute(v)) for k, v in attrs})
@@ -494,6 +502,8 @@ def _update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[_Ups, str]:
     it cannot be written back."""
     if kind in ("dict", "list", "deque"):
         return _container_update(kind, leaf, then, now)
+    if kind in ("object", "slots"):
+        return _object_update(kind, leaf, then, now)
     if kind in ("udict", "ulist"):
         ups, why = _container_update(kind[1:], leaf, then[0], now[0])
         attrs = _attrs_update(then[1], now[1], dict(vars(leaf)))
@@ -546,12 +556,6 @@ def _update_one(
         value = leaf.detach().clone()
         flag = bool(leaf.requires_grad)
         return ("tensor", value, None if grad is None else grad, flag), ""
-    if kind in ("object", "slots"):
-        attrs = _attrs_update(then, now, _attributes(kind, leaf))
-        why = _holds_torch_identity(attrs[0])
-        if why:
-            return (), why
-        return ("attrs" if kind == "object" else "slots", *attrs), ""
     if kind == "set":
         return _set_update(then, now)
     if kind == "bytes":
@@ -561,6 +565,26 @@ def _update_one(
     if kind == "frame":  # a copy: the item itself would travel as a reference
         return ("frame", leaf.copy(deep=True)), ""
     return ("array", leaf.copy()), ""
+
+
+def _object_update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[_Ups, str]:
+    """An object's attributes set, changed or deleted; a torch module among
+    them changed in place (not rebound) is written into the kernel's own
+    (``("attr", name)``: its identity, and every other name's hold on it,
+    kept), never replaced by the engine's copy."""
+    set_, gone, inplace = _attrs_update(then, now, _attributes(kind, leaf))
+    nested: _Ups = []
+    for n in list(inplace):
+        if len(then[n]) == 3 and len(now[n]) == 3:
+            update, _why = _update_one("module", set_[n], then[n][2], now[n][2])
+            nested.append(((("attr", n),), update))
+            inplace.remove(n)
+            del set_[n]
+    why = _holds_torch_identity(set_)
+    if why:
+        return [], why
+    tag = "attrs" if kind == "object" else "slots"
+    return [((), (tag, set_, gone, inplace)), *nested], ""
 
 
 def _holds_torch_identity(changed: dict[str, Any]) -> str:
