@@ -86,10 +86,11 @@ def test_fitting_the_items_of_an_input_list_writes_them_back(nb):
 
 
 def test_an_item_that_cannot_be_written_back_fails_naming_its_line(nb):
-    # (a list's own elements can be written back; one changed in place
-    # inside it cannot: the kernel's element might be shared)
+    # (containers inside an item are written back two levels down; one
+    # changed in place deeper than that is not followed)
     nb.run_cell(
-        "rows = [[[1]], [[2]], [[3]]]\ndef grow(r):\n    r[0].append(0)\n    return r"
+        "rows = [[[[[1]]]], [[[[2]]]], [[[[3]]]]]\n"
+        "def grow(r):\n    r[0][0][0].append(0)\n    return r"
     )
     _fails_atomically(
         nb,
