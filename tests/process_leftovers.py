@@ -57,27 +57,37 @@ def _ancestors() -> set[int]:
     return pids
 
 
-def marked_processes(token: str) -> list[Leftover]:
-    """Live processes (not zombies) whose environment holds ``MARKER=token``."""
-    needle = f"{MARKER}={token}".encode()
-    mine = _ancestors()
+def processes_with(
+    entry: bytes, skip: set[int] | frozenset[int] = frozenset()
+) -> list[tuple[int, str, list[bytes]]]:
+    """``(pid, command, environment)`` of each live process (not a zombie, not
+    this one or its ancestors, not in ``skip``) whose environment holds
+    ``entry`` (``NAME=value``)."""
+    mine = _ancestors() | set(skip)
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in mine:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) in mine:
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            if entry not in env:
+                continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
                 if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
                     continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except (OSError, IndexError):
             continue  # gone meanwhile, or not ours to read
-        found.append(Leftover(int(entry), command[:200]))
+        found.append((int(pid), command, env))
     return found
+
+
+def marked_processes(token: str) -> list[Leftover]:
+    """Live processes (not zombies) whose environment holds ``MARKER=token``."""
+    needle = f"{MARKER}={token}".encode()
+    return [Leftover(pid, command[:200]) for pid, command, _ in processes_with(needle)]
 
 
 def wait_for_leftovers(token: str, grace_s: float = GRACE_S) -> list[Leftover]:

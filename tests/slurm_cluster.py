@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from process_leftovers import processes_with
 
 NGPU = 2
 
@@ -91,30 +92,13 @@ class Slurm:
         job steps and their tasks (``jobs_only``), and whatever else a test
         started with its environment."""
         needle = f"SLURM_CONF={self.conf}".encode()
-        skip = _ancestors() | self._daemons()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in skip:
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                if needle not in env:
-                    continue
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-                if jobs_only and not (
-                    cmd.startswith("slurmstepd")
-                    or any(v.startswith(b"SLURM_JOB_ID=") for v in env)
-                ):
-                    continue
-            except (OSError, IndexError):
-                continue
-            found.append((int(entry), cmd.strip()[:160]))
-        return found
+        return [
+            (pid, cmd[:160])
+            for pid, cmd, env in processes_with(needle, self._daemons())
+            if not jobs_only
+            or cmd.startswith("slurmstepd")
+            or any(v.startswith(b"SLURM_JOB_ID=") for v in env)
+        ]
 
     def _daemons(self, names: tuple[bytes, ...] = _DAEMONS) -> set[int]:
         """The daemons' pids (node2's slurmd is the child of its unshare;
@@ -174,18 +158,6 @@ class _quiet:
         return exc[0] is not None and issubclass(
             exc[0], (OSError, subprocess.SubprocessError)
         )
-
-
-def _ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return pids
 
 
 @pytest.fixture(scope="module")

@@ -387,6 +387,12 @@ def test_loop(sweep, private_cluster, c: Case):
         if c.id in PROCESS_STATE:
             reset_engines(private_cluster)
     OUTCOMES[c.id] = o
+    judge(c, o)
+
+
+def judge(c: Case, o: Outcome) -> None:
+    """The first law on one case's outcome: a refusal or error leaves the
+    namespace intact (and is false for a safe case); a run equals serial."""
     if o.result in ("refused", "error"):
         assert o.intact, (
             f"{o.detail}, but the namespace is neither the setup's nor the "

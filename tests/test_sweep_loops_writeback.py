@@ -21,6 +21,7 @@ from sweep_loops_corpus_writeback import CASES, Case
 from test_sweep_loops import (  # noqa: F401 - fixtures, used by name
     Outcome,
     _always_send,
+    judge,
     sweep,
 )
 
@@ -119,18 +120,7 @@ def _params():
 def test_loop(sweep, private_cluster, c: Case):  # noqa: F811 - sweep is a fixture
     o = sweep.check(c)
     OUTCOMES[c.id] = o
-    if o.result in ("refused", "error"):
-        assert o.intact, (
-            f"{o.detail}, but the namespace is neither the setup's nor the "
-            "prelude's: a torn failure"
-        )
-        if c.verdict == "safe":
-            pytest.fail(f"false refusal: {o.detail}")
-        return
-    if o.result == "ran-different":
-        if c.kind == "random" and o.warned:
-            return  # documented: unseeded draws differ, and the magic said so
-        pytest.fail(f"SILENT: {o.detail}")
+    judge(c, o)
 
 
 def test_a_notebook_stream_in_a_with_around_the_loop_is_refused(sweep, private_cluster):  # noqa: F811
