@@ -179,13 +179,7 @@ class JobWatch:
         engines waiting for it give up (a cell with no other engine fails,
         its finished chunks kept for ``--resume``)."""
         job.ended = f"PENDING, {reason or 'no reason given'}"
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                ["scancel", job.job_id],
-                capture_output=True,
-                timeout=15,
-                stdin=subprocess.DEVNULL,
-            )
+        _scancel(job.job_id)
         text = (
             f"Slurm job {job.job_id} (submitted again by --checkpoint) was still "
             f"pending after {limit:g} s ({reason or 'no reason given'}); it was "
@@ -392,13 +386,7 @@ class JobWatch:
                 f"again (--checkpoint, {new.resubmitted} of {self.resubmit})",
             )
         else:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(
-                    ["scancel", job.job_id],
-                    capture_output=True,
-                    timeout=15,
-                    stdin=subprocess.DEVNULL,
-                )
+            _scancel(job.job_id)
             for r in _waiting_for(restarts, job):
                 r.gave_up = f"engine {r.dead} waited for Slurm job {job.job_id}"
             restarts._tell(
@@ -447,3 +435,14 @@ class Resubmitter:
             return self.cluster.start_engines_sync(n, **kw)
         finally:
             self.cluster.engine_launcher_class = saved
+
+
+def _scancel(job_id: str) -> None:
+    """Cancel a job, whatever Slurm answers (it may have ended meanwhile)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            ["scancel", job_id],
+            capture_output=True,
+            timeout=15,
+            stdin=subprocess.DEVNULL,
+        )

@@ -263,12 +263,12 @@ class Executor:
         k, c = ins.payload.get("iteration"), ins.chunk
         if not isinstance(k, int):
             return []
-        out = []
-        for lo, hi in self.sched.pending_ranges():
-            for a, b in ((lo, min(hi, c.start, k)), (max(lo, c.stop), min(hi, k))):
-                if a < b:
-                    out.append((a, b))
-        return out
+        # the failed chunk's own iterations before k ran, on this engine, first
+        return [
+            (lo, min(hi, c.start))
+            for lo, hi in self.sched.pending_ranges()
+            if lo < min(hi, c.start)
+        ]
 
     def _do_fail(self, ins: ev.Fail) -> NoReturn:
         log.warning("the run fails: %s", _first_line(ins.error))
