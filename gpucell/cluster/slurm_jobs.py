@@ -373,6 +373,11 @@ class JobWatch:
         it is cancelled and the cell fails as for an ended job."""
         engines = self.engines_of(gc, job)
         self.ended_engines.update(engines)
+        # The run that ended is forgotten: its engines said this job id, and
+        # the requeued job pending under the same id has not run yet (were it
+        # taken for run, its PENDING would count as a second requeue).
+        for eid in [e for e, j in self.job_of.items() if j == job.job_id]:
+            del self.job_of[eid]
         job.ended = state + (f", {reason}" if reason not in ("", "None") else "")
         what = f"Slurm job {job.job_id} was requeued by Slurm ({job.ended})"
         if job.resubmitted < self.resubmit:
