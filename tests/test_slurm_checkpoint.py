@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,11 +27,17 @@ pytestmark = pytest.mark.cluster
 slurm = slurm_cluster.slurm  # the module-scoped fixture: a real Slurm
 
 
+#: seconds an iteration takes where it does not wait for its job's end: long
+#: enough that a job's engines are mid-cell when it ends, short enough that the
+#: new job's engines soon run the rest
+ITER_S = 0.05
+
+
 def _tagger(ended: str, folder: str, at: int):
     """``tag(i)``: which job ran iteration ``i``, and when.  On the engines of
     job ``ended``, once ``at`` of its iterations are done, an iteration waits
     for Slurm to end the job (so the job ends mid-cell, however long Slurm
-    takes); elsewhere each takes 0.25 s."""
+    takes); elsewhere each takes ``ITER_S``."""
 
     def tag(i: int) -> tuple:
         import os
@@ -39,7 +46,7 @@ def _tagger(ended: str, folder: str, at: int):
         job = os.environ.get("SLURM_JOB_ID")
         again = os.environ.get("SLURM_RESTART_COUNT")  # (requeued by Slurm)
         done = sum(1 for f in os.listdir(folder) if f.startswith(f"{job}-"))
-        time.sleep(300 if job == ended and not again and done >= at else 0.25)
+        time.sleep(300 if job == ended and not again and done >= at else ITER_S)
         return (f"{job}+{again}" if again else job), time.time()
 
     return tag
@@ -52,13 +59,13 @@ def _wait_no_jobs(slurm, timeout: float) -> list[str]:
     return slurm.jobs()
 
 
-def _end_when(slurm, job: str, end, done: list, at: int) -> threading.Thread:
+def _end_when(folder: Path, job: str, end, done: list, at: int) -> threading.Thread:
     """``end(job)`` once ``at`` of the job's iterations finished on its engines
-    (their marker files); the job and when, in ``done``."""
+    (their marker files in ``folder``); the job and when, in ``done``."""
 
     def go() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and _iterations_done(slurm, job) < at:
+        while time.monotonic() < deadline and _iterations_done(folder, job) < at:
             time.sleep(0.1)
         done.append((job, time.time()))
         end(job)
@@ -68,9 +75,8 @@ def _end_when(slurm, job: str, end, done: list, at: int) -> threading.Thread:
     return t
 
 
-def _iterations_done(slurm, job: str) -> int:
+def _iterations_done(folder: Path, job: str) -> int:
     """Iterations the job's engines logged as done (the test's marker files)."""
-    folder = Path(slurm.root) / "marks"
     return sum(1 for p in folder.glob(f"{job}-*")) if folder.exists() else 0
 
 
@@ -86,19 +92,19 @@ def _marker(folder: str):
     return mark
 
 
-def _run_ended(ip, slurm, options: str, n: int = 60, end=None, job_set="slurm"):
-    """Run CELL; Slurm ends the job of engine set ``job_set`` by ``end(job)``
-    (scancel by default) once 8 of its iterations are done."""
-    marks = Path(slurm.root) / "marks"
-    marks.mkdir(exist_ok=True)
+def _run_ended(ip, slurm, options: str, n: int = 60, end=None, job_set="slurm", job=""):
+    """Run CELL; Slurm ends the job of engine set ``job_set`` (or job ``job``)
+    by ``end(job)`` (scancel by default) once 8 of its iterations are done."""
+    # a folder of this run's own: a job's marks of an earlier cell do not count
+    marks = Path(tempfile.mkdtemp(prefix="marks-", dir=slurm.root))
     os.chmod(marks, 0o777)
     gc = gc_mod.current()
-    job = str(gc.cluster.engines[job_set].job_id)
+    job = job or str(gc.cluster.engines[job_set].job_id)
     done: list = []
     tag = _tagger(job, str(marks), at=8)
     ip.user_ns.update(out=[], n=n, tag=tag, mark=_marker(str(marks)))
     end = end or (lambda j: slurm.run("scancel", j))
-    killer = _end_when(slurm, job, end, done, at=8)
+    killer = _end_when(marks, job, end, done, at=8)
     try:
         ip.run_cell_magic("gpu_parallel", options, CELL)
     finally:
@@ -129,72 +135,74 @@ def _hold_gpus(slurm, node: str, partition: str = "debug") -> str:
     ).stdout.strip()
 
 
-def _resubmitted_equals_serial(
-    ip, slurm, capsys, end, state: str, blockers: tuple[str, ...] | list[str] = ()
-) -> None:
-    """A one-job --checkpoint cluster whose job Slurm ends by ``end`` mid-cell:
-    the job is noticed ended in ``state``, submitted again, and the cell
-    equals the serial run."""
-    ip.run_line_magic(
-        "gpu_cluster", "start --slurm --gpus-per-node 2 --checkpoint --timeout 90"
-    )
-    capsys.readouterr()
+def _time_limit(slurm):
+    """Ends a job as its time limit does: the limit is cut to 0 while it runs;
+    slurmctld ends it (TIMEOUT) at its next time-limit check (every 30 s:
+    Slurm's granularity), as a job that reaches its --time."""
+
+    def end(job: str) -> None:
+        slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=0")
+
+    return end
+
+
+def _resubmitted_equals_serial(ip, slurm, capsys, end, state: str) -> None:
+    """A cell on the --checkpoint cluster whose current job Slurm ends by
+    ``end`` mid-cell: the job is noticed ended in ``state``, submitted again,
+    and the cell equals the serial run on the new job's engines."""
     gc = gc_mod.current()
+    watch = gc.cluster.gpucell_jobs
+    (current,) = watch.ids()
+    capsys.readouterr()
+    done = _run_ended(ip, slurm, "--quiet", n=40, end=end, job=current)
+    said = capsys.readouterr().out
+    ((old, t_end),) = done
+    out = ip.user_ns["out"]
+    assert [x[0] for x in out] == [i * i for i in range(40)], said
+    jobs = {x[1][0] for x in out}
+    assert old == current and old in jobs and len(jobs) == 2, (jobs, said)
+    (new,) = jobs - {old}
+    assert f"Slurm job {old} ended ({state}" in said, said
+    assert f"submitted again as job {new}" in said, said
+    assert watch.ids() == [new], (watch.ids(), said)
+    first_new = min(x[1][1] for x in out if x[1][0] == new)
+    (renewed, seen) = watch.noticed[-1]  # (time.monotonic)
+    assert renewed == new, watch.noticed
+    noticed = time.time() - (time.monotonic() - seen)
+    print(
+        f"\n{state or 'scancel'}: the job was seen ended {noticed - t_end:.1f} s "
+        f"after it was asked to; noticed -> the new job's first iteration: "
+        f"{first_new - noticed:.1f} s"
+    )
+    assert len(gc.engines) == 2 and not gc.dead  # the new job's, in their place
+
+
+def test_a_job_slurm_ends_is_submitted_again_and_each_cell_equals_serial(
+    ip, slurm, no_active_cluster, capsys
+):
+    """One one-job --checkpoint 3 cluster, its job ended mid-cell three ways,
+    a cell each: scancel (COMPLETING, or CANCELLED when squeue shows the final
+    state first), a preemption (PREEMPTED: a job of the higher tier partition
+    takes the node's GPUs, PreemptMode=CANCEL; the job submitted again runs
+    on the other node) and the time limit (TIMEOUT).  Each time the job
+    running the cell is submitted again and the cell equals the serial run."""
+    blockers: list[str] = []
+    ip.run_line_magic(
+        "gpu_cluster", "start --slurm --gpus-per-node 2 --checkpoint 3 --timeout 90"
+    )
     try:
-        done = _run_ended(ip, slurm, "--quiet", n=40, end=end)
-        said = capsys.readouterr().out
-        ((old, t_end),) = done
-        out = ip.user_ns["out"]
-        assert [x[0] for x in out] == [i * i for i in range(40)], said
-        jobs = {x[1][0] for x in out}
-        assert old in jobs and len(jobs) == 2, (jobs, said)
-        (new,) = jobs - {old}
-        assert f"Slurm job {old} ended ({state}" in said, said
-        assert f"submitted again as job {new}" in said, said
-        first_new = min(x[1][1] for x in out if x[1][0] == new)
-        ((_, seen),) = gc.cluster.gpucell_jobs.noticed  # (time.monotonic)
-        noticed = time.time() - (time.monotonic() - seen)
-        print(
-            f"\n{state or 'scancel'}: the job was seen ended {noticed - t_end:.1f} s "
-            f"after it was asked to; noticed -> the new job's first iteration: "
-            f"{first_new - noticed:.1f} s"
+        _resubmitted_equals_serial(ip, slurm, capsys, None, "")
+        _resubmitted_equals_serial(
+            ip, slurm, capsys, _preempt(slurm, blockers), "PREEMPTED"
         )
-        assert len(gc.engines) == 2 and not gc.dead  # the new job's, in their place
+        for b in blockers:  # (the node's GPUs back for the next job)
+            slurm.run("scancel", b)
+        _resubmitted_equals_serial(ip, slurm, capsys, _time_limit(slurm), "TIMEOUT")
     finally:
         for b in blockers:
             slurm.run("scancel", b)
         ip.run_line_magic("gpu_cluster", "stop")
     assert _wait_no_jobs(slurm, 20) == []
-
-
-def test_a_cancelled_job_is_submitted_again_and_the_cell_equals_serial(
-    ip, slurm, no_active_cluster, capsys
-):
-    # (COMPLETING, or CANCELLED when squeue shows the final state first)
-    _resubmitted_equals_serial(ip, slurm, capsys, None, "")
-
-
-def test_a_job_at_its_time_limit_is_submitted_again_and_the_cell_equals_serial(
-    ip, slurm, no_active_cluster, capsys
-):
-    """TIMEOUT: the job's limit is cut to 0 while it runs; slurmctld ends it
-    at its next time-limit check (every 30 s: Slurm's granularity), as a
-    job that reaches its --time."""
-
-    def limit(job: str) -> None:
-        slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=0")
-
-    _resubmitted_equals_serial(ip, slurm, capsys, limit, "TIMEOUT")
-
-
-def test_a_preempted_job_is_submitted_again_and_the_cell_equals_serial(
-    ip, slurm, no_active_cluster, capsys
-):
-    """PREEMPTED: a job of the higher tier partition takes the node's GPUs
-    (PreemptMode=CANCEL); the job submitted again runs on the other node."""
-    blockers: list[str] = []
-    end = _preempt(slurm, blockers)
-    _resubmitted_equals_serial(ip, slurm, capsys, end, "PREEMPTED", blockers)
 
 
 def test_without_checkpoint_the_cell_fails_naming_the_job_and_resume(
