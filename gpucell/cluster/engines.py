@@ -90,20 +90,21 @@ def preimport(client: Any, ids: Sequence[int]) -> None:
     """Engines import the kernel's heavy libraries as a task of their own once
     they are up (not in a thread while they boot: ipykernel's start-up iterates
     sys.modules, and torch imported from two threads at once can be left half
-    initialised); the kernel does not wait for it.  gpucell's own chunk runner
-    goes first: importing it cost each engine ~50 ms of CPU on the first cell;
-    then numpy.random where the kernel has numpy (the seed check imports it on
-    the first cell: ~5 ms an engine)."""
+    initialised); the kernel does not wait for it.  The task is gpucell's own
+    chunk runner (``worker.warm``: importing it cost each engine ~50 ms of CPU
+    on the first cell, and a chunk's first pass ~1.6 ms more); then
+    numpy.random where the kernel has numpy (the seed check imports it on the
+    first cell: ~5 ms an engine)."""
     if ids:
         import sys
 
-        from gpucell.engine.runtime import preimport
+        from gpucell.engine.worker import ByName
 
-        names = ["gpucell.engine.worker", *heavy_modules_in_kernel()]
+        names = [*heavy_modules_in_kernel()]
         if "numpy" in sys.modules:
-            names.insert(1, "numpy.random")
+            names.insert(0, "numpy.random")
         with contextlib.suppress(Exception):  # a head start, never a failure
-            client.direct_view(list(ids)).apply_async(preimport, names)
+            client.direct_view(list(ids)).apply_async(ByName("warm"), names)
 
 
 def heavy_modules_in_kernel() -> list[str]:

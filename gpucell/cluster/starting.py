@@ -139,6 +139,8 @@ def launch(
         engine_args=tuple(engine_args),
         _channel=channel,
     )
+    for eid in engines:  # the first cell's views, made now (~0.3 ms each)
+        gc.view(eid)
     gc.description = f"{len(engines)} engines ({summary(engines)})"
     if slurm is not None:  # --jobs: the later jobs' engines join as they start
         gc.restarts.joining = max(0, slurm.engines - len(engines))

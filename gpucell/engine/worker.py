@@ -17,6 +17,7 @@ kernel can re-raise the user's own exception type with gpucell's context.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -64,6 +65,7 @@ __all__ = [
     "run",
     "answer",
     "tidy",
+    "warm",
 ]
 
 # (names tests and the kernel's older callers reach here by)
@@ -428,6 +430,35 @@ def _reply(
         frames = wire.dumps(reply, items=refs, cell_globals=where.namespace)
         prewritten = None
     return shm.spill(frames, results_to, tag, prewritten)
+
+
+def warm(names: list[str]) -> None:
+    """Sent once as engines register (``cluster/engines.preimport``), ahead of
+    any cell: the heavy libraries the kernel has (:func:`runtime.preimport`),
+    then what an engine's first chunk otherwise paid on the cell's critical
+    path and a re-run does not (bench/bench_chunk_cost.py --cold, 8 engines:
+    ~1.6 ms of CPU an engine, most of it finding where the generators keep
+    their state, ``rngstate``; the rest first calls of the wire, the log
+    capture and the reply's pickling).  Nothing a cell can see changes: the
+    generators are only read, nothing is cached for a kernel."""
+    runtime.preimport(names)
+    with contextlib.suppress(Exception):  # a head start, never a failure
+        _first_chunk_paths()
+
+
+def _first_chunk_paths() -> None:
+    """One pass over a chunk's own paths with nothing in them."""
+    from gpucell.engine import logs, rngstate
+
+    rngstate.drew(rngstate.states())
+    where = Where({}, 0)
+    chunk_obj = wire.loads(wire.dumps(("range", range(0, 1))))
+    with logs.Capture(None):
+        pass
+    payload = ChunkResult(start=0, count=1, gathers={"_": [0]})
+    timing = _chunk_timing(where, {0: 0.0}, (0.0, 0.0, 0.0, 0.0), 0, None, None)
+    frames = wire.dumps(("ok", payload, timing), items=item_refs(chunk_obj, 0))
+    wire.loads(frames)
 
 
 #: the functions the kernel sends for every chunk and cell, by name (ByName)

@@ -34,6 +34,9 @@ RUN_MODULES = (
     "gpucell.core.writeback",
     "gpucell.core.aliasing",
     "gpucell.core.globalreads",
+    "gpucell.core.fileconflicts",
+    "gpucell.core.modulewrites",
+    "gpucell.kernel.keyed_stores",
 )
 
 
