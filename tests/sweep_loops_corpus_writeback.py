@@ -2777,3 +2777,230 @@ for x in produce(3):
 """,
     note="serially the generator's and the body's appends interleave",
 )
+
+# ---------------------------------------------------------------- sinks (issue 28 §3): running bests kept with what goes with them
+
+case(
+    "wb-sink-argmax-ge-keeps-last-tie",
+    "safe",
+    """
+accs = [0.71, 0.83, 0.79, 0.83, 0.6, 0.83, 0.8, 0.5]
+""",
+    """
+best_acc = -1.0
+best_i = best_tag = None
+for i, a in enumerate(accs):
+    if a >= best_acc:
+        best_acc = a
+        best_i, best_tag = i, f"run{i}"
+""",
+    note="`>=`: the last of equal scores, as serially; two payloads",
+)
+
+case(
+    "wb-sink-argmin-none-first-params",
+    "safe",
+    """
+import copy
+grid = [{"lr": lr, "wd": wd} for lr in (0.1, 0.01, 0.001) for wd in (0.0, 1e-4, 1e-3)]
+def val_loss(p):
+    return round((p["lr"] - 0.01) ** 2 * 1e4 + p["wd"] * 100, 6)
+""",
+    """
+best = None
+for params in grid:
+    loss = val_loss(params)
+    if best is None or loss < best:
+        best = loss
+        best_params = copy.deepcopy(params)
+""",
+    note="`best is None or ...`: the first score taken; a payload copied",
+)
+
+case(
+    "wb-sink-argmax-best-on-left-nested",
+    "safe",
+    """
+import numpy as np
+_r = np.random.default_rng(3)
+scores = _r.integers(0, 5, size=(6, 4)).astype(float)
+""",
+    """
+top = float("-inf")
+for row in range(scores.shape[0]):
+    for col in range(scores.shape[1]):
+        s = scores[row, col]
+        if top < s:
+            top = s
+            where = (row, col)
+""",
+    note="`best < score` (best written on the left), from a nested loop; ties: the first",
+)
+
+case(
+    "wb-sink-argmin-model-state-torch",
+    "safe",
+    TORCH
+    + """
+torch.manual_seed(8)
+net = nn.Linear(4, 1)
+lrs = [0.3, 0.1, 0.03, 0.01, 0.003]
+""",
+    """
+best_loss = float("inf")
+for lr in lrs:
+    m = nn.Linear(4, 1)
+    m.load_state_dict(net.state_dict())
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for xb, yb in batches:
+        opt.zero_grad()
+        loss_fn(m(xb), yb).backward()
+        opt.step()
+    vl = loss_fn(m(X), Y).item()
+    if vl < best_loss:
+        best_loss = vl
+        best_lr = lr
+        best_state = {k: v.clone() for k, v in m.state_dict().items()}
+""",
+    note="the common model-selection cell: a new model per setting, the best's weights kept",
+)
+
+case(
+    "wb-u-sink-early-stopping-patience",
+    "unsafe",
+    """
+val_losses = [0.9, 0.8, 0.85, 0.86, 0.7, 0.72, 0.73, 0.74]
+""",
+    """
+best, wait, stopped_at = float("inf"), 0, None
+for epoch, vl in enumerate(val_losses):
+    if vl < best:
+        best = vl
+        wait = 0
+    else:
+        wait += 1
+    if wait >= 2 and stopped_at is None:
+        stopped_at = epoch
+""",
+    note="patience counts the epochs since the running best: order-dependent",
+)
+
+case(
+    "wb-u-sink-running-best-read-in-body",
+    "unsafe",
+    """
+val_losses = [0.9, 0.8, 0.85, 0.6, 0.7, 0.65, 0.5, 0.55]
+""",
+    """
+best = float("inf")
+trace = []
+for epoch, vl in enumerate(val_losses):
+    if vl < best:
+        best = vl
+        best_epoch = epoch
+    trace.append(best)
+""",
+    note="each iteration's running best gathered: serially it sees every earlier epoch",
+)
+
+case(
+    "wb-u-sink-running-best-min-delta",
+    "unsafe",
+    """
+val_losses = [1.0, 0.995, 0.985, 0.984, 0.975, 0.97, 0.969, 0.96]
+""",
+    """
+best = float("inf")
+for epoch, vl in enumerate(val_losses):
+    if vl < best - 0.01:
+        best = vl
+        best_epoch = epoch
+""",
+    note="a tolerance makes the pick depend on where the fold starts",
+)
+
+case(
+    "wb-u-sink-running-best-prints",
+    "unsafe",
+    """
+val_losses = [0.9, 0.8, 0.85, 0.6, 0.7, 0.65, 0.5, 0.55]
+""",
+    """
+best = float("inf")
+for epoch, vl in enumerate(val_losses):
+    if vl < best:
+        best = vl
+        best_epoch = epoch
+        print("new best", epoch)
+""",
+    note="serially only the cell's improvements print",
+)
+
+# ---------------------------------------------------------------- sinks: keyed running max / min
+
+case(
+    "wb-sink-keyed-min-not-in-or",
+    "safe",
+    DF,
+    """
+cheapest = {}
+for store, price in zip(df["store"], df["price"]):
+    if store not in cheapest or price < cheapest[store]:
+        cheapest[store] = price
+""",
+    note="`k not in d or v < d[k]`: the key's first value, then a running minimum",
+)
+
+case(
+    "wb-sink-keyed-max-direct-existing",
+    "safe",
+    TEXT,
+    """
+longest = {w[0].lower(): 0 for d in docs for w in d.split()}
+for d in docs:
+    for w in d.split():
+        k = w[0].lower()
+        longest[k] = max(longest[k], len(w))
+""",
+    note="`d[k] = max(d[k], v)` on keys made before the loop, from a nested loop",
+)
+
+case(
+    "wb-sink-keyed-min-get-inf-itertuples",
+    "safe",
+    DF,
+    """
+low = {}
+for row in df.itertuples():
+    low[row.store] = min(low.get(row.store, float("inf")), row.units)
+""",
+)
+
+case(
+    "wb-u-sink-keyed-max-read-in-body",
+    "unsafe",
+    DF,
+    """
+top = {}
+new_high = []
+for _, row in df.iterrows():
+    top[row["store"]] = max(top.get(row["store"], 0.0), row["price"])
+    new_high.append(top[row["store"]] == row["price"])
+""",
+    note="each iteration reads the running max so far: order-dependent",
+)
+
+case(
+    "wb-u-sink-keyed-max-ge-replaces",
+    "unsafe",
+    """
+seen = [("a", 1), ("b", 2.0), ("a", 1.0), ("b", 2), ("a", 0)]
+""",
+    """
+top = {}
+for k, v in seen:
+    if k not in top or v >= top[k]:
+        top[k] = v
+""",
+    note="`>=` replaces an equal value: which one (int or float) stays depends on the order",
+)

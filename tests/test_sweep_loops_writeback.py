@@ -62,9 +62,6 @@ KNOWN: dict[str, str] = {
         "false refusal: `p.requires_grad = False` over the own item's "
         "parameters through a nested loop's variable (static)"
     ),
-    "wb-sink-running-min-with-epoch": (
-        "false refusal (running argmin, by design; the advice is exact)"
-    ),
     "wb-sink-df-loc-own-row": (
         "false refusal: an own row written with `df.loc[i, c] = ...` and read "
         "back in the same iteration (`df.loc[i, 'revenue']`) is taken for a "
@@ -84,10 +81,6 @@ KNOWN: dict[str, str] = {
         "false refusal: `for rank, (k, v) in enumerate(d.items()): d[k] = ...` "
         "(own keys, values replaced) is taken for a loop that changes its "
         "iterable; without enumerate it runs (static)"
-    ),
-    "wb-sink-keyed-max-get": (
-        "false refusal: a keyed running max `d[k] = max(d.get(k, 0), v)` is "
-        "not a keyed reduction"
     ),
     "wb-sink-np-add-at-outer": (
         "false refusal: `np.add.at(hist, g, 1.0)` into an array from before "

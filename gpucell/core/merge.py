@@ -52,7 +52,15 @@ from gpucell.core import writeback
 from gpucell.core.deleted import DELETED
 from gpucell.core.reducers import selects
 from gpucell.errors import NotParallelizable
-from gpucell.protocol.fold import BINARY, combine, fold, is_numpy, is_torch, own
+from gpucell.protocol.fold import (
+    BINARY,
+    combine,
+    fold,
+    is_numpy,
+    is_torch,
+    own,
+    unordered,
+)
 from gpucell.protocol.program import RESULT, Indexed, ItemError, Row
 
 __all__ = [
@@ -558,7 +566,9 @@ def prepare(
 
     # keyed reductions
     for name, op in plan.keyed:
-        entries = _combine_keyed(op, [r.keyed[name][1] for r in rs if name in r.keyed])
+        chunks = [r.keyed[name][1] for r in rs if name in r.keyed]
+        first_nan = _select_nans(name, op, chunks)
+        entries = _combine_keyed(op, chunks)
         if not entries:
             continue
         target = _current(current, name)
@@ -567,7 +577,13 @@ def prepare(
         once = name in getattr(facts, "stored_once", ())
         up.mutations.extend(
             _prepare_keyed(
-                name, target, op, entries, getattr(plan, "spelled", None), once
+                name,
+                target,
+                op,
+                entries,
+                getattr(plan, "spelled", None),
+                once,
+                first_nan,
             )
         )
 
@@ -594,9 +610,17 @@ def prepare(
         claim(name, target)
         up.mutations.append(_prepare_union(name, target, ops))
 
+    # running bests: the chunk whose final best the test takes, in chunk order
+    picked: set[str] = set()
+    for b in getattr(plan, "bests", ()):
+        picked.update(b.names)
+        up.assign.update(_pick_best(b, rs, current))
+
     # locals: last iteration that assigned (or deleted) each name
     deletes: list[str] = []
     for name in plan.locals:
+        if name in picked:
+            continue
         best: tuple[int, str, Any] | None = None
         for r in rs:
             rec = r.last_values.get(name)
@@ -620,6 +644,80 @@ def prepare(
             )
     up.delete = tuple(deletes)
     return up
+
+
+_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def _totally_ordered(v: Any) -> bool:
+    """A value whose ``<`` is a total order on its kind (a real number that
+    is not nan, a string, bytes; a numpy or torch scalar of a real dtype):
+    there folding the chunks' bests is the serial fold."""
+    if isinstance(v, bool) or (
+        isinstance(v, (int, float, str, bytes)) and not is_numpy(v)
+    ):
+        return v == v
+    if is_numpy(v) or is_torch(v):
+        dtype = str(getattr(v, "dtype", ""))
+        size = getattr(v, "size", None)
+        n = size if isinstance(size, int) else getattr(v, "numel", lambda: 0)()
+        real = not any(t in dtype for t in ("complex", "object", "str", "void"))
+        return n == 1 and real and bool(v == v)
+    from decimal import Decimal
+    from fractions import Fraction
+
+    return isinstance(v, (Fraction, Decimal)) and v == v
+
+
+def _pick_best(
+    b: Any, rs: Sequence[ChunkResultLike], current: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``if score < best: best = score; best_epoch = epoch``: each chunk ran
+    it from the kernel's ``best``, so its final ``best`` is its own running
+    best; replaying the test over those in chunk order (from the kernel's
+    ``best``) is the serial fold when the scores are totally ordered, ties
+    included. A chunk whose payloads were never assigned took nothing."""
+    missing = object()
+    cur = current.get(b.name, missing)
+    test = _COMPARE[b.op]
+    chosen: dict[str, Any] | None = None
+    for r in rs:
+        last = r.last_values
+        if b.payloads and not all(p in last for p in b.payloads):
+            continue  # (the chunk never took: its best is the kernel's)
+        rec = last.get(b.name)
+        if rec is None:
+            continue
+        recs = {n: last[n] for n in b.names if n in last}
+        if any(kind != "value" for _i, kind, _v in recs.values()):
+            raise NotParallelizable(
+                f"gpucell: `{b.name}` keeps a running best, and a value the "
+                "chunk kept with it cannot travel back from an engine. Nothing "
+                "was merged."
+            )
+        value = rec[2]
+        if cur is missing or (b.none_first and cur is None):
+            take = True
+        else:
+            for v in (value, cur):
+                if not _totally_ordered(v):
+                    raise NotParallelizable(
+                        f"gpucell: `{b.name}` keeps a running best of "
+                        f"{type(v).__name__} values, whose order is not total: "
+                        "the best of the chunks' bests need not be the serial "
+                        "one. Nothing was merged; collect the candidates and "
+                        "pick after the loop."
+                    )
+            take = bool(test(cur, value) if b.best_left else test(value, cur))
+        if take:
+            cur = value
+            chosen = {n: v for n, (_i, _k, v) in recs.items()}
+    return chosen or {}
 
 
 def _build(kind: str, values: list[Any]) -> Any:
@@ -885,6 +983,33 @@ def _combine_keyed(op: str, chunks: list[list[tuple[Any, Any]]]) -> list[list[An
     return entries
 
 
+def _select_nans(name: str, op: str, chunks: list[list[tuple[Any, Any]]]) -> list[Any]:
+    """A keyed max/min's keys whose first chunk's partial is nan (unordered).
+
+    On an engine a nan that comes first stays (``max(nan, x)`` is nan) and
+    hides what came after it in the chunk; serially it stays only where it
+    is the key's first value (``if k not in D or v > D[k]``).  A nan partial
+    after the first is refused here; the first is checked against the key's
+    starting value by ``_prepare_keyed``."""
+    if not selects(op):
+        return []
+    seen: list[Any] = []
+    nans: list[Any] = []
+    for chunk in chunks:
+        for k, p in chunk:
+            if unordered(p):
+                if any(k == s for s in seen):
+                    raise NotParallelizable(
+                        f"gpucell: `{name}[{k!r}] = {op}(...)` met a nan after "
+                        f"other values of the key: on its engine it hid the "
+                        f"values after it, which serially still count. "
+                        f"Nothing was merged."
+                    )
+                nans.append(k)
+            seen.append(k)
+    return nans
+
+
 def _prepare_keyed(
     name: str,
     target: Any,
@@ -892,6 +1017,7 @@ def _prepare_keyed(
     entries: list[list[Any]],
     spelled: Any = None,
     once: bool = False,
+    first_nan: Sequence[Any] = (),
 ) -> list[Mutation]:
     """``spelled`` (``analysis.spellings.Spelled``): a missing key's starting
     value (``D.get(k, 0) + e``), and whether the statements rebind
@@ -905,7 +1031,18 @@ def _prepare_keyed(
     defaults = getattr(spelled, "defaults", {})
     rebinding = name in getattr(spelled, "rebinding", ())
     mixed = name in getattr(spelled, "mixed", ())
+    first = name in getattr(spelled, "first", ())
     for k, c in entries:
+        if isinstance(target, dict) and first and k not in target:
+            # `if k not in D or v > D[k]: D[k] = v`: the key's first value
+            muts.append(Mutation(name, f"[{k!r}] = {op}", _setter(target, k, c)))
+            continue
+        if any(k == n for n in first_nan) and not unordered(_base_of(target, k)):
+            raise NotParallelizable(
+                f"gpucell: `{name}[{k!r}] = {op}(...)` met a nan first on an "
+                "engine, where it hid the values after it; serially the key's "
+                "value before it keeps them. Nothing was merged."
+            )
         if isinstance(target, dict):
             if k in target:
                 base = target[k]
@@ -948,6 +1085,21 @@ def _prepare_keyed(
 
         muts.append(Mutation(name, f"[{k!r}] {op}=", apply))
     return muts
+
+
+def _setter(target: Any, k: Any, value: Any) -> Callable[[], None]:
+    def apply() -> None:
+        target[k] = value
+
+    return apply
+
+
+def _base_of(target: Any, k: Any) -> Any:
+    """The value under ``k`` before the merge (None where there is none)."""
+    try:
+        return target[k] if not isinstance(target, dict) or k in target else None
+    except Exception:
+        return None
 
 
 def _replay(target: Any, ops: list[tuple[str, Any]]) -> None:

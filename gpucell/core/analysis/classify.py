@@ -47,7 +47,7 @@ from gpucell.core.analysis.scope import (
     target_names,
     target_parts,
 )
-from gpucell.core.analysis.selections import _selections
+from gpucell.core.analysis.selections import _selections, running_bests
 from gpucell.core.analysis.sinks import (
     GATHER,
     KEYED,
@@ -279,6 +279,7 @@ def _flow_context(
     ctx.literal_keys = _literal_keys(loop_target, loop_iter, body)
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
+    ctx.bests, ctx.best_reads = running_bests(body, is_builtin, ctx.target_names)
     own_key = _own_key(loop_target, loop_iter, is_builtin)
     if (
         isinstance(loop_target, ast.Name)
@@ -435,3 +436,4 @@ def _fill(
     result.watch_all = ctx.watch_all
     result.random_calls = sorted(set(ctx.random_calls))
     result.nonempty = list(ctx.nonempty)
+    result.bests = ctx.bests

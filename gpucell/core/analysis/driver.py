@@ -432,6 +432,7 @@ def _classified_fields(
         watch_items=tuple(cl.watch_items),
         watch_all=cl.watch_all,
         random_calls=tuple(cl.random_calls),
+        bests=tuple(cl.bests.values()),
     )
 
 

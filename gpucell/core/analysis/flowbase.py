@@ -12,7 +12,7 @@ from gpucell.core.analysis.diagnostics import DiagnosticSink
 from gpucell.core.analysis.messages import _own_key_fix, _write_once_text
 from gpucell.core.analysis.refusals import LoopCarried, SinkRead
 from gpucell.core.analysis.selections import _running_best_text, _Selection
-from gpucell.core.analysis.sinks import WRITE, Candidate
+from gpucell.core.analysis.sinks import WRITE, Candidate, RunningBest
 
 __all__ = ["State"]
 
@@ -92,6 +92,10 @@ class _Ctx:
         self.refits: dict[str, ast.Call] = {}
         # names kept as a running best or first match: "best" / "first"
         self.selections: dict[str, _Selection] = {}
+        # running bests merged exactly (sinks.RunningBest), and the reads of
+        # `best` in their tests: inputs, each chunk starting from the kernel's
+        self.bests: dict[str, RunningBest] = {}
+        self.best_reads: set[int] = set()
 
 
 @dataclass
@@ -132,6 +136,9 @@ class _FlowBase:
         c = self.c
         n = node.id
         if id(node) in c.own or self._shadowed(n):
+            return
+        if id(node) in c.best_reads:
+            c.inputs.setdefault(n, node.lineno)
             return
         if n in c.sinks:
             cand = c.sinks[n]

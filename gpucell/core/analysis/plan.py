@@ -21,6 +21,7 @@ from gpucell.core.analysis.sinks import (
     REDUCTION,
     UNION,
     WRITE,
+    RunningBest,
 )
 from gpucell.core.analysis.spellings import Spelled
 from gpucell.core.analysis.split import Layer
@@ -143,6 +144,9 @@ class LoopPlan:
     watch_items: tuple[int, ...] = ()
     watch_all: bool = False
     random_calls: tuple[tuple[int, str], ...] = ()
+    # running bests kept with their payloads (`if loss < best: best = loss;
+    # best_epoch = epoch`): locals whose chunk values the merge picks by the test
+    bests: tuple[RunningBest, ...] = ()
     # what the kernel needs at run time about the loop (facts.py): found once
     facts: LoopFacts = field(default_factory=LoopFacts)
     # (line, iterable) of nested loops over inputs the plan takes to run at
@@ -204,6 +208,7 @@ class LoopPlan:
             *(k for k, _ in self.keyed),
             *self.keyed_gathers,
             *self.unions,
+            *(b.name for b in self.bests),
         ]
         return tuple(n for n in names if not n.startswith("__gpucell_"))
 

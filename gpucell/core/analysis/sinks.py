@@ -17,7 +17,7 @@ from gpucell.core.analysis.scope import (
     indexer_write,
     target_parts,
 )
-from gpucell.core.reducers import BY_AST, SELECTING, spelling
+from gpucell.core.reducers import BY_AST, SELECTING, selects, spelling
 from gpucell.protocol.program import (
     NATIVE_REDUCTIONS,
     Method,
@@ -34,6 +34,7 @@ __all__ = [
     "KeyedGatherSink",
     "KeyedSink",
     "ReductionSink",
+    "RunningBest",
     "SinkKind",
     "UnionSink",
     "WriteSink",
@@ -246,6 +247,29 @@ class ReductionSink(SinkKind):
         return _rec_call(Method.REDUCE, [_const(name, node), e], node)
 
 
+def _pure_key(e: ast.expr) -> bool:
+    """A key evaluated once here and twice serially (``D[k] = max(D[k], e)``):
+    names, constants, attributes and items of them, tuples, arithmetic."""
+    return all(
+        isinstance(
+            n,
+            (
+                ast.Name,
+                ast.Constant,
+                ast.Attribute,
+                ast.Subscript,
+                ast.Tuple,
+                ast.BinOp,
+                ast.UnaryOp,
+                ast.expr_context,
+                ast.operator,
+                ast.unaryop,
+            ),
+        )
+        for n in ast.walk(e)
+    )
+
+
 def _named_method_call(
     node: ast.stmt, names: set[str]
 ) -> tuple[ast.Call, str, str] | None:
@@ -360,6 +384,12 @@ class KeyedSink(SinkKind):
 
     @staticmethod
     def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
+        if isinstance(stmt, ast.Assign):
+            found = KeyedSink.selecting(stmt, is_builtin)
+            if found is None:
+                return []
+            d, read, op, _e = found
+            return [Candidate(KEYED, d.id, stmt, [d, read], op, False)]
         if not isinstance(stmt, ast.AugAssign):
             return []
         op = BIN_OPS.get(type(stmt.op))
@@ -373,11 +403,64 @@ class KeyedSink(SinkKind):
         return []
 
     @staticmethod
+    def selecting(
+        stmt: ast.Assign, is_builtin: Callable[[str], bool]
+    ) -> tuple[ast.Name, ast.Name, str, ast.expr] | None:
+        """``D[k] = max(D[k], e)`` (``min``), ``k`` pure and ``e`` not reading
+        ``D``: the stored ``D``, the read one, the operator and ``e``.  The
+        builtin keeps ``D[k]`` unless ``e`` is larger (smaller), as the keyed
+        reduction folds."""
+        if len(stmt.targets) != 1:
+            return None
+        t, v = stmt.targets[0], stmt.value
+        if not (
+            isinstance(t, ast.Subscript)
+            and isinstance(t.value, ast.Name)
+            and isinstance(v, ast.Call)
+            and isinstance(v.func, ast.Name)
+            and v.func.id in SELECTING
+            and is_builtin(v.func.id)
+            and len(v.args) == 2
+            and not v.keywords
+        ):
+            return None
+        read, e = v.args
+        d = t.value.id
+        if not (
+            isinstance(read, ast.Subscript)
+            and isinstance(read.value, ast.Name)
+            and read.value.id == d
+            and ast.dump(read.slice) == ast.dump(t.slice)
+            and _pure_key(t.slice)
+            and not any(
+                isinstance(n, ast.Name) and n.id == d
+                for part in (e, t.slice)
+                for n in ast.walk(part)
+            )
+        ):
+            return None
+        return t.value, read.value, v.func.id, e
+
+    @staticmethod
     def describe(name: str, op: str) -> str:
+        if selects(op):
+            return f"{name}[k] = {op}({name}[k], ...)"
         return f"{name}[k] {op}= ..."
 
     @staticmethod
     def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
+        if isinstance(node, ast.Assign):
+            t0 = node.targets[0] if len(node.targets) == 1 else None
+            if not (
+                isinstance(t0, ast.Subscript)
+                and isinstance(t0.value, ast.Name)
+                and t0.value.id in rw.names[KEYED]
+                and isinstance(node.value, ast.Call)
+            ):
+                return None
+            e = node.value.args[1]  # (classified: `D[k] = max(D[k], e)`)
+            name = _const(t0.value.id, node)
+            return _rec_call(Method.KEYED, [name, t0.slice, e], node)
         if not isinstance(node, ast.AugAssign):
             return None
         t = node.target
@@ -408,6 +491,8 @@ class WriteSink(SinkKind):
                 ):
                     out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
         elif isinstance(stmt, ast.Assign):
+            if KeyedSink.selecting(stmt, is_builtin) is not None:
+                return []  # (a keyed max/min: KeyedSink's)
             for target in stmt.targets:
                 for part in target_parts(target):
                     if isinstance(part, ast.Subscript) and isinstance(
@@ -512,6 +597,49 @@ class WriteSink(SinkKind):
         return _rec_call(Method.SETITEM, [gone, name, t.slice], node)
 
 
+@dataclass(frozen=True)
+class RunningBest:
+    """``if score < best: best = score; best_epoch = epoch``: a running
+    minimum or maximum kept with what goes with it (its payloads), run as
+    written on each chunk (which starts from the kernel's ``best``) and merged
+    by replaying the test over the chunks' final values in chunk order: for
+    values that are totally ordered that is the serial fold, ties included
+    (``<`` keeps the first of equal scores, ``<=`` the last).
+
+    ``op`` is the test's operator as written, ``best_left`` whether ``best``
+    is its left side (``best > score``), ``none_first`` whether the test is
+    ``best is None or ...`` (the first score is taken)."""
+
+    name: str
+    payloads: tuple[str, ...]
+    op: str
+    best_left: bool
+    none_first: bool
+    line: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.payloads)
+
+    @property
+    def strict(self) -> bool:
+        return self.op in ("<", ">")
+
+    @property
+    def kind(self) -> str:
+        """``"min"`` or ``"max"``: which way the test takes a new score."""
+        smaller = self.op in ("<", "<=")
+        return "min" if smaller != self.best_left else "max"
+
+    def describe(self) -> str:
+        ties = "first" if self.strict else "last"
+        with_ = f" with {', '.join(self.payloads)}" if self.payloads else ""
+        return (
+            f"running {'minimum' if self.kind == 'min' else 'maximum'}{with_} "
+            f"(the {ties} of equal scores)"
+        )
+
+
 #: every sink kind, in the order a statement's candidates are listed
 KINDS: tuple[type[SinkKind], ...] = (
     GatherSink,
@@ -556,6 +684,8 @@ class Classification:
     # element of a 3-item list, `a[True]` and `a[(0, 1)]` overlap `a[0]`: the
     # engine program checks each key of a sink that is not a dict
     key_checks: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # running bests kept with their payloads (selections.running_bests)
+    bests: dict[str, RunningBest] = field(default_factory=dict)
 
 
 def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:

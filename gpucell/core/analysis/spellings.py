@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Spelled", "respell"]
+__all__ = ["FIRST", "Spelled", "respell"]
 
 _OPS = (ast.Add, ast.Sub, ast.Mult)
 _PURE_CALLS = ("min", "max", "abs")
@@ -49,6 +49,19 @@ class Spelled:
     # names the rewrite introduced (`S[-1]` read back after `S.append(e)`):
     # the iteration's own, never bound in the notebook
     hidden: set[str] = field(default_factory=set)
+    # D whose missing key takes its first value (`if k not in D or v > D[k]:
+    # D[k] = v`, a keyed max/min with no starting value)
+    first: set[str] = field(default_factory=set)
+
+
+class _First:
+    """The starting value of a keyed max/min that has none: the first value."""
+
+    def __repr__(self) -> str:
+        return "<first>"
+
+
+FIRST = _First()
 
 
 def _pure(e: ast.expr, is_builtin: Callable[[str], bool], calls: bool = False) -> bool:
@@ -158,6 +171,142 @@ def _keyed(
     return ast.copy_location(aug, s), d, default
 
 
+def _start(e: ast.expr) -> Any:
+    """A keyed max/min's starting value: a number, ``float("inf")`` or
+    ``float("-inf")`` (also negated), else ``...``."""
+    if _number(e):
+        return ast.literal_eval(e)
+    sign = 1.0
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub):
+        sign, e = -1.0, e.operand
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id == "float"
+        and len(e.args) == 1
+        and not e.keywords
+        and isinstance(e.args[0], ast.Constant)
+        and isinstance(e.args[0].value, str)
+        and e.args[0].value.strip().lower() in ("inf", "+inf", "-inf", "infinity")
+    ):
+        return sign * float(e.args[0].value)
+    return ...
+
+
+def _select_call(
+    e: ast.expr, is_builtin: Callable[[str], bool]
+) -> tuple[str, ast.expr, ast.expr] | None:
+    """``max(a, b)`` / ``min(a, b)`` of the builtin: ``(op, a, b)``."""
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id in ("max", "min")
+        and is_builtin(e.func.id)
+        and len(e.args) == 2
+        and not e.keywords
+        and not any(isinstance(a, ast.Starred) for a in e.args)
+    ):
+        return e.func.id, e.args[0], e.args[1]
+    return None
+
+
+def _keyed_select(
+    s: ast.stmt, is_builtin: Callable[[str], bool]
+) -> tuple[ast.Assign, str, Any] | None:
+    """A keyed running max/min spelled otherwise, as ``D[k] = max(D[k], e)``
+    (and its starting value): ``D[k] = max(D.get(k, c), e)`` (from ``c``),
+    ``if k not in D or e > D[k]: D[k] = e`` (from the first ``e``; ``min``
+    with ``<``).  ``k`` and ``e`` are pure: serially evaluated more often."""
+    if isinstance(s, ast.Assign) and len(s.targets) == 1:
+        t = s.targets[0]
+        found = _select_call(s.value, is_builtin)
+        if found is None or not isinstance(t, ast.Subscript):
+            return None
+        op, first, e = found
+        if not isinstance(t.value, ast.Name):
+            return None
+        d = t.value.id
+        c = _get_call(first, d, t.slice)
+        if c is None or not _pure(t.slice, is_builtin):
+            return None
+        start = _start(c)
+        if start is ... or _reads(e, d) or _reads(t.slice, d):
+            return None
+        return _select_stmt(s, t, op, e), d, start
+    if not (isinstance(s, ast.If) and not s.orelse and len(s.body) == 1):
+        return None
+    st = s.body[0]
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+        return None
+    t, e = st.targets[0], st.value
+    if not (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)):
+        return None
+    d, k = t.value.id, t.slice
+    op = _missing_or_better(s.test, d, k, e)
+    if (
+        op is None
+        or not _pure(k, is_builtin)
+        or not _pure(e, is_builtin)
+        or _reads(e, d)
+        or _reads(k, d)
+    ):
+        return None
+    return _select_stmt(st, t, op, e), d, FIRST
+
+
+def _reads(e: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(e))
+
+
+def _missing_or_better(test: ast.expr, d: str, k: ast.expr, e: ast.expr) -> str | None:
+    """``k not in D or e > D[k]`` (``D[k] < e``): ``"max"``; ``<``: ``"min"``."""
+    if not (
+        isinstance(test, ast.BoolOp)
+        and isinstance(test.op, ast.Or)
+        and len(test.values) == 2
+    ):
+        return None
+    missing, better = test.values
+    if not (
+        isinstance(missing, ast.Compare)
+        and len(missing.ops) == 1
+        and isinstance(missing.ops[0], ast.NotIn)
+        and _same(missing.left, k)
+        and isinstance(missing.comparators[0], ast.Name)
+        and missing.comparators[0].id == d
+        and isinstance(better, ast.Compare)
+        and len(better.ops) == 1
+    ):
+        return None
+
+    def item(x: ast.expr) -> bool:
+        return (
+            isinstance(x, ast.Subscript)
+            and isinstance(x.value, ast.Name)
+            and x.value.id == d
+            and _same(x.slice, k)
+        )
+
+    left, right, cmp = better.left, better.comparators[0], better.ops[0]
+    if _same(left, e) and item(right):  # e > D[k]
+        return {ast.Gt: "max", ast.Lt: "min"}.get(type(cmp))
+    if item(left) and _same(right, e):  # D[k] < e
+        return {ast.Lt: "max", ast.Gt: "min"}.get(type(cmp))
+    return None
+
+
+def _select_stmt(s: ast.stmt, t: ast.Subscript, op: str, e: ast.expr) -> ast.Assign:
+    """``D[k] = op(D[k], e)`` at ``s``'s place."""
+    d = t.value
+    read = ast.copy_location(ast.Subscript(value=d, slice=t.slice, ctx=ast.Load()), t)
+    target = ast.copy_location(
+        ast.Subscript(value=d, slice=t.slice, ctx=ast.Store()), t
+    )
+    func = ast.copy_location(ast.Name(op, ast.Load()), s)
+    call = ast.copy_location(ast.Call(func, [read, e], []), s)
+    return ast.copy_location(ast.Assign(targets=[target], value=call), s)
+
+
 def _setdefault(
     s: ast.Expr, is_builtin: Callable[[str], bool]
 ) -> tuple[ast.Expr, str] | None:
@@ -255,13 +404,21 @@ def respell(body: list[ast.stmt], is_builtin: Callable[[str], bool]) -> Spelled:
     out = Spelled()
     for d in allowed:
         fs = forms[d]
-        if fs[0] is not ...:
+        if fs[0] is FIRST:
+            out.first.add(d)
+        elif fs[0] is not ...:
             out.defaults[d] = fs[0]
         out.rebinding.add(d)
         if d in augmented:
             out.mixed.add(d)
 
     def rewrite(s: ast.stmt) -> list[ast.stmt] | None:
+        sel = _keyed_select(s, is_builtin)
+        if sel is not None:
+            if sel[1] not in allowed:
+                return None
+            out.names[sel[1]] = out.names.get(sel[1], 0) + 1
+            return [sel[0]]
         if isinstance(s, ast.Assign):
             k = _keyed(s, is_builtin)
             if k is not None:
@@ -292,6 +449,9 @@ def _record(
         k = _keyed(s, is_builtin)
         if k is not None:
             forms.setdefault(k[1], []).append(k[2])
+    sel = _keyed_select(s, is_builtin)
+    if sel is not None:
+        forms.setdefault(sel[1], []).append(sel[2])
 
 
 def _walk(

@@ -1,0 +1,260 @@
+"""Sinks of issue 28 §3 without a cluster: each cell is analysed, run chunk
+by chunk with random boundaries through the engine's ``run_chunk`` and merged
+(tests/cellgen.run_parallel_local), and must leave exactly the serial
+namespace, or be refused.  Values are chosen with ties and nans, where a
+merge that folds the chunks' results in the wrong order or the wrong way
+round would differ."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpucell.core.analysis import analyse
+from gpucell.errors import NotParallelizable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cellgen import run_parallel_local  # noqa: E402
+
+_SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+#: scores with many ties (small ints as floats)
+scores = st.lists(st.integers(0, 4).map(float), min_size=0, max_size=12)
+cuts = st.lists(st.floats(0, 1), max_size=5)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality, a nan equal to a nan, and the type too (``1`` is not ``1.0``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    try:
+        import numpy as np
+
+        if isinstance(a, np.ndarray):
+            return a.dtype == b.dtype and bool(np.array_equal(a, b, equal_nan=True))
+    except ImportError:  # pragma: no cover
+        pass
+    return bool(a == b)
+
+
+def _check(cell: str, setup: dict[str, Any], cut: list[float]) -> None:
+    serial: dict[str, Any] = {"__builtins__": __builtins__, **setup}
+    exec(cell, serial)
+    parallel: dict[str, Any] = {"__builtins__": __builtins__, **setup}
+    run_parallel_local(cell, parallel, cut)
+    names = {k for k in serial if not k.startswith("__")}
+    assert names == {k for k in parallel if not k.startswith("__")}
+    for k in names:
+        assert _same(serial[k], parallel[k]), (k, serial[k], parallel[k])
+
+
+def _plan(cell: str, known: tuple[str, ...] = ("xs",)):
+    return analyse(cell, known_names=known)
+
+
+# ---------------------------------------------------------------- running bests
+
+ARGMIN = """
+best = {start}
+best_i = None
+for i, x in enumerate(xs):
+    if {test}:
+        best = x
+        best_i, tag = i, f"it{{i}}"
+"""
+
+
+@_SETTINGS
+@given(
+    xs=scores,
+    cut=cuts,
+    test=st.sampled_from(
+        ["x < best", "x <= best", "x > best", "x >= best", "best > x", "best <= x"]
+    ),
+    start=st.sampled_from(["float('inf')", "float('-inf')", "2.0", "float('nan')"]),
+)
+def test_a_running_best_with_its_payloads_is_the_serial_one(
+    xs: list[float], cut: list[float], test: str, start: str
+) -> None:
+    """Ties (first for ``<``, last for ``<=``), a start no score beats, a nan
+    start (nothing is ever taken) and chunks that take nothing."""
+    _check(ARGMIN.format(start=start, test=test), {"xs": xs}, cut)
+
+
+@_SETTINGS
+@given(
+    xs=st.lists(
+        st.sampled_from([0.0, 1.0, 2.0, -0.0, math.nan]), min_size=1, max_size=10
+    ),
+    cut=cuts,
+)
+def test_a_running_best_from_none_is_the_serial_one_or_refused(
+    xs: list[float], cut: list[float]
+) -> None:
+    cell = (
+        "best = None\nfor i, x in enumerate(xs):\n"
+        "    if best is None or x < best:\n        best = x\n        at = i\n"
+    )
+    try:
+        _check(cell, {"xs": xs}, cut)
+    except NotParallelizable:
+        # a chunk that took a nan first (`best is None`) kept nothing after
+        # it: refused, nothing merged, never silently another best
+        assert any(math.isnan(x) for x in xs)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        # the running value read elsewhere in the body
+        "best = 9\nfor x in xs:\n    if x < best:\n        best = x\n        at = x\n"
+        "    seen = best\n",
+        # a payload read in the body
+        "best = 9\nat = 0\nfor x in xs:\n    if x < best:\n        best = x\n"
+        "        at = at + 1\n",
+        # an else: the other branch depends on the running value
+        "best = 9\nfor x in xs:\n    if x < best:\n        best = x\n        at = x\n"
+        "    else:\n        miss = x\n",
+        # a tolerance: the pick depends on where the fold starts
+        "best = 9\nfor x in xs:\n    if x < best - 1:\n        best = x\n"
+        "        at = x\n",
+        # an effect in the branch
+        "best = 9\nfor x in xs:\n    if x < best:\n        best = x\n"
+        "        print(x)\n",
+        # a call with effects stored with the best
+        "best = 9\nfor x in xs:\n    if x < best:\n        best = x\n"
+        "        path = save(x)\n",
+        # the stored value is not the compared one
+        "best = 9\nfor x in xs:\n    if x < best:\n        best = x + 1\n"
+        "        at = x\n",
+    ],
+)
+def test_what_is_not_an_exact_running_best_stays_refused(cell: str) -> None:
+    with pytest.raises(NotParallelizable):
+        _plan(cell, ("xs", "save"))
+
+
+def test_scores_whose_order_is_not_total_are_refused_at_merge() -> None:
+    """Sets compare by inclusion: the best of the chunks' bests need not be
+    the serial one; nothing is merged."""
+    cell = (
+        "best = {1, 2, 3, 4}\nfor i, s in enumerate(xs):\n    if s < best:\n"
+        "        best = s\n        at = i\n"
+    )
+    ns: dict[str, Any] = {"xs": [{1, 2}, {3}, {1}, {4}]}
+    with pytest.raises(NotParallelizable, match="not total"):
+        run_parallel_local(cell, ns, [0.5])
+    assert "at" not in ns and ns["best"] == {1, 2, 3, 4}
+
+
+def test_a_running_best_is_described_as_min_or_max() -> None:
+    plan = _plan(
+        "best = 0\nfor i, x in enumerate(xs):\n    if best < x:\n"
+        "        best = x\n        at = i\n"
+    )
+    (b,) = plan.bests
+    assert (
+        b.kind == "max"
+        and b.describe() == "running maximum with at (the first of equal scores)"
+    )
+
+
+# ---------------------------------------------------------------- keyed max / min
+
+KEYED = {
+    "get": "top = {{}}\nfor k, v in kv:\n    top[k] = {op}(top.get(k, {start}), v)\n",
+    "missing": "top = {{}}\nfor k, v in kv:\n    if k not in top or {better}:\n"
+    "        top[k] = v\n",
+    "existing": "top = dict.fromkeys('abc', {start})\nfor k, v in kv:\n"
+    "    top[k] = {op}(top[k], v)\n",
+}
+_BETTER = {"max": ["v > top[k]", "top[k] < v"], "min": ["v < top[k]", "top[k] > v"]}
+
+pairs = st.lists(
+    st.tuples(
+        st.sampled_from("abc"),
+        st.one_of(st.integers(0, 3), st.integers(0, 3).map(float)),
+    ),
+    max_size=12,
+)
+
+
+@_SETTINGS
+@given(
+    kv=pairs,
+    cut=cuts,
+    form=st.sampled_from(sorted(KEYED)),
+    op=st.sampled_from(["max", "min"]),
+    start=st.sampled_from(["0", "2", "float('-inf')", "float('inf')", "1.0"]),
+    which=st.integers(0, 1),
+)
+def test_a_keyed_running_max_or_min_is_the_serial_one(
+    kv: list[tuple[str, float]],
+    cut: list[float],
+    form: str,
+    op: str,
+    start: str,
+    which: int,
+) -> None:
+    """Equal values of two types (``1`` and ``1.0``: the first one stays, as
+    the builtin keeps it), keys first seen in a later chunk."""
+    cell = KEYED[form].format(op=op, start=start, better=_BETTER[op][which])
+    _check(cell, {"kv": kv}, cut)
+
+
+@_SETTINGS
+@given(
+    kv=st.lists(
+        st.tuples(st.sampled_from("ab"), st.sampled_from([0.0, 1.0, 2.0, math.nan])),
+        max_size=10,
+    ),
+    cut=cuts,
+    form=st.sampled_from(sorted(KEYED)),
+)
+def test_a_keyed_max_with_nans_is_the_serial_one_or_refused(
+    kv: list[tuple[str, float]], cut: list[float], form: str
+) -> None:
+    """A nan never wins a comparison: serially it stays only as a key's first
+    value; on an engine it hides what follows it in the chunk.  Either the
+    serial result or a refusal with nothing merged."""
+    cell = KEYED[form].format(op="max", start="0.0", better="v > top[k]")
+    try:
+        _check(cell, {"kv": kv}, cut)
+    except NotParallelizable:
+        assert any(math.isnan(v) for _, v in kv)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        # the dict read elsewhere
+        "for k, v in kv:\n    top[k] = max(top.get(k, 0), v)\n    n = len(top)\n",
+        # a default that is not a number
+        "for k, v in kv:\n    top[k] = max(top.get(k, v), v)\n",
+        # the test is not the builtin's (`>=` replaces equal values)
+        "for k, v in kv:\n    if k not in top or v >= top[k]:\n        top[k] = v\n",
+        # the key is a call: evaluated once here, twice serially
+        "for k, v in kv:\n    top[f(k)] = max(top.get(f(k), 0), v)\n",
+        # another key's value read
+        "for k, v in kv:\n    top[k] = max(top.get(k, 0), top.get('a', 0) + v)\n",
+    ],
+)
+def test_what_is_not_a_keyed_running_max_stays_refused(cell: str) -> None:
+    with pytest.raises(NotParallelizable):
+        _plan(cell, ("kv", "top", "f"))
