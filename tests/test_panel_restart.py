@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import gpucell.cluster.lifecycle as gc_mod
+from gpucell.devices.host import pid_running
 from gpucell.kernel.panel import PanelEndpoint
 from gpucell.kernel.session import current
 from gpucell.protocol import panel as schema
@@ -113,7 +114,16 @@ def test_between_cells_the_new_engine_takes_its_devices_place(own_cluster, endpo
     before = endpoint.look()
     assert _rows(before) == [(0, "idle"), (1, "idle")]
     os.kill(own_cluster.engines[0].pid, signal.SIGKILL)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while pid_running(own_cluster.engines[0].pid):
+        assert time.monotonic() < deadline, "the killed engine's process ends"
+        time.sleep(0.02)
+    # its process gone, its death not yet judged (no cell, no status, and a
+    # terminal has no watch): the panel's own telemetry sees it gone, and the
+    # device it will restart is restarting, never dead (the panel's thread
+    # samples between two looks of a kernel's watch)
+    unjudged = endpoint.look()
+    assert _rows(unjudged)[0] == (0, "restarting"), unjudged
     gc_mod.status()  # notices the death; the restart begins
     msg = endpoint.look()
     # the other engine is live: idle, or busy a moment (an earlier test's

@@ -101,6 +101,27 @@ class Restarts:
         """Whether engine ``eid`` is dead and being restarted now."""
         return any(r.dead == eid for r in self.pending)
 
+    def shown_restarting(self, gc: Any, eid: int) -> bool:
+        """What a panel's or monitor's thread shows for engine ``eid`` whose
+        process its telemetry found gone: ``restarting`` when a restart is
+        under way, and also when the main thread has not judged the death yet
+        but will restart it at its next look (a thread samples between two
+        looks of the watch; "dead" then would be a false alarm).  Read only:
+        the budget is counted as :meth:`begin` will count it."""
+        from gpucell.core.states import DEAD
+
+        if self.restarting(eid):
+            return True
+        info = gc.engines.get(eid)
+        if info is None or info.state == DEAD or eid in self.gone or gc.stopping:
+            return False  # judged (not restarted), or nothing will judge it
+        spec = _spec_for(gc, info)
+        if spec is None or spec.label in self.retired:
+            return False
+        now = time.monotonic()
+        recent = [t for t in self.deaths.get(spec.label, []) if now - t < BUDGET_WINDOW]
+        return len(recent) + 1 <= BUDGET
+
     def busy(self) -> bool:
         """Whether something waits to be stepped: a restart under way, an
         engine describing itself, a batch job's engine still to join."""

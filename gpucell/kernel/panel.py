@@ -115,7 +115,7 @@ def _engines(gc: Any) -> list[Any]:
     restarts = getattr(gc, "restarts", None)
     out = []
     for e in list(gc.engines.values()):
-        now = restarts is not None and restarts.restarting(int(e.id))
+        now = restarts is not None and restarts.shown_restarting(gc, int(e.id))
         if dataclasses.is_dataclass(e) and bool(getattr(e, "restarting", now)) != now:
             e = dataclasses.replace(e, restarting=now)
         out.append(e)

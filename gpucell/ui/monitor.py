@@ -237,7 +237,7 @@ def _restarting(gc: Any, engines: list[Any]) -> list[Any]:
         return engines
     out = []
     for e in engines:
-        now = restarts.restarting(e.id)
+        now = restarts.shown_restarting(gc, e.id)
         if dataclasses.is_dataclass(e) and bool(getattr(e, "restarting", now)) != now:
             e = dataclasses.replace(e, restarting=now)
         out.append(e)
