@@ -3004,3 +3004,58 @@ for k, v in seen:
 """,
     note="`>=` replaces an equal value: which one (int or float) stays depends on the order",
 )
+
+# ---------------------------------------------------------------- sinks: a ufunc's `.at` into an array from before the loop
+
+case(
+    "wb-sink-np-add-at-weighted-float",
+    "safe",
+    """
+import numpy as np
+_r = np.random.default_rng(4)
+batches_idx = [_r.integers(0, 6, size=7) for _ in range(6)]
+batches_w = [_r.normal(size=7) * 1e3 for _ in range(6)]
+totals = np.zeros(6)
+counts = np.zeros(6, dtype=np.int64)
+""",
+    """
+for idx, w in zip(batches_idx, batches_w):
+    np.add.at(totals, idx, w)
+    np.add.at(counts, idx, 1)
+means = totals / np.maximum(counts, 1)
+""",
+    note="a float sum per bin, bit for bit the serial one (the calls replayed in order)",
+)
+
+case(
+    "wb-sink-np-maximum-at-2d",
+    "safe",
+    """
+import numpy as np
+_r = np.random.default_rng(6)
+events = [(_r.integers(0, 3, size=4), _r.integers(0, 2, size=4), _r.normal(size=4)) for _ in range(5)]
+peak = np.full((3, 2), -np.inf)
+""",
+    """
+for rows, cols, vals in events:
+    np.maximum.at(peak, (rows, cols), vals)
+""",
+    note="`np.maximum.at` with a tuple of index arrays",
+)
+
+case(
+    "wb-u-sink-np-add-at-read-back",
+    "unsafe",
+    """
+import numpy as np
+groups = [np.array([0, 1, 1]), np.array([2, 2]), np.array([0]), np.array([1])]
+hist = np.zeros(3)
+""",
+    """
+shares = []
+for g in groups:
+    np.add.at(hist, g, 1.0)
+    shares.append(hist[0] / hist.sum())
+""",
+    note="each iteration reads the histogram so far",
+)

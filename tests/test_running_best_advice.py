@@ -2,7 +2,9 @@
 maximum kept with what goes with it (``if d < best_d: best_i, best_d = i,
 d``) names the names it keeps, starts the candidates from the values before
 the loop, and picks with the loop's own choice among equal scores (``<``: the
-first, ``<=``: the last).  The advice, run as written, equals the loop."""
+first, ``<=``: the last).  The advice, run as written, equals the loop.  (Each
+loop reads what it keeps before the test, ``prev = best_i``: a running best
+read nowhere else runs as written, tests/test_sink_categories.py.)"""
 
 from __future__ import annotations
 
@@ -15,19 +17,22 @@ from gpucell.core.analysis import analyse
 
 LOOPS = {
     "argmin, strict": (
-        "best_i, best_d = -1, 9.0\nfor i, v in enumerate(vs):\n    d = abs(v - 3)\n"
+        "best_i, best_d = -1, 9.0\nfor i, v in enumerate(vs):\n    prev = best_i\n"
+        "    d = abs(v - 3)\n"
         "    if d < best_d:\n        best_i, best_d = i, d\n",
         "best_d",
         "min(pairs,",
     ),
     "argmax, not strict": (
-        "bs, bd = -1.0, None\nfor depth in range(1, 9):\n    s = vs[depth % 6]\n"
+        "bs, bd = -1.0, None\nfor depth in range(1, 9):\n    prev = bd\n"
+        "    s = vs[depth % 6]\n"
         "    if s >= bs:\n        bs = s\n        bd = depth\n",
         "bs",
         "max(reversed(pairs),",
     ),
     "argmin, reversed test": (
-        "lo, at = 99, None\nfor i, v in enumerate(vs):\n    if lo > v:\n"
+        "lo, at = 99, None\nfor i, v in enumerate(vs):\n    prev = at\n"
+        "    if lo > v:\n"
         "        lo = v\n        at = i\n",
         "lo",
         "min(pairs,",

@@ -258,3 +258,63 @@ def test_a_keyed_max_with_nans_is_the_serial_one_or_refused(
 def test_what_is_not_a_keyed_running_max_stays_refused(cell: str) -> None:
     with pytest.raises(NotParallelizable):
         _plan(cell, ("kv", "top", "f"))
+
+
+# ------------------------------------------------ ufunc.at into an outer array
+
+
+@_SETTINGS
+@given(
+    groups=st.lists(
+        st.lists(st.integers(-4, 3), min_size=0, max_size=4), min_size=0, max_size=8
+    ),
+    weights=st.lists(
+        st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False),
+        min_size=4,
+        max_size=4,
+    ),
+    cut=cuts,
+    ufunc=st.sampled_from(["add", "subtract", "maximum", "minimum", "multiply"]),
+)
+def test_a_ufunc_at_into_an_outer_array_is_the_serial_one_bit_for_bit(
+    groups: list[list[int]], weights: list[float], cut: list[float], ufunc: str
+) -> None:
+    """Repeated and negative indices, float weights whose sums round: the
+    calls are replayed in iteration order, so even a float sum is exact."""
+    import numpy as np
+
+    setup = {
+        "np": np,
+        "groups": [np.array(g, dtype=int) for g in groups],
+        "w": np.array(weights),
+        "hist": np.linspace(-3.0, 7.0, 4),
+    }
+    cell = (
+        "alias = hist\nfor k, g in enumerate(groups):\n"
+        f"    np.{ufunc}.at(hist, g, w[: len(g)] * (k + 0.1))\n"
+        "same = alias is hist\n"
+    )
+    _check(cell, setup, cut)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        # the array read in the body: it sees the calls so far
+        "for g in groups:\n    np.add.at(hist, g, 1.0)\n    top = hist.max()\n",
+        # the indices read from the array itself
+        "for g in groups:\n    np.add.at(hist, hist > 0, 1.0)\n",
+    ],
+)
+def test_a_ufunc_at_whose_array_is_read_stays_refused(cell: str) -> None:
+    with pytest.raises(NotParallelizable):
+        _plan(cell, ("np", "groups", "hist"))
+
+
+def test_a_ufunc_at_into_a_list_fails_the_merge_as_serially() -> None:
+    import numpy as np
+
+    ns: dict[str, Any] = {"np": np, "groups": [[0], [1]], "hist": [0.0, 0.0]}
+    with pytest.raises(TypeError):
+        run_parallel_local("for g in groups:\n    np.add.at(hist, g, 1.0)\n", ns)
+    assert ns["hist"] == [0.0, 0.0]

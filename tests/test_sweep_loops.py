@@ -115,17 +115,6 @@ KNOWN: dict[str, str] = {
     "str-regex-extract": (
         "SILENT (documented exception with a visible effect): m (only serially)"
     ),
-    "np-argmin-running-best": (
-        "false refusal (running argmin/argmax (by design)): line 5: `best_d` is"
-        " read here before the iteration assigns it, so it would see the value "
-        "left by the previous iteration (a loop-carried dependency)..."
-    ),
-    "sk-running-best-model": (
-        "false refusal (running argmin/argmax (by design)): line 5: "
-        "`best_score` is read here before the iteration assigns it, so it would"
-        " see the value left by the previous iteration (a loop-carried "
-        "depende..."
-    ),
     "edge-helper-reads-loop-var-global": (
         "false refusal (notebook function reads a global the loop assigns): "
         "`scaled`, called at line 4, reads the global `factor`, which the loop "

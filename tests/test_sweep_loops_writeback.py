@@ -82,10 +82,6 @@ KNOWN: dict[str, str] = {
         "(own keys, values replaced) is taken for a loop that changes its "
         "iterable; without enumerate it runs (static)"
     ),
-    "wb-sink-np-add-at-outer": (
-        "false refusal: `np.add.at(hist, g, 1.0)` into an array from before "
-        "the loop (a commutative accumulation) is an input changed in place"
-    ),
     "wb-iterators-items-next": _ITEM_KIND.format("list_iterator"),
 }
 

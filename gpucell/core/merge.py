@@ -514,8 +514,19 @@ def prepare(
                 f"was merged."
             )
 
+    # `np.add.at(D, idx, w)`: the calls replayed into D in iteration order
+    spelled_at = getattr(getattr(plan, "spelled", None), "ufunc_at", {})
+    for hidden, name in spelled_at.items():
+        calls = _concat(rs, "gathers", hidden)
+        if calls:
+            target = _current(current, name)
+            claim(name, target)
+            up.mutations.append(_prepare_ufunc_at(name, target, calls))
+
     # ordered gathers
     for name in plan.gathers:
+        if name in spelled_at:
+            continue
         items = _concat(rs, "gathers", name)
         if not items:
             continue
@@ -1085,6 +1096,34 @@ def _prepare_keyed(
 
         muts.append(Mutation(name, f"[{k!r}] {op}=", apply))
     return muts
+
+
+def _prepare_ufunc_at(
+    name: str, target: Any, calls: list[tuple[Any, tuple[Any, ...]]]
+) -> Mutation:
+    """``np.add.at(D, idx, w)`` per iteration: the engines gathered the ufunc
+    and its arguments; replayed here in iteration order on a copy (what
+    fails, fails before anything changes), then copied into ``D`` itself, so
+    a float sum is the serial one bit for bit."""
+    if not is_numpy(target) or not hasattr(target, "shape"):
+        raise TypeError(
+            f"`{name}` is a {type(target).__name__}: a ufunc's `.at` writes "
+            "into numpy arrays only. Nothing was merged."
+        )
+    trial = target.copy()
+    for ufunc, args in calls:
+        if type(ufunc).__name__ != "ufunc" or not is_numpy(trial):
+            raise NotParallelizable(
+                f"gpucell: `{name}` was given to `{ufunc!r}.at`, which is not "
+                "a numpy ufunc's: its effect cannot be replayed. Nothing was "
+                "merged."
+            )
+        ufunc.at(trial, *args)
+
+    def apply() -> None:
+        target[...] = trial
+
+    return Mutation(name, "ufunc.at", apply)
 
 
 def _setter(target: Any, k: Any, value: Any) -> Callable[[], None]:

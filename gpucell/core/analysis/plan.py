@@ -209,6 +209,7 @@ class LoopPlan:
             *self.keyed_gathers,
             *self.unions,
             *(b.name for b in self.bests),
+            *self.spelled.ufunc_at.values(),
         ]
         return tuple(n for n in names if not n.startswith("__gpucell_"))
 

@@ -323,7 +323,8 @@ def running_bests(
     ``best`` is read only by its test, every name assigned once, by the
     branch, from values that read no name of the group and call nothing with
     effects; no ``else``; nothing deleted (the engine's per-iteration end
-    would take the running value away)."""
+    would take the running value away); at least one payload (a value alone
+    is a reduction, ``best = min(best, x)``, which the advice says)."""
     loads: dict[str, int] = {}
     stores: dict[str, int] = dict.fromkeys(loop_names, 2)
     for st in body:
@@ -364,8 +365,8 @@ def running_bests(
         if not all(_pure_value(v, is_builtin) for v in [score, *values.values()]):
             continue
         payloads = tuple(n for n in values if n != best)
-        if not payloads and op not in ("<", ">"):
-            continue  # (`<=` alone: which equal value is kept cannot be told)
+        if not payloads:
+            continue  # (a value alone is `best = min(best, x)`: the advice)
         found[best] = RunningBest(best, payloads, op, best_left, none_first, st.lineno)
         reads |= {
             id(n) for n in ast.walk(st.test) if isinstance(n, ast.Name) and n.id == best

@@ -388,8 +388,8 @@ class KeyedSink(SinkKind):
             found = KeyedSink.selecting(stmt, is_builtin)
             if found is None:
                 return []
-            d, read, op, _e = found
-            return [Candidate(KEYED, d.id, stmt, [d, read], op, False)]
+            d, read, select, _e = found
+            return [Candidate(KEYED, d.id, stmt, [d, read], select, False)]
         if not isinstance(stmt, ast.AugAssign):
             return []
         op = BIN_OPS.get(type(stmt.op))

@@ -52,6 +52,10 @@ class Spelled:
     # D whose missing key takes its first value (`if k not in D or v > D[k]:
     # D[k] = v`, a keyed max/min with no starting value)
     first: set[str] = field(default_factory=set)
+    # `np.add.at(D, idx, w)` (any ufunc's `.at`): the hidden list its
+    # arguments are gathered into, in iteration order -> D; the merge replays
+    # the calls into D in that order (exact, floats included)
+    ufunc_at: dict[str, str] = field(default_factory=dict)
 
 
 class _First:
@@ -242,16 +246,75 @@ def _keyed_select(
     if not (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)):
         return None
     d, k = t.value.id, t.slice
-    op = _missing_or_better(s.test, d, k, e)
+    better = _missing_or_better(s.test, d, k, e)
     if (
-        op is None
+        better is None
         or not _pure(k, is_builtin)
         or not _pure(e, is_builtin)
         or _reads(e, d)
         or _reads(k, d)
     ):
         return None
-    return _select_stmt(st, t, op, e), d, FIRST
+    return _select_stmt(st, t, better, e), d, FIRST
+
+
+def _ufunc_at_call(s: ast.stmt) -> tuple[ast.Call, str] | None:
+    """``m.ufunc.at(D, idx[, w])`` as a statement: the call and ``D``."""
+    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)):
+        return None
+    call = s.value
+    f = call.func
+    if (
+        isinstance(f, ast.Attribute)
+        and f.attr == "at"
+        and isinstance(f.value, ast.Attribute)
+        and isinstance(f.value.value, ast.Name)
+        and 2 <= len(call.args) <= 3
+        and not call.keywords
+        and not any(isinstance(a, ast.Starred) for a in call.args)
+        and isinstance(call.args[0], ast.Name)
+    ):
+        return call, call.args[0].id
+    return None
+
+
+def _ufunc_at_targets(body: list[ast.stmt]) -> set[str]:
+    """The arrays only ever given to ``m.ufunc.at`` as its first argument in
+    the body: any other use would see the calls' effects so far."""
+    calls: dict[str, int] = {}
+    uses: dict[str, int] = {}
+    for st in body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name):
+                uses[node.id] = uses.get(node.id, 0) + 1
+            if isinstance(node, ast.stmt):
+                found = _ufunc_at_call(node)
+                if found is not None:
+                    calls[found[1]] = calls.get(found[1], 0) + 1
+    return {d for d, n in calls.items() if uses.get(d) == n}
+
+
+def _ufunc_at(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:
+    """``np.add.at(D, idx, w)`` on an array from before the loop as
+    ``__gpucell_at_D__.append((np.add, deepcopy((idx, w))))``: the ufunc and
+    a private copy of its arguments, gathered for the merge to replay."""
+    found = _ufunc_at_call(s)
+    if found is None or found[1] not in targets:
+        return None
+    call, d = found
+    f = call.func
+    assert isinstance(f, ast.Attribute)
+    hidden = f"__gpucell_at_{d}__"
+    copied = ast.parse("__import__('copy').deepcopy(())", mode="eval").body
+    assert isinstance(copied, ast.Call)
+    copied.args = [ast.Tuple(elts=list(call.args[1:]), ctx=ast.Load())]
+    entry = ast.Tuple(elts=[f.value, copied], ctx=ast.Load())
+    append = ast.Attribute(ast.Name(hidden, ast.Load()), "append", ast.Load())
+    new = ast.Expr(ast.Call(append, [entry], []))
+    for node in ast.walk(new):
+        if not hasattr(node, "lineno") or node is not f.value:
+            ast.copy_location(node, s)
+    return new, hidden, d
 
 
 def _reads(e: ast.AST, name: str) -> bool:
@@ -412,7 +475,16 @@ def respell(body: list[ast.stmt], is_builtin: Callable[[str], bool]) -> Spelled:
         if d in augmented:
             out.mixed.add(d)
 
+    at_targets = _ufunc_at_targets(body)
+
     def rewrite(s: ast.stmt) -> list[ast.stmt] | None:
+        at = _ufunc_at(s, at_targets)
+        if at is not None:
+            hidden, target = at[1], at[2]
+            out.ufunc_at[hidden] = target
+            out.hidden.add(hidden)
+            out.names[target] = out.names.get(target, 0) + 1
+            return [at[0]]
         sel = _keyed_select(s, is_builtin)
         if sel is not None:
             if sel[1] not in allowed:
