@@ -5,18 +5,24 @@ checkpoints, ``step{i-1}.txt`` read by iteration ``i``) sees what that
 iteration wrote, or not yet; on the engines the two run apart, in any order,
 and the text of the cell cannot show it (paths are computed, and the open is
 often inside ``np.save``, ``torch.load`` or ``pd.read_csv``).  So while a chunk
-runs, ``open`` (``builtins.open`` and ``io.open``, which pathlib and most
-libraries call) notes each path a chunk's own thread opens and which
+runs, every open the chunk's own thread makes notes its path and which
 iteration opened it; the kernel refuses the merge where two iterations met in
 one file (``gpucell.core.fileconflicts``).
+
+The opens are seen through Python's audit event ``open``, which ``io.open``
+(``builtins.open``, pathlib, most libraries), ``os.open`` and the file
+objects raise whatever name the function was reached by: a library's
+module-level ``_open = open`` or ``from io import open as o`` in the
+notebook hold the function itself, which no patching of ``builtins.open``
+reaches.  An audit hook cannot be removed: one is added per process, the
+first time, and does nothing outside a chunk.  A path relative to an
+``os.open(..., dir_fd=fd)`` is taken relative to the working directory.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
-import builtins
-import io
 import os
 import site
 import sys
@@ -43,6 +49,35 @@ def _ignored_prefixes() -> tuple[str, ...]:
     return tuple(p.rstrip("/") + "/" for p in out if p)
 
 
+#: ``os.open`` flags that write (its audit event has no mode string)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+#: the FileAccess of the chunk running in this process, if any
+_active: FileAccess | None = None
+_hooked = False
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """The process's audit hook: an ``open`` while a chunk runs is noted."""
+    if event != "open":
+        return
+    fa = _active
+    if fa is None or threading.get_ident() != fa._thread:
+        return
+    try:
+        file, mode, flags = args
+        if isinstance(file, int):
+            return  # (a descriptor: opened, and noted, by path before)
+        writing = (
+            any(c in mode for c in "wax+")
+            if isinstance(mode, str)
+            else bool(isinstance(flags, int) and flags & _WRITE_FLAGS)
+        )
+        fa._note(file, writing)
+    except Exception:  # a path it cannot spell is no path to compare
+        pass  # (and an audit hook that raises would fail the open itself)
+
+
 class FileAccess:
     """``with FileAccess(where) as fa`` around a chunk's iterations; then
     ``fa.files``: path -> (writers, readers), iterations of this chunk."""
@@ -51,35 +86,29 @@ class FileAccess:
         self.where = where
         self.files: dict[str, tuple[list[int], list[int]]] = {}
         self._thread = threading.get_ident()
-        self._open: Any = None
         self._ignored = _IGNORED
+        self._outer: FileAccess | None = None
 
     def __enter__(self) -> FileAccess:
+        global _active, _hooked
         self._thread = threading.get_ident()
-        self._open = builtins.open
-        builtins.open = io.open = self._opening
+        if not _hooked:
+            sys.addaudithook(_audit)
+            _hooked = True
+        self._outer, _active = _active, self
         return self
 
     def __exit__(self, *exc: object) -> None:
-        builtins.open = io.open = self._open
+        global _active
+        _active = self._outer
 
-    def _opening(self, file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        f = self._open(file, mode, *args, **kwargs)
-        if threading.get_ident() == self._thread and not isinstance(file, int):
-            try:
-                self._note(file, mode)
-            except Exception:  # a path it cannot spell is no path to compare
-                pass
-        return f
-
-    def _note(self, file: Any, mode: Any) -> None:
+    def _note(self, file: Any, writing: bool) -> None:
         i = self.where.current()
         if i is None:
             return
         path = os.path.abspath(os.fsdecode(os.fspath(file)))
-        if path.startswith(self._ignored):
-            return
-        writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+        if path.startswith(self._ignored) or _PYCACHE in path:
+            return  # (an import's bytecode, written under a name per process)
         entry = self.files.get(path)
         if entry is None:
             entry = self.files[path] = ([], [])
@@ -89,3 +118,4 @@ class FileAccess:
 
 
 _IGNORED = _ignored_prefixes()
+_PYCACHE = f"{os.sep}__pycache__{os.sep}"
