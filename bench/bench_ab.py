@@ -9,6 +9,8 @@ each round's median efficiency and per-process CPU per chunk.
 
 Usage:  python bench/bench_ab.py --a /tmp/base --b /tmp/new [--rounds 3]
         [--engines 8,16] [--runs 2] [--peers joblib] [--out DIR]
+        [--a-config 'k=v,...'] [--b-config 'k=v,...']  (GpuCell settings a side
+        runs with: bench_scale applies $GPUCELL_BENCH_CONFIG with %config)
 Writes DIR/ab.json (DIR defaults to bench/results/ab).
 """
 
@@ -33,8 +35,8 @@ FIELDS = (
 )
 
 
-def one_round(tree: str, args: argparse.Namespace, out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=tree)
+def one_round(tree: str, args: argparse.Namespace, out: Path, config: str = "") -> dict:
+    env = dict(os.environ, PYTHONPATH=tree, GPUCELL_BENCH_CONFIG=config)
     cmd = [
         sys.executable,
         str(HERE / "bench_scale.py"),
@@ -81,6 +83,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--peers", default="joblib")
     ap.add_argument("--out", default=str(HERE / "results" / "ab"))
+    ap.add_argument(
+        "--a-config",
+        default="",
+        help="GpuCell settings for side a, e.g. 'quiet_idle=True' (comma list); "
+        "the same tree for --a and --b compares a setting",
+    )
+    ap.add_argument("--b-config", default="")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +99,8 @@ def main() -> None:
         for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
             tree = getattr(args, side)
             loads.append(os.getloadavg()[0])
-            res = one_round(tree, args, out / f"{side}{r}.json")
+            config = getattr(args, f"{side}_config")
+            res = one_round(tree, args, out / f"{side}{r}.json", config)
             got[side].append(res)
             print(
                 f"round {r} {side} ({tree}): {res['round_seconds']:.0f} s, load "

@@ -1059,6 +1059,9 @@ def main() -> None:
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "gpucell")
+    # GpuCell settings for this run (bench_ab.py --a-config/--b-config)
+    for kv in filter(None, os.environ.get("GPUCELL_BENCH_CONFIG", "").split(",")):
+        ip.run_line_magic("config", "GpuCell." + kv.strip().replace("=", " = ", 1))
     ip.user_ns["T_UNIFORM"] = t_uniform
     ip.user_ns["U_UNEVEN"] = u_uneven
     ip.run_cell("import time")
@@ -1384,6 +1387,7 @@ def main() -> None:
             )
 
     result["load_after"] = os.getloadavg()
+    result["gpucell_config"] = os.environ.get("GPUCELL_BENCH_CONFIG", "")
     result["config"] = {
         "engines": engines,
         "iterations": n,

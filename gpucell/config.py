@@ -152,6 +152,13 @@ class GpuCell(Configurable):
         help="Without a cluster, run %%gpu_parallel cells serially in the kernel (with "
         "a one-line note) instead of raising.",
     )
+    quiet_idle = Bool(
+        False,
+        config=True,
+        help="Engines send no 'idle' status after a chunk that printed and displayed "
+        "nothing (its reply says so and the kernel marks its output complete): one "
+        "message fewer per chunk for the engine, the controller and the kernel.",
+    )
     inline_below = Float(
         0.005,
         config=True,

@@ -24,7 +24,7 @@ import time
 from array import array
 from typing import Any, NamedTuple
 
-from gpucell.engine import checkin, hostcopy, runtime
+from gpucell.engine import checkin, hostcopy, quietidle, runtime
 from gpucell.engine.chunk import CHEAP_ITERATION, Where, run_chunk
 from gpucell.engine.envelope import Envelope
 from gpucell.engine.failure import (
@@ -196,6 +196,7 @@ def run(
     kernel: str = "",
     stoppable: bool = False,
     reseed: tuple[str, ...] | None = None,
+    quiet_idle: bool = False,
 ) -> list[Any]:
     """Run one chunk; return wire frames of its :data:`Reply`.
 
@@ -217,6 +218,7 @@ def run(
             kernel,
             stoppable,
             reseed,
+            quiet_idle,
         )
     )
 
@@ -243,6 +245,8 @@ def answer(task: ChunkTask) -> list[Any]:
         # sends this chunk again with the program and inputs
         unloaded: Reply = ("unloaded", None, _unloaded_timing(st, task.start, entered))
         return wire.dumps(unloaded)
+    if task.quiet_idle:
+        quietidle.begin()
     if task.setup is not None:
         if st.program is not None:  # the last cell ended a moment ago
             release(st)
@@ -269,6 +273,8 @@ def answer(task: ChunkTask) -> list[Any]:
         done.loaded,
     )
     timing["drew"] = done.drew
+    if task.quiet_idle:
+        timing["quiet"] = quietidle.finish()
     reply: Reply = (done.status, done.payload, timing)
     spilled = _reply(
         reply, chunk_obj, task.start, where, env.behind, task.results_to, env.tag

@@ -179,6 +179,7 @@ class Run(InputShipping, Executor):
         self.progress_period = progress_period
         self.telemetry = telemetry
         self.cell = uuid.uuid4().hex
+        self.quiet_idle = self.quiet_idle_setting()
         self.alive = live_engines(gc, targets, record, echo)
         restarts = getattr(gc, "restarts", None)
         if not self.alive and restarts is not None and restarts.pending:
@@ -303,6 +304,7 @@ class Run(InputShipping, Executor):
             kernel_key(),
             send.stoppable,
             self.options.reseed,
+            self.quiet_idle,
         )
 
     def _take_ready(self, wait: float) -> list[Any]:
@@ -345,6 +347,8 @@ class Run(InputShipping, Executor):
             frames, items=self._own_item, cell_globals=self.namespace
         )
         status, payload, timing = reply
+        if timing.get("quiet"):
+            self.output_complete(ar)
         cached = timing.get("cached")
         if cached is not None:
             # what the engine caches now, as it says (never assumed)

@@ -113,6 +113,14 @@ class Executor:
     def sched(self) -> Schedule:
         return self.state.sched
 
+    @staticmethod
+    def quiet_idle_setting() -> bool:
+        return quiet_idle_setting()
+
+    def output_complete(self, ar: Any) -> None:
+        """A quiet chunk's reply came: no "idle" follows (``output_complete``)."""
+        output_complete(self.gc.client, ar)
+
     @property
     def results(self) -> dict[int, Any]:
         return self.state.results
@@ -377,6 +385,8 @@ class Executor:
         if isinstance(history, list) and ids:
             gone = set(ids)
             history[:] = [m for m in history if m not in gone]
+        if getattr(self, "quiet_idle", False):
+            settle_quiet(client, self._msg_ids)
         self._msg_ids.clear()
 
 
@@ -410,3 +420,47 @@ _EXECUTORS: dict[type, str] = {
     ev.FailUnlessRestarting: "_do_fail_unless_restarting",
     ev.Finish: "_do_finish",
 }
+
+
+def quiet_idle_setting() -> bool:
+    """``GpuCell.quiet_idle``: ask engines to leave out a silent chunk's
+    "idle" status (engine/quietidle)."""
+    from gpucell import config
+
+    return bool(config.settings().quiet_idle)
+
+
+def settle_quiet(client: Any, msg_ids: Sequence[str]) -> None:
+    """The run is over: a quiet task whose reply it never decoded (a cancelled
+    run's, one still in flight) may get no "idle", so its output counts as
+    complete once its result is in.  The run relays no more output of its
+    tasks by now (``OutputRelay.flush``), so nothing is lost that it kept."""
+    outputs = getattr(client, "_output_futures", {})
+    results = getattr(client, "_futures", {})
+    for mid in msg_ids:
+        out, res = outputs.get(mid), results.get(mid)
+        if out is None or out.done():
+            continue
+        if res is None or res.done():
+            _resolve(out)
+        else:
+            res.add_done_callback(lambda _f, out=out: _resolve(out))
+
+
+def _resolve(fut: Any) -> None:
+    if not fut.done():
+        try:
+            fut.set_result(None)
+        except Exception:  # (resolved meanwhile, by its "idle")
+            pass
+
+
+def output_complete(client: Any, ar: Any) -> None:
+    """The engine sent no output for ``ar``'s chunk and no "idle" follows:
+    resolve the task's output future as that "idle" would (ipyparallel's
+    client then marks the output ready and purges the task as usual)."""
+    futures = getattr(client, "_output_futures", {})
+    for mid in getattr(ar, "msg_ids", ()):
+        fut = futures.get(mid)
+        if fut is not None:
+            _resolve(fut)

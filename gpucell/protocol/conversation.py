@@ -35,9 +35,16 @@ class ChunkTask(NamedTuple):
     stoppable: bool  # may stop early to hand its rest to idle engines
     # --seed: the generators the loop can reach (core/seeding); None: all
     reseed: tuple[str, ...] | None = None
+    # GpuCell.quiet_idle: no "idle" status after a chunk that sent no output
+    # (engine/quietidle); the reply says so in its timing's "quiet"
+    quiet_idle: bool = False
 
 
-class Timing(TypedDict):
+class _TimingOptional(TypedDict, total=False):
+    quiet: bool  # no "idle" status follows (engine/quietidle, GpuCell.quiet_idle)
+
+
+class Timing(_TimingOptional):
     """When and how a chunk ran, as the engine saw it."""
 
     start: float  # time.time() as the chunk began (after setup)
