@@ -234,15 +234,8 @@ def test_a_start_submits_the_script_and_stop_deletes_the_job(
     ends the job."""
     import psutil
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / submit).write_text(
-        FAKE_SUBMIT.format(python=sys.executable, root=str(tmp_path), said=said)
-    )
-    (bin_dir / delete).write_text(FAKE_DELETE)
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    submitted = FAKE_SUBMIT.format(python=sys.executable, root=str(tmp_path), said=said)
+    _stand_ins(tmp_path, monkeypatch, {submit: submitted, delete: FAKE_DELETE})
     ip.run_line_magic(
         "gpu_cluster", f"start --scheduler {scheduler} --cpus-per-node 2 --timeout 60"
     )
@@ -267,6 +260,17 @@ def test_a_start_submits_the_script_and_stop_deletes_the_job(
     assert (
         not psutil.pid_exists(int(job)) or psutil.Process(int(job)).status() == "zombie"
     )
+
+
+def _stand_ins(tmp_path, monkeypatch, commands: dict[str, str]) -> None:
+    """The scheduler's commands as stand-in scripts in ``tmp_path/bin``, first
+    on PATH (they write their files beside that folder)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in commands.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
 
 
 def _rank() -> tuple:
@@ -312,22 +316,19 @@ def test_a_held_job_is_said_pending_with_the_schedulers_reason(
 ):
     """As with squeue for Slurm: the scheduler's own qstat/bjobs says the job
     is pending, the start says so once, and fails at --timeout naming it."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / submit).write_text(HELD_SUBMIT.format(said=said))
     status, text = HELD_STATUS[scheduler]
-    (bin_dir / status).write_text(f"#!/bin/sh\ncat <<'X'\n{text}\nX\n")
-    for delete in ("qdel", "bkill"):
-        (bin_dir / delete).write_text(
-            '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../deleted"\n'
-        )
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    with pytest.raises(UsageError, match="still pending after 4 s") as info:
+    deleted = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../deleted"\n'
+    commands = {
+        submit: HELD_SUBMIT.format(said=said),
+        status: f"#!/bin/sh\ncat <<'X'\n{text}\nX\n",
+        "qdel": deleted,
+        "bkill": deleted,
+    }
+    _stand_ins(tmp_path, monkeypatch, commands)
+    with pytest.raises(UsageError, match="still pending after 2 s") as info:
         ip.run_line_magic(
             "gpu_cluster",
-            f"start --scheduler {scheduler} --cpus-per-node 1 --timeout 4",
+            f"start --scheduler {scheduler} --cpus-per-node 1 --timeout 2",
         )
     assert reason in str(info.value)
     assert f"{scheduler.upper()} job 4242" in str(info.value)
