@@ -2761,6 +2761,363 @@ for rank, (item, p) in enumerate(prices.items()):
 """,
 )
 
+# ------------------------------------------ own items by index, key, nested loop (H1)
+
+ACCS = """
+class Acc:
+    def __init__(self, name):
+        self.name, self.n, self.seen = name, 0, []
+    def grow(self, k=1):
+        self.n += k
+        self.seen.append(k)
+"""
+
+case(
+    "wb-own-index-objects-grow",
+    "safe",
+    ACCS
+    + """
+accs = [Acc(c) for c in "abcd"]
+first = accs[0]
+""",
+    """
+for i in range(len(accs)):
+    accs[i].grow(i + 1)
+    accs[i].name = accs[i].name.upper()
+same = first is accs[0]
+""",
+)
+
+case(
+    "wb-own-index-torch-nets-train",
+    "safe",
+    TORCH
+    + """
+torch.manual_seed(21)
+nets = [nn.Linear(4, 1) for _ in range(3)]
+w0 = nets[0].weight
+""",
+    """
+for i in range(len(nets)):
+    nets[i].train()
+    opt = torch.optim.SGD(nets[i].parameters(), lr=0.05)
+    for xb, yb in batches:
+        opt.zero_grad()
+        loss_fn(nets[i](xb), yb).backward()
+        opt.step()
+    nets[i].eval()
+same = w0 is nets[0].weight
+""",
+)
+
+case(
+    "wb-u-own-index-reads-previous",
+    "unsafe",
+    ACCS
+    + """
+accs = [Acc(c) for c in "abc"]
+""",
+    """
+for i in range(len(accs)):
+    accs[i].grow(accs[i - 1].n + 1)
+""",
+    note="iteration i reads the element iteration i-1 changed (a chain)",
+)
+
+case(
+    "wb-u-own-index-one-object-thrice",
+    "unsafe",
+    ACCS
+    + """
+accs = [Acc("x")] * 3
+""",
+    """
+for i in range(len(accs)):
+    accs[i].grow(accs[i].n + 1)
+""",
+    note="the three elements are one object: serially each sees the last change",
+)
+
+case(
+    "wb-u-own-index-container-reversed",
+    "unsafe",
+    """
+rows = [[3, 1], [2, 9, 4], [8]]
+""",
+    """
+for i in range(len(rows)):
+    rows[i].append(i)
+    rows.reverse()
+""",
+    note="the body changes the container: `rows[i]` is another element each time",
+)
+
+case(
+    "wb-own-key-dict-of-lists-extend",
+    "safe",
+    """
+buckets = {"b": [3, 1], "a": [2], "c": []}
+alias = buckets["b"]
+""",
+    """
+for k in buckets:
+    buckets[k].extend([len(k), 0])
+    buckets[k].sort(reverse=True)
+""",
+)
+
+case(
+    "wb-own-key-sk-fit-by-name",
+    "safe",
+    SK
+    + """
+ests = {"lr": LogisticRegression(max_iter=200), "tree": DecisionTreeClassifier(random_state=0), "knn": KNeighborsClassifier(3)}
+""",
+    """
+scores = {}
+for name in ests.keys():
+    est = ests[name]
+    est.fit(X_tr, y_tr)
+    scores[name] = round(est.score(X_te, y_te), 4)
+""",
+)
+
+case(
+    "wb-own-key-other-dict-by-items-key",
+    "safe",
+    """
+counts = {"x": {"n": 0}, "y": {"n": 5}}
+weights = {"x": 2, "y": 3}
+""",
+    """
+for name, w in weights.items():
+    counts[name]["n"] += w
+    counts[name]["last"] = name
+""",
+)
+
+case(
+    "wb-u-own-key-one-list-two-keys",
+    "unsafe",
+    """
+shared = []
+groups = {"a": shared, "b": shared, "c": [0]}
+""",
+    """
+for k in groups:
+    groups[k].append(len(groups[k]))
+""",
+    note="two keys hold one list: serially the second append sees the first",
+)
+
+case(
+    "wb-u-own-key-reachable-from-input",
+    "unsafe",
+    """
+books = {"x": [1], "y": [2]}
+index = {"first": books["x"]}
+""",
+    """
+for k in books:
+    books[k].append(len(index["first"]))
+""",
+    note="the item of key x is also an input's value, which the y iteration reads",
+)
+
+case(
+    "wb-u-own-key-other-key-read",
+    "unsafe",
+    """
+d = {"a": [1], "b": [2], "c": [3]}
+""",
+    """
+for k in d:
+    d[k].append(sum(d["a"]))
+""",
+    note="every iteration reads d['a'], which the first one changed",
+)
+
+case(
+    "wb-own-nested-dict-values-sorted",
+    "safe",
+    """
+records = [{"xs": [3, 1, 2], "ys": [9, 7]}, {"xs": [5, 4], "ys": []}]
+""",
+    """
+for rec in records:
+    for vals in rec.values():
+        vals.sort()
+""",
+)
+
+case(
+    "wb-own-nested-torch-bias-frozen",
+    "safe",
+    TORCH
+    + """
+torch.manual_seed(22)
+nets = [nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1)) for _ in range(3)]
+""",
+    """
+for net in nets:
+    for name, p in net.named_parameters():
+        if name.endswith("bias"):
+            p.requires_grad_(False)
+    for layer in net.children():
+        layer.eval()
+frozen = [[p.requires_grad for p in n.parameters()] for n in nets]
+""",
+)
+
+case(
+    "wb-u-own-nested-shared-layer",
+    "unsafe",
+    TORCH
+    + """
+torch.manual_seed(23)
+shared = nn.Linear(4, 4)
+nets = [nn.Sequential(shared, nn.Linear(4, 1)) for _ in range(2)]
+""",
+    """
+for net in nets:
+    for p in net[0].parameters():
+        with torch.no_grad():
+            p.mul_(2.0)
+""",
+    note="the layer is every net's: serially scaled twice",
+)
+
+case(
+    "wb-u-own-nested-data-unseen",
+    "unsafe",
+    TORCH
+    + """
+torch.manual_seed(25)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+""",
+    """
+for net in nets:
+    for p in net.parameters():
+        p.data.mul_(0.5)
+""",
+    note="a change through `.data` bumps no version counter: unseen by the item check",
+)
+
+case(
+    "wb-u-own-nested-other-input",
+    "unsafe",
+    TORCH
+    + """
+torch.manual_seed(24)
+base = nn.Linear(4, 1)
+nets = [nn.Linear(4, 1) for _ in range(2)]
+""",
+    """
+for net in nets:
+    with torch.no_grad():
+        for p in base.parameters():
+            p.add_(1.0)
+        net.weight.copy_(base.weight)
+""",
+    note="the nested loop changes an input, not the item: serially twice",
+)
+
+case(
+    "wb-form-enumerate-dict-own-key-ranked",
+    "safe",
+    """
+weights = {"w1": 1.5, "w2": -0.5, "w3": 2.0}
+""",
+    """
+for r, k in enumerate(weights):
+    weights[k] = weights[k] * (r + 1)
+""",
+)
+
+case(
+    "wb-u-form-enumerate-list-repeated-keys",
+    "unsafe",
+    """
+keys = [0, 1, 0]
+vals = [10, 20]
+""",
+    """
+for r, k in enumerate(keys):
+    vals[k] = vals[k] + r + 1
+""",
+    note="key 0 twice: serially the second write reads the first",
+)
+
+case(
+    "wb-u-fx-notebook-catch-warnings-restores-nothing",
+    "unsafe",
+    """
+import contextlib, warnings
+def catch_warnings():
+    return contextlib.nullcontext()
+seen = []
+""",
+    """
+for i in range(3):
+    with catch_warnings():
+        warnings.filterwarnings("ignore", message=f"own-cw-{i}")
+    seen.append(i)
+kept = [f for f in warnings.filters if "own-cw" in str(f[1])]
+n_filters = len(kept)
+warnings.filters[:] = [f for f in warnings.filters if f not in kept]
+""",
+    note="the notebook's own catch_warnings restores nothing: the filters stay (serially 3)",
+)
+
+case(
+    "wb-own-iterators-advanced-in-steps",
+    "safe",
+    """
+rows = [[1, 2, 3, 4], [5], []]
+its = [iter(rows[0]), reversed(rows[0]), iter(range(3)), iter(rows[1]), iter(rows[2]), iter("xyz")]
+""",
+    """
+firsts = []
+for it in its:
+    firsts.append(next(it, None))
+    firsts.append(next(it, None))
+left = [list(it) for it in its]
+""",
+)
+
+case(
+    "wb-u-own-iterators-one-iterator-twice",
+    "unsafe",
+    """
+it = iter([1, 2, 3, 4, 5])
+its = [it, it]
+""",
+    """
+heads = []
+for x in its:
+    heads.append(next(x))
+""",
+    note="one iterator twice: serially the second iteration takes the next value",
+)
+
+case(
+    "wb-u-own-iterators-generator-items",
+    "unsafe",
+    """
+def count_from(n):
+    while True:
+        yield n
+        n += 1
+gens = [count_from(0), count_from(10)]
+""",
+    """
+heads = [next(g) for g in gens]
+for g in gens:
+    heads.append(next(g))
+""",
+    note="a generator's position cannot be set: refused, named",
+)
+
 case(
     "wb-u-generator-side-effects-interleave",
     "unsafe",
@@ -3058,4 +3415,47 @@ for g in groups:
     shares.append(hist[0] / hist.sum())
 """,
     note="each iteration reads the histogram so far",
+)
+
+# ---------------------------------------------------------------- sinks: a frame's own row, read back
+
+case(
+    "wb-sink-df-at-rmw-iterrows",
+    "safe",
+    DF,
+    """
+df["net"] = 0.0
+for idx, row in df.iterrows():
+    df.at[idx, "net"] = row["units"] * row["price"]
+    df.at[idx, "net"] -= 0.1 * df.at[idx, "net"]
+    df.at[idx, "units"] = df.at[idx, "units"] + 1
+    if df.at[idx, "net"] > 40:
+        df.at[idx, "net"] = round(df.at[idx, "net"], 1)
+""",
+    note="several read-modify-write statements on one own row, through .at",
+)
+
+case(
+    "wb-sink-df-loc-own-row-new-str-column",
+    "safe",
+    DF,
+    """
+for i in df.index:
+    df.loc[i, "label"] = df.loc[i, "store"] + "-" + str(df.loc[i, "units"])
+    df.loc[i, "short"] = df.loc[i, "label"][:3]
+""",
+    note="a new string column written, then read back for another",
+)
+
+case(
+    "wb-u-sink-df-loc-reads-previous-row",
+    "unsafe",
+    DF,
+    """
+df["cum"] = 0
+df.loc[0, "cum"] = df.loc[0, "units"]
+for i in range(1, len(df)):
+    df.loc[i, "cum"] = df.loc[i - 1, "cum"] + df.loc[i, "units"]
+""",
+    note="a running total down the rows: each row reads the previous iteration's write",
 )

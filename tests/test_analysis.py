@@ -569,16 +569,25 @@ def test_in_place_change_of_loop_item_written_back() -> None:
         assert p.ok and line in p.watch_items, body
     p = plan("for k, lst in groups.items():\n    lst.sort()\n")
     assert p.ok and p.watch_items == (2,)
-    # an alias of an element, a rebound loop variable, a comprehension's
-    # variable: not surely the iteration's own item
-    r = refusals("for i in range(n):\n    r = data[i]\n    r[0] = 1\n")
+    # the iteration's own element by index and a name for it, a nested
+    # loop's variable over the item: the item's (ownsubscripts.py)
+    p = plan("for i in range(n):\n    r = data[i]\n    r[0] = 1\n")
+    assert p.ok and p.watch_items == (3,)
+    p = plan("for row in data:\n    for cell in row:\n        cell.v = 1\n")
+    assert p.ok and p.watch_items == (3,)
+    # a rebound loop variable, a comprehension's variable, an element at
+    # another index: not surely the iteration's own item
+    r = refusals("for i in range(n):\n    r = data[i - 1]\n    r[0] = 1\n")
     assert ("r", "outer-mutation", 3) in r
     r = refusals("for row in data:\n    row = template\n    row[0] = 1\n")
     assert ("row", "outer-mutation", 3) in r
     r = refusals("for row in data:\n    [x.append(1) for x in row]\n")
     assert ("x", "outer-mutation", 2) in r
-    r = refusals("for row in data:\n    for cell in row:\n        cell.v = 1\n")
-    assert ("cell", "outer-mutation", 3) in r
+    r = refusals(
+        "for row in data:\n    for cell in row:\n        cell = cell[0]\n"
+        "        cell.v = 1\n"
+    )
+    assert ("cell", "outer-mutation", 4) in r
 
 
 def test_range_loop_target_can_be_rebound() -> None:

@@ -30,10 +30,6 @@ pytestmark = pytest.mark.cluster
 # case id -> why its test is xfail(strict=True): "false refusal: ..." for a
 # safe case the magic refused or stopped, "SILENT: ..." for a run whose
 # namespace differs from the serial one.
-_ITEM_KIND = (
-    "false refusal (an item of a kind not written back, stopped at run time "
-    "atomically): the item of iteration k, a {}, changed in place"
-)
 
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
@@ -54,35 +50,6 @@ KNOWN: dict[str, str] = {
         "buf, the prints stayed there): a notebook stream in a `with` around "
         "the loop is refused before anything runs"
     ),
-    "wb-torch-opts-dict-outside": (
-        "false refusal: `opt = optimizers[name]; opt.step()`, each iteration's "
-        "own optimizer looked up by key, is an input changed in place (static)"
-    ),
-    "wb-torch-finetune-freeze-backbone": (
-        "false refusal: `p.requires_grad = False` over the own item's "
-        "parameters through a nested loop's variable (static)"
-    ),
-    "wb-sink-df-loc-own-row": (
-        "false refusal: an own row written with `df.loc[i, c] = ...` and read "
-        "back in the same iteration (`df.loc[i, 'revenue']`) is taken for a "
-        "read of other iterations' writes"
-    ),
-    "wb-sk-fit-range-len-index": (
-        "false refusal (documented): `models[i].fit(...)` over a range index "
-        "changes an input (the own item is only the loop variable's); the "
-        "error says the rewrite (test_an_item_reached_by_index_names_the_rewrite)"
-    ),
-    "wb-own-key-list-sort-via-subscript": (
-        "false refusal: `groups[k].sort()` over `for k in groups`, each key's "
-        "own list changed through the dict, is taken for a loop that changes "
-        "its iterable and a keyed gather read back (static)"
-    ),
-    "wb-form-enumerate-items-own-key": (
-        "false refusal: `for rank, (k, v) in enumerate(d.items()): d[k] = ...` "
-        "(own keys, values replaced) is taken for a loop that changes its "
-        "iterable; without enumerate it runs (static)"
-    ),
-    "wb-iterators-items-next": _ITEM_KIND.format("list_iterator"),
 }
 
 OUTCOMES: dict[str, Outcome] = {}
@@ -138,21 +105,33 @@ def buf_empty(ip) -> bool:
     return ip.user_ns["buf"].getvalue() == ""
 
 
-def test_an_item_reached_by_index_names_the_rewrite(sweep, private_cluster):  # noqa: F811
-    """``for i in range(len(models)): models[i].grow()`` changes an input (an
-    item reached by index is not the loop variable's own): refused, nothing
+def test_an_item_reached_by_index_or_key_is_written_back(sweep, private_cluster):  # noqa: F811
+    """``for i in range(len(accs)): accs[i].grow()`` changes iteration ``i``'s
+    own element: written back into the kernel's objects, as serially (also
+    by key, and through a name for it).  An element that is not the
+    iteration's own (``accs[i - 1]``) changes an input: refused, nothing
     merged, and the error says the loop that is written back."""
     from gpucell.errors import InputChanged
 
     ip = sweep.ip
     ip.run_cell(
         "class Acc:\n    def __init__(self):\n        self.n = 0\n"
-        "    def grow(self):\n        self.n += 1\n"
-        "accs = [Acc() for _ in range(3)]\n"
+        "    def grow(self, k=1):\n        self.n += k\n"
+        "accs = [Acc() for _ in range(3)]\nfirst = accs[0]\n"
+        "by = {'a': Acc(), 'b': Acc()}\n"
     ).raise_error()
-    cell = "for i in range(len(accs)):\n    accs[i].grow()\n"
+    run = ip.run_cell_magic
+    run("gpu_parallel", "--quiet", "for i in range(len(accs)):\n    accs[i].grow(i)\n")
+    assert [a.n for a in ip.user_ns["accs"]] == [0, 1, 2]
+    assert ip.user_ns["first"] is ip.user_ns["accs"][0] and ip.user_ns["i"] == 2
+    run(
+        "gpu_parallel",
+        "--quiet",
+        "for k in by:\n    acc = by[k]\n    acc.grow(len(k))\n",
+    )
+    assert [a.n for a in ip.user_ns["by"].values()] == [1, 1]
+    assert ip.user_ns["acc"] is ip.user_ns["by"]["b"] and ip.user_ns["k"] == "b"
+    cell = "for i in range(len(accs)):\n    accs[i - 1].grow()\n"
     with pytest.raises(InputChanged, match=r"written `for x in accs:` or"):
-        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
-    assert [a.n for a in ip.user_ns["accs"]] == [0, 0, 0]
-    ip.run_cell_magic("gpu_parallel", "--quiet", "for a in accs:\n    a.grow()\n")
-    assert [a.n for a in ip.user_ns["accs"]] == [1, 1, 1]
+        run("gpu_parallel", "--quiet", cell)
+    assert [a.n for a in ip.user_ns["accs"]] == [0, 1, 2]

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import ast
 import textwrap
-from types import CodeType
+from collections.abc import Callable
+from types import CodeType, ModuleType
+from typing import Any
 
 __all__ = [
     "LAST_ITEM",
+    "RESTORING_LIBRARY",
     "dotted_name",
     "last_item_binding",
     "loop_node",
@@ -75,16 +78,21 @@ def loop_node(source: str, line: int) -> ast.For | None:
     )
 
 
-def last_item_binding(source: str, line: int, filename: str) -> CodeType | None:
+def last_item_binding(
+    source: str, line: int, filename: str, part: bool = False
+) -> CodeType | None:
     """Code binding the ``for`` loop at ``line``'s target to ``LAST_ITEM``, or
     ``None`` when the body may leave another value there (it rebinds or
-    deletes a target name) or the target is not plain names."""
+    deletes a target name) or the target is not plain names.  ``part``: the
+    loop runs with its own elements (``analysis/ownsubscripts.py``), its
+    item the first part of ``LAST_ITEM``."""
     loop = loop_node(source, line)
     if loop is None or not _names_only(loop.target):
         return None
     if _target_names(loop.target) & _touched(loop.body):
         return None
-    module = ast.parse(f"{ast.unparse(loop.target)} = {LAST_ITEM}")
+    item = f"{LAST_ITEM}[0]" if part else LAST_ITEM
+    module = ast.parse(f"{ast.unparse(loop.target)} = {item}")
     ast.increment_lineno(module, line - 1)  # (an error names the loop's line)
     return compile(module, filename, "exec")
 
@@ -272,14 +280,79 @@ RESTORED_BY: dict[str, frozenset[str]] = {
 }
 
 
-def _restoring(node: ast.With | ast.AsyncWith) -> frozenset[str]:
-    """The last names of the context functions a ``with`` enters."""
+#: the library each restoring ``with`` function comes from: a notebook
+#: function of the same name (one that restores nothing) is not trusted
+RESTORING_LIBRARY: dict[str, str] = {
+    "catch_warnings": "warnings",
+    "errstate": "numpy",
+    "option_context": "pandas",
+    "printoptions": "numpy",
+    "no_grad": "torch",
+    "enable_grad": "torch",
+    "set_grad_enabled": "torch",
+    "inference_mode": "torch",
+    "rc_context": "matplotlib",
+    "chdir": "contextlib",
+}
+
+#: ``dotted name -> object``, or ``None`` where it cannot be resolved
+Resolve = Callable[[str], Any]
+
+
+def _imports(source: str) -> dict[str, str]:
+    """``name -> the module path it is bound to`` by the cell's own imports
+    (``import numpy as np``: ``np -> numpy``; ``from warnings import
+    catch_warnings``: ``catch_warnings -> warnings.catch_warnings``)."""
+    out: dict[str, str] = {}
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return out
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    out[a.asname] = a.name
+                else:
+                    root = a.name.split(".")[0]
+                    out[root] = root
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _library_of(name: str, imports: dict[str, str], resolve: Resolve | None) -> str:
+    """The top-level module ``name`` (dotted) comes from: the cell's imports
+    name it, else what it resolves to in the notebook (an object's
+    ``__module__``, a module's name); ``""`` where neither tells."""
+    root = name.split(".", 1)[0]
+    if root in imports:
+        return imports[root].split(".", 1)[0]
+    obj = resolve(name) if resolve is not None else None
+    if obj is None:
+        return ""
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str):
+        module = getattr(obj, "__name__", "") if isinstance(obj, ModuleType) else ""
+    return module.split(".", 1)[0]
+
+
+def _restoring(
+    node: ast.With | ast.AsyncWith, imports: dict[str, str], resolve: Resolve | None
+) -> frozenset[str]:
+    """The last names of the context functions a ``with`` enters that come
+    from their library (``resolve`` ``None``: by name only)."""
     names = set()
     for item in node.items:
         e = item.context_expr
         f = e.func if isinstance(e, ast.Call) else e
         name = dotted_name(f) or ""
-        names.add(name.rsplit(".", 1)[-1])
+        last = name.rsplit(".", 1)[-1]
+        if resolve is None or _library_of(name, imports, resolve) == (
+            RESTORING_LIBRARY.get(last)
+        ):
+            names.add(last)
     return frozenset(names)
 
 
@@ -297,7 +370,9 @@ def _undone(call: str, node: ast.Call, contexts: list[frozenset[str]]) -> bool:
     return any(undo & names for names in contexts)
 
 
-def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
+def process_state_calls(
+    source: str, line: int, resolve: Resolve | None = None
+) -> list[tuple[int, str]]:
     """``(line, call)`` of each call in the body of the ``for`` loop at
     ``line`` that changes process-wide state (``os.chdir``,
     ``pd.set_option``, ``torch.set_default_dtype``...), or assigns into
@@ -306,10 +381,15 @@ def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
     for the cells after.  A ``with`` form (``np.errstate``,
     ``pd.option_context``) is fine: it undoes itself; so is a setter inside
     a ``with`` in the body that puts its state back (``warnings.simplefilter``
-    in ``with warnings.catch_warnings():``, :data:`RESTORED_BY`)."""
+    in ``with warnings.catch_warnings():``, :data:`RESTORED_BY`), where
+    ``resolve`` (the kernel's names) says the ``with``'s function comes from
+    its library (:data:`RESTORING_LIBRARY`): a notebook ``catch_warnings``
+    of its own restores nothing.  Without ``resolve`` (the analysis, which
+    sees no values), by name only."""
     loop = loop_node(source, line)
     if loop is None:
         return []
+    imports = _imports(source) if resolve is not None else {}
     out: list[tuple[int, str]] = []
     contexts: list[frozenset[str]] = []
 
@@ -337,7 +417,7 @@ def process_state_calls(source: str, line: int) -> list[tuple[int, str]]:
         if isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 visit(item)
-            contexts.append(_restoring(node))
+            contexts.append(_restoring(node, imports, resolve))
             for st in node.body:
                 visit(st)
             contexts.pop()

@@ -22,6 +22,7 @@ import bisect
 import collections
 import ctypes
 import itertools
+import sys
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -361,6 +362,8 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
         problem = _check_state(obj, update)
     elif kind == "torchstate":
         problem = _check_torch_state(obj, update[1])
+    elif kind == "iterator":
+        problem = _check_iterator(obj, update)
     elif kind == "frame":
         if type(obj) is not type(update[1]) or not hasattr(obj, "_update_inplace"):
             problem = "it is not the frame the engine had"
@@ -410,6 +413,31 @@ def _check_state(obj: Any, update: tuple[Any, ...]) -> str:
     ):
         return "its bit generator is not the one the engine's copy had"
     return ""
+
+
+def _check_iterator(obj: Any, update: tuple[Any, ...]) -> str:
+    """A sequence iterator takes the engine's position where it is the same
+    kind, over a sequence as long as the engine's copy's was."""
+    _kind, name, length, _position = update
+    if type(obj).__name__ != name or not callable(getattr(obj, "__setstate__", None)):
+        return "it is not the iterator the engine had"
+    reduced = obj.__reduce__()
+    if len(reduced) < 3:
+        return "the kernel's iterator is used up"
+    if length >= 0 and len(reduced[1][0]) != length:
+        return "its sequence is not as long as the engine copy's"
+    return ""
+
+
+def _seek(it: Any, position: int | None) -> None:
+    """A sequence iterator to ``position``, or used up (``None``)."""
+    if position is not None:
+        it.__setstate__(position)
+        return
+    # past the end (the setters clamp: -1 for a reversed one), then one step
+    # that finds nothing, as a used-up iterator has taken
+    it.__setstate__(-1 if "reverse" in type(it).__name__ else sys.maxsize)
+    next(it, None)
 
 
 def _check_torch_state(obj: Any, state: Mapping[str, Any]) -> str:
@@ -717,6 +745,8 @@ def apply(targets: Sequence[Target]) -> None:
             obj[:] = t.update[1]
         elif kind == "random":
             obj.setstate(t.update[1])
+        elif kind == "iterator":
+            _seek(obj, t.update[3])
         elif kind == "torchstate":  # by position: the kernel's own parameters
             obj.load_state_dict(t.update[1])
         elif kind == "rng":

@@ -15,6 +15,9 @@ a tuple item such as ``enumerate``'s or ``dict.items()``'s pairs):
 * a torch tensor: its values (and gradient);
 * a ``set`` (what it lost and gained), a ``collections.deque`` (its
   elements, as a list's), a ``bytearray`` (its bytes);
+* an iterator over a list, tuple, range, string or bytes (``it =
+  iter(rows)``, ``reversed(xs)``): its position (``next(it)``), set in the
+  kernel's own iterator over the kernel's sequence;
 * a ``random.Random``, a numpy ``Generator`` or ``RandomState``: its whole
   state (``getstate``, ``bit_generator.state``, ``get_state``), so the
   kernel's draws go on where the engine's copy stopped;
@@ -31,13 +34,14 @@ a tuple item such as ``enumerate``'s or ``dict.items()``'s pairs):
 * a container inside a dict, list or deque item (two levels down) changed
   in place: into the kernel's own, as its item is.
 
-Anything else that changed (a subclass of a set or a generator, an iterator,
-a bound method) cannot be written back: the chunk fails as before, naming
-it. So does a change to a notebook class's own attributes made through an
-item (``self.seen.append`` on a class-level list, ``type(self).count +=
-1``): every instance shares them, serially later iterations would see the
-change. A process-wide generator is never written back (each process has its
-own: ``protocol/globalrng.py``). Standard library only.
+Anything else that changed (a subclass of a set or a generator, another
+iterator: a generator, a ``map``, a file; a bound method) cannot be written
+back: the chunk fails as before, naming it. So does a change to a notebook
+class's own attributes made through an item (``self.seen.append`` on a
+class-level list, ``type(self).count += 1``): every instance shares them,
+serially later iterations would see the change. A process-wide generator
+is never written back (each process has its own: ``protocol/globalrng.py``).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -176,7 +180,37 @@ def _stdlib_kind(obj: Any) -> str | None:
         return "random"
     if (t.__module__, t.__name__) in _NUMPY_RNG:
         return "rng"
+    if t in _SEQUENCE_ITERATORS:
+        return "iterator"
     return None
+
+
+#: iterators over a sequence, whose whole state is their position (pickled
+#: as ``(iter, (sequence,), position)``, set by ``__setstate__``): written
+#: back as that position into the kernel's own, over the kernel's sequence
+_SEQUENCE_ITERATORS = frozenset(
+    type(x)
+    for x in (
+        iter([]),
+        iter(()),
+        iter(range(0)),
+        iter(""),
+        iter("\u00e9"),
+        iter(b""),
+        iter(bytearray()),
+        reversed([]),
+    )
+)
+
+
+def _position(it: Any) -> tuple[int, int | None]:
+    """A sequence iterator's (length of its sequence, position), position
+    ``None`` once it is used up (its sequence is dropped then)."""
+    reduced = it.__reduce__()
+    seq = reduced[1][0] if reduced[1] else ()
+    if len(reduced) < 3:
+        return -1, None
+    return len(seq), int(reduced[2])
 
 
 def rng_state(obj: Any) -> Any:
@@ -394,6 +428,8 @@ def _state(
         return bytes(obj)
     if kind in ("random", "rng"):
         return checkin._pickled(rng_state(obj))
+    if kind == "iterator":
+        return (type(obj).__name__, *_position(obj))
     if kind == "optimizer":  # (and the parameters it steps: they change too)
         params = [p for g in obj.param_groups for p in g["params"]]
         return (checkin._pickled(obj.state_dict()), tuple(map(checkin.token, params)))
@@ -562,6 +598,10 @@ def _update_one(
         return ("bytes", now), ""
     if kind in ("random", "rng"):
         return (kind, rng_state(leaf)), ""
+    if kind == "iterator":  # (type name, its sequence's length, position)
+        if then[1] >= 0 and now[1] >= 0 and then[1] != now[1]:
+            return (), "its sequence changed length"
+        return ("iterator", then[0], then[1], now[2]), ""
     if kind == "frame":  # a copy: the item itself would travel as a reference
         return ("frame", leaf.copy(deep=True)), ""
     return ("array", leaf.copy()), ""

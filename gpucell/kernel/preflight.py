@@ -76,7 +76,7 @@ def before_drawing(
     out += _helpers_reading_what_the_loop_changes(plan, ns, inputs)
     out += _one_file_written_by_every_iteration(plan, ns)
     out += _user_module_state_changes(plan, inputs)
-    out += _process_state_changes(plan)
+    out += _process_state_changes(plan, ns)
     out += _unions_of_other_types(plan, ns)
     out += _keyed_stores(plan, ns)
     out += _inputs_shared_with_sinks(plan, ns, inputs, values)
@@ -260,13 +260,22 @@ def _user_module_state_changes(plan: LoopPlan, inputs: Namespace) -> list[Diagno
     return out
 
 
-def _process_state_changes(plan: LoopPlan) -> list[Diagnostic]:
+def _process_state_changes(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
     """``os.chdir``, ``pd.set_option``, ``torch.set_default_dtype`` in the
     body: serially later iterations (and the kernel) see the change; on an
-    engine it changes that process only, and stays for its later cells."""
-    if not plan.facts.process_state_calls:
+    engine it changes that process only, and stays for its later cells.  A
+    setter inside a restoring ``with`` counts as undone only where the
+    ``with``'s function is its library's (``core/lastitem.py``)."""
+    from gpucell.core.lastitem import process_state_calls
+
+    calls = list(plan.facts.process_state_calls)
+    if not calls and plan.loop_lines is not None:
+        calls = process_state_calls(
+            plan.source, plan.loop_lines[0], lambda name: _resolved(name, ns)
+        )
+    if not calls:
         return []
-    line, call = plan.facts.process_state_calls[0]
+    line, call = calls[0]
     return [
         _problem(
             line,
@@ -281,6 +290,15 @@ def _process_state_changes(plan: LoopPlan) -> list[Diagnostic]:
             "%%gpu_parallel.",
         )
     ]
+
+
+def _resolved(name: str, ns: Namespace) -> Any:
+    """What a dotted name is in the notebook, or ``None``."""
+    root, *rest = name.split(".")
+    obj = ns.get(root)
+    for part in rest:
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _helper_file_write(plan: LoopPlan, ns: Namespace) -> tuple[str, int, str] | None:

@@ -61,7 +61,12 @@ from gpucell.core.analysis.sinks import (
     match_candidates,
 )
 from gpucell.core.analysis.strkeys import _literal_keys, _write_keys
-from gpucell.core.analysis.taint import _alias_taint, _lazy_names, _rebound
+from gpucell.core.analysis.taint import (
+    _alias_taint,
+    _item_parts,
+    _lazy_names,
+    _rebound,
+)
 
 __all__ = ["classify_body"]
 
@@ -257,6 +262,17 @@ def _flow_context(
         is_builtin,
         several_writes,
     )
+    # `for r, (k, v) in enumerate(d.items()): d[k] = ...`: `k` is as much
+    # the iteration's own key as without `enumerate`
+    inner = _enumerated(loop_target, loop_iter, is_builtin)
+    enumerated: set[str] = set()
+    if inner is not None:
+        for name, key in _own_elements(
+            writes, body, *inner, bindings_of(nodes), is_builtin
+        ).items():
+            if name not in own_elements:
+                own_elements[name] = key
+                enumerated.add(name)
     # alias taint: locals that may hold objects from outside the iteration
     tainted = _alias_taint(
         stmts, nodes, loop_target, loop_iter, found.body_bound, is_builtin
@@ -271,9 +287,10 @@ def _flow_context(
         is_builtin=is_builtin,
     )
     ctx.target_names = {n.id for n in target_names(loop_target)}
-    ctx.item_names = (ctx.target_names & tainted) - _rebound(body)
+    ctx.item_names = _item_parts(body, (ctx.target_names & tainted) - _rebound(body))
     ctx.assume_nonempty = assume_nonempty
     ctx.own_elements = own_elements
+    ctx.enumerated_keys = enumerated
     ctx.write_keys = _write_keys(writes, own_elements, body)
     ctx.several_writes = several_writes
     ctx.literal_keys = _literal_keys(loop_target, loop_iter, body)
@@ -290,6 +307,24 @@ def _flow_context(
     ):
         ctx.key_loop = (loop_target.id, ast.unparse(loop_iter))
     return ctx
+
+
+def _enumerated(
+    loop_target: ast.expr, loop_iter: ast.expr | None, is_builtin: Callable[[str], bool]
+) -> tuple[ast.expr, ast.expr] | None:
+    """``(target, items)`` of ``for n, target in enumerate(items)``."""
+    if (
+        isinstance(loop_iter, ast.Call)
+        and isinstance(loop_iter.func, ast.Name)
+        and loop_iter.func.id == "enumerate"
+        and is_builtin("enumerate")
+        and len(loop_iter.args) == 1
+        and not loop_iter.keywords
+        and isinstance(loop_target, (ast.Tuple, ast.List))
+        and len(loop_target.elts) == 2
+    ):
+        return loop_target.elts[1], loop_iter.args[0]
+    return None
 
 
 def _refuse_target_parts(loop_target: ast.expr, diag: DiagnosticSink) -> None:
@@ -326,13 +361,28 @@ def _own_row_results(
                     if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                         flow.watch(sub, st.lineno)
     check = _key_check(loop_iter, is_builtin)
-    if check is not None:
+    inner = _enumerated(loop_target, loop_iter, is_builtin)
+    # (an own key under `enumerate`: as distinct as the enumerated items)
+    inner_check = _key_check(inner[1], is_builtin) if inner is not None else None
+    checks = {
+        n: inner_check if n in ctx.enumerated_keys else check for n in ctx.own_elements
+    }
+    if check is not None or inner_check is not None:
         # (a row made new under any loop variable never reads what was there:
         # two keys for one element are a repeated key, the last one wins)
         i = _own_index(loop_target, loop_iter, is_builtin)
+        rows = {
+            n: (r.index, check)
+            for n, r in own_rows.items()
+            if r.index == i and check is not None
+        }
         result.key_checks = {
-            **{n: (r.index, check) for n, r in own_rows.items() if r.index == i},
-            **{n: (k, check) for n, k in ctx.own_elements.items()},
+            **rows,
+            **{
+                n: (k, how)
+                for n, k in ctx.own_elements.items()
+                if (how := checks[n]) is not None
+            },
         }
 
 

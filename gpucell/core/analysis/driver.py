@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,11 @@ from gpucell.core.analysis.cudarewrite import rewrite_cuda
 from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
 from gpucell.core.analysis.facts import loop_facts
 from gpucell.core.analysis.iterspace import describe_iterable
+from gpucell.core.analysis.ownsubscripts import (
+    OwnSubscripts,
+    Trial,
+    chosen_own_subscripts,
+)
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.refusals import (
     Await,
@@ -56,6 +62,7 @@ from gpucell.core.analysis.split import (
     split_cell,
 )
 from gpucell.core.astcopy import copy_tree, copy_trees
+from gpucell.core.lastitem import last_item_binding
 from gpucell.protocol.program import ITEM_ERROR, RESULT
 
 __all__ = ["analyse"]
@@ -341,7 +348,7 @@ def _classify(
     cl, trial = classified(body)
     if trial:
         respelled = copy_trees(body)
-        trial_spelled = respell(respelled, is_builtin)
+        trial_spelled = respell(respelled, is_builtin, (target, iterable))
         cl_spelled, trial_of_spelled = classified(respelled)
         if not trial_of_spelled:
             body[:] = respelled
@@ -361,6 +368,38 @@ def _classify(
     else:
         diag.extend(trial.sorted())
     return cl, spelled
+
+
+def _own_subscripts(
+    parts: _LoopParts, scope: Any, diag: DiagnosticSink
+) -> OwnSubscripts | None:
+    """The loop with ``C[k]`` as an item of its own (``ownsubscripts.py``)."""
+
+    def trial(target: ast.expr, iterable: ast.expr, body: list[ast.stmt]) -> Trial:
+        sink = DiagnosticSink()
+        cl, _ = _classify(
+            copy_trees(body), target, iterable, scope.is_builtin,
+            scope.prelude_modules, sink,
+        )  # fmt: skip
+        return set(cl.watch), cl.watch_all, bool(sink)
+
+    if parts.kind != "for" or diag:
+        return None
+    return chosen_own_subscripts(
+        parts.target, parts.iterable, parts.body, scope.shadowed, trial
+    )
+
+
+def _facts(
+    source: str, kind: str, lines: tuple[int, int], filename: str, epilogue: Any
+) -> Any:
+    """The loop's facts (``facts.py``), its target bound to the first part of
+    the last item where it runs with its own elements (``zip(items, ...)``)."""
+    facts = loop_facts(source, kind.split("+")[0], lines[0], filename, epilogue)
+    if not kind.endswith("+own") or facts.last_item is None:
+        return facts
+    last = last_item_binding(source, lines[0], filename, part=True)
+    return dataclasses.replace(facts, last_item=last)
 
 
 def _chunk_program(
@@ -498,10 +537,13 @@ def analyse(
     target, iterable, body = parts.target, parts.iterable, parts.body
     kind, result_name = parts.kind, parts.result_name
 
+    own = _own_subscripts(parts, scope, diag)  # `models[i]`: an own item
+    if own is not None:
+        target, iterable, body = own.target, own.iterable, own.body
     cl, spelled = _classify(
         body, target, iterable, is_builtin, scope.prelude_modules, diag
     )
-    hidden = parts.hidden | spelled.hidden
+    hidden = parts.hidden | spelled.hidden | set(own.names.values() if own else ())
     nonempty, unless_nonempty = _nonempty_checks(
         cl, diag, body, target, iterable, scope
     )
@@ -533,13 +575,13 @@ def analyse(
         spelled=spelled,
         result_name=result_name,
         result_kind=parts.result_kind,
-        facts=loop_facts(
+        facts=_facts(
             source,
-            kind,
-            loop_lines[0],
+            kind + ("+own" if own else ""),
+            loop_lines,
             filename,
             line_span(split.epilogue) if epi_src.strip() else None,
-        ),
+        ),  # fmt: skip
         nonempty=nonempty,
         unless_nonempty=unless_nonempty,
         chunk_ast=chunk_ast,

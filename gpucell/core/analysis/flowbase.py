@@ -70,6 +70,9 @@ class _Ctx:
         # write sinks whose every write and read is its own element `S[i]` (i the
         # loop's distinct index): S -> i
         self.own_elements: dict[str, str] = {}
+        # those whose key is a part of an `enumerate`'s item (its checks are
+        # the enumerated items')
+        self.enumerated_keys: set[str] = set()
         # write sinks whose every written key differs from some constant keys
         # (`ts[f"lag_{k}"] = ...` beside reads of `ts["y"]`): S -> the keys
         self.write_keys: dict[str, list[ast.expr]] = {}

@@ -56,6 +56,22 @@ MODULE_STATE_MUTATORS = frozenset(
 )
 
 
+def _through_data(node: ast.AST, op: str) -> bool:
+    """Is the object changed at ``node`` reached through a tensor's ``.data``
+    (``p.data.mul_(2)``, ``w.data[0] = 1``, ``m.weight.data += d``)?
+    ``op``: the augmented operator of a store (``""``: a plain ``=``)."""
+    e: ast.AST = node
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        e = node.func.value
+    if isinstance(e, ast.Attribute) and not isinstance(e.ctx, ast.Load) and not op:
+        e = e.value  # (`t.data = x` puts new memory there: seen)
+    while isinstance(e, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(e, ast.Attribute) and e.attr == "data":
+            return True
+        e = e.func if isinstance(e, ast.Call) else e.value
+    return False
+
+
 class _Mutations(_FlowBase):
     """The walk's checks of calls and stores that may change an object."""
 
@@ -73,9 +89,31 @@ class _Mutations(_FlowBase):
         return n not in self.c.body_bound and not self.c.is_builtin(n)
 
     def _refuse_mutation(
-        self, node: ast.AST, root: ast.Name, what: str, fix: str = ""
+        self, node: ast.AST, root: ast.Name, what: str, fix: str = "", op: str = ""
     ) -> None:
         n = root.id
+        if n in self.c.item_names and not self._shadowed(n) and _through_data(node, op):
+            # `p.data.mul_(2)`: bumps no version counter, so the engines'
+            # check of the items would not see the change (it would be lost)
+            self.c.diag.report(
+                OuterMutation(
+                    getattr(node, "lineno", root.lineno),
+                    getattr(node, "col_offset", root.col_offset),
+                    n,
+                    what=what,
+                    owner=(
+                        f"`{n}` is the iteration's own item (or a part of it), "
+                        "and a change made through a tensor's `.data` is not "
+                        "seen by the check that writes items back"
+                    ),
+                    fix=(
+                        "Change the tensor itself under `torch.no_grad()` "
+                        "(`with torch.no_grad(): p.mul_(2)`), or run the cell "
+                        "serially."
+                    ),
+                )
+            )
+            return
         if n in self.c.item_names and not self._shadowed(n):
             # the iteration's own item, changed in place: the engines check
             # the items and send back each one's new state, which the kernel
@@ -130,7 +168,7 @@ class _Mutations(_FlowBase):
         c = self.c
         if n in c.sinks or n in c.module_names:
             return
-        if n in c.target_names and n in c.tainted:
+        if (n in c.target_names or n in c.item_names) and n in c.tainted:
             c.watch_items.append(line)
         elif n in c.tainted or self._shadowed(n):
             c.watch_all = True
@@ -276,7 +314,7 @@ class _Mutations(_FlowBase):
             what = f"`{text} {op}= ...` (attribute assignment)"
         else:
             what = f"`{text} {op}= ...`"
-        self._refuse_mutation(part, root, what)
+        self._refuse_mutation(part, root, what, op=op)
 
     def forbid(
         self, node: ast.AST, refusal: type[Refusal], name: str, **args: str

@@ -218,3 +218,80 @@ def _alias_taint(
             break
     tainted &= body_bound
     return tainted
+
+
+def _reaches_part(e: ast.expr, items: set[str], calls: bool) -> bool:
+    """Does ``e`` read a part of an item: the item's name, its attributes,
+    its elements at constant keys, and (``calls``: a nested loop's iterable)
+    its methods called with constants (``m.backbone.parameters()``)?"""
+    while True:
+        if isinstance(e, ast.Name):
+            return e.id in items
+        if isinstance(e, ast.Attribute):
+            e = e.value
+        elif isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
+            e = e.value
+        elif (
+            calls
+            and isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Attribute)
+            and all(isinstance(a, ast.Constant) for a in e.args)
+            and all(isinstance(k.value, ast.Constant) for k in e.keywords)
+        ):
+            e = e.func.value
+        else:
+            return False
+
+
+def _item_parts(body: list[ast.stmt], items: set[str]) -> set[str]:
+    """``items`` and the body's names for parts of them: a name every
+    binding of which is ``x = m`` or ``x = m.encoder`` (an alias), or a nested
+    loop's variable over the item's parts (``for p in m.parameters()``), to
+    a fixpoint.  A change through one is a change to the item (written
+    back, or refused unmerged at run time, as the item's own)."""
+    nodes = [n for s in body for n in ast.walk(s)]
+    # (a comprehension's variables are its own: `[p for p in m.parameters()]`)
+    comp = {
+        id(t)
+        for n in nodes
+        if isinstance(n, ast.comprehension)
+        for t in ast.walk(n.target)
+    }
+    stored: dict[str, list[int]] = {}
+    for n in nodes:
+        if (
+            isinstance(n, ast.Name)
+            and not isinstance(n.ctx, ast.Load)
+            and id(n) not in comp
+        ):
+            stored.setdefault(n.id, []).append(id(n))
+    other = _rebound(n for n in nodes if not isinstance(n, ast.Name)) - {
+        # (`_rebound` of a statement walks its Names too: only what no
+        # plain name binding explains, a def, an argument, an import...)
+        n.id
+        for n in nodes
+        if isinstance(n, ast.Name)
+    }
+    parts = set(items)
+    while True:
+        good: set[int] = set()
+        for n in nodes:
+            if (
+                isinstance(n, ast.Assign)
+                and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name)
+                and _reaches_part(n.value, parts, calls=False)
+            ):
+                good.add(id(n.targets[0]))
+            elif isinstance(n, (ast.For, ast.AsyncFor)) and _reaches_part(
+                n.iter, parts, calls=True
+            ):
+                good |= {id(t) for t in target_names(n.target)}
+        found = items | {
+            name
+            for name, ids in stored.items()
+            if name not in other and all(i in good for i in ids)
+        }
+        if found == parts:
+            return parts
+        parts = found
