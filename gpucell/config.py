@@ -153,11 +153,12 @@ class GpuCell(Configurable):
         "a one-line note) instead of raising.",
     )
     quiet_idle = Bool(
-        False,
+        True,
         config=True,
         help="Engines send no 'idle' status after a chunk that printed and displayed "
         "nothing (its reply says so and the kernel marks its output complete): one "
-        "message fewer per chunk for the engine, the controller and the kernel.",
+        "message fewer per chunk for the engine, the controller and the kernel. "
+        "False: every chunk's 'idle' is sent, as ipyparallel does.",
     )
     inline_below = Float(
         0.005,

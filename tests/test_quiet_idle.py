@@ -1,7 +1,7 @@
-"""``GpuCell.quiet_idle``: engines leave out the "idle" status after a chunk
-that sent nothing on IOPub (engine/quietidle); the kernel marks that task's
-output complete itself.  A chunk that prints or displays keeps its "idle", so
-its output still arrives whole and in order."""
+"""``GpuCell.quiet_idle`` (on by default): engines leave out the "idle"
+status after a chunk that sent nothing on IOPub (engine/quietidle); the kernel
+marks that task's output complete itself.  A chunk that prints or displays
+keeps its "idle", so its output still arrives whole and in order."""
 
 from __future__ import annotations
 
@@ -27,11 +27,8 @@ def quiet(ip, cluster, monkeypatch):
         real(client, ar)
 
     monkeypatch.setattr(executor, "output_complete", counting)
-    ip.run_line_magic("config", "GpuCell.quiet_idle = True")
-    try:
-        yield completed
-    finally:
-        ip.run_line_magic("config", "GpuCell.quiet_idle = False")
+    ip.run_line_magic("config", "GpuCell.quiet_idle = True")  # (the default)
+    yield completed
 
 
 def _pending_outputs(client) -> list[str]:
@@ -95,14 +92,15 @@ def test_printed_and_displayed_output_keeps_its_idle_and_arrives_whole(
     assert not _pending_outputs(cluster.client)
 
 
-def test_off_by_default_and_off_means_every_idle_is_sent(ip, cluster, monkeypatch):
-    from gpucell import config
-
-    assert config.settings().quiet_idle is False
+def test_off_means_every_idle_is_sent(ip, cluster, monkeypatch):
     called: list[object] = []
     monkeypatch.setattr(executor, "output_complete", lambda c, ar: called.append(ar))
     before = _idles_left_out(cluster)
-    ip.run_cell_magic("gpu_parallel", "--quiet", "for i in range(8):\n    v = i\n")
+    ip.run_line_magic("config", "GpuCell.quiet_idle = False")
+    try:
+        ip.run_cell_magic("gpu_parallel", "--quiet", "for i in range(8):\n    v = i\n")
+    finally:
+        ip.run_line_magic("config", "GpuCell.quiet_idle = True")
     assert called == [] and not _pending_outputs(cluster.client)
     assert _idles_left_out(cluster) == before
 
