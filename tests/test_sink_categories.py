@@ -318,3 +318,71 @@ def test_a_ufunc_at_into_a_list_fails_the_merge_as_serially() -> None:
     with pytest.raises(TypeError):
         run_parallel_local("for g in groups:\n    np.add.at(hist, g, 1.0)\n", ns)
     assert ns["hist"] == [0.0, 0.0]
+
+
+# ------------------------------------------------ a frame's own row read back
+
+
+def _frame(n: int) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame(
+        {"units": list(range(n)), "price": [1.5 * k for k in range(n)], "tag": "x"}
+    )
+
+
+FRAME_CELLS = [
+    # the corpus's loop: a cell written, then read back for another column
+    'df["revenue"] = 0.0\nfor i in range(len(df)):\n'
+    '    df.loc[i, "revenue"] = df.loc[i, "units"] * df.loc[i, "price"]\n'
+    '    df.loc[i, "band"] = "high" if df.loc[i, "revenue"] > 5 else "low"\n',
+    # several read-modify-write statements on one own row, `.at`, iterrows
+    "for idx, r in df.iterrows():\n"
+    '    df.at[idx, "price"] = df.at[idx, "price"] * 2\n'
+    '    df.at[idx, "price"] += r["units"]\n'
+    '    df.at[idx, "units"] = df.at[idx, "units"] + 1\n'
+    '    df.at[idx, "tag"] = df.at[idx, "tag"] + str(df.at[idx, "units"])\n',
+    # a write under an if, read back after it; a new float column
+    "for i in df.index:\n"
+    '    if df.loc[i, "units"] % 2:\n'
+    '        df.loc[i, "half"] = df.loc[i, "price"] / 2\n'
+    '        df.loc[i, "price"] = df.loc[i, "half"]\n',
+]
+
+
+@pytest.mark.parametrize("cell", FRAME_CELLS)
+@pytest.mark.parametrize("cut", [[0.5], [0.2, 0.6], []])
+def test_a_frames_own_row_read_back_is_the_serial_one(cell: str, cut) -> None:
+    import pandas as pd
+
+    serial: dict[str, Any] = {"df": _frame(7)}
+    exec(cell, serial)
+    parallel: dict[str, Any] = {"df": _frame(7)}
+    alias = parallel["df"]
+    run_parallel_local(cell, parallel, cut)
+    pd.testing.assert_frame_equal(serial["df"], parallel["df"])
+    assert parallel["df"] is alias  # changed in place, as serially
+
+
+def test_a_column_whose_type_an_iteration_changes_is_refused_at_merge() -> None:
+    """The first iteration makes the new column strings, the second stores a
+    number in its own copy: serially it would store into a string column."""
+    cell = (
+        "for i in range(len(df)):\n"
+        '    df.loc[i, "note"] = "big" if df.loc[i, "units"] > 3 else i\n'
+        '    df.loc[i, "n"] = len(str(df.loc[i, "note"]))\n'
+    )
+    df = _frame(6)
+    with pytest.raises(NotParallelizable, match="`df\\['note'\\]`"):
+        run_parallel_local(cell, {"df": df}, [0.5])
+    assert list(df.columns) == ["units", "price", "tag"]
+
+
+def test_a_frame_read_at_another_row_stays_refused() -> None:
+    cell = (
+        "for i in range(1, len(df)):\n"
+        '    df.loc[i, "units"] = df.loc[i - 1, "units"] + 1\n'
+        '    df.loc[i, "price"] = df.loc[i, "units"] * 2\n'
+    )
+    with pytest.raises(NotParallelizable):
+        _plan(cell, ("df",))

@@ -523,9 +523,18 @@ def prepare(
             claim(name, target)
             up.mutations.append(_prepare_ufunc_at(name, target, calls))
 
+    # a frame's own rows read back: each iteration's written cells replayed
+    frame_rows = getattr(getattr(plan, "spelled", None), "frame_rows", {})
+    for hidden, name in frame_rows.items():
+        rows = _concat(rs, "gathers", hidden)
+        if rows:
+            target = _current(current, name)
+            claim(name, target)
+            up.mutations.append(_prepare_frame_rows(name, target, rows))
+
     # ordered gathers
     for name in plan.gathers:
-        if name in spelled_at:
+        if name in spelled_at or name in frame_rows:
             continue
         items = _concat(rs, "gathers", name)
         if not items:
@@ -1124,6 +1133,45 @@ def _prepare_ufunc_at(
         target[...] = trial
 
     return Mutation(name, "ufunc.at", apply)
+
+
+def _prepare_frame_rows(
+    name: str, target: Any, rows: list[tuple[Any, list[tuple[str, Any, str]]]]
+) -> Mutation:
+    """``df.loc[i, c] = ...`` read back in the iteration: each ran on a
+    private copy of its row (``core/framerows.py``); its written cells are
+    stored into the frame in iteration order, on a copy first.  A column
+    whose type an iteration's copy changed (or that two iterations' new
+    column got differently) is refused: serially the later iterations would
+    have read the frame's changed column."""
+    columns = getattr(target, "columns", None)
+    if columns is None or not hasattr(target, "loc"):
+        raise TypeError(
+            f"`{name}` is a {type(target).__name__}, not a DataFrame. Nothing "
+            "was merged."
+        )
+    types: dict[str, str] = {}
+    for _label, cells in rows:
+        for c, _v, dtype in cells:
+            before = str(target[c].dtype) if c in columns else None
+            first = types.setdefault(c, before or dtype)
+            if dtype != first:
+                raise NotParallelizable(
+                    f"gpucell: `{name}[{c!r}]` holds {first} values, and an "
+                    f"iteration stored a value that made its own row's column "
+                    f"{dtype}: serially the iterations after it read the "
+                    "changed column. Nothing was merged; give the column its "
+                    f"type before the loop (`{name}[{c!r}] = ...`)."
+                )
+
+    def store(frame: Any) -> None:
+        loc = frame.loc
+        for label, cells in rows:
+            for c, v, _dtype in cells:
+                loc[label, c] = v
+
+    store(target.copy())
+    return Mutation(name, "own rows", lambda: store(target))
 
 
 def _setter(target: Any, k: Any, value: Any) -> Callable[[], None]:

@@ -210,6 +210,7 @@ class LoopPlan:
             *self.unions,
             *(b.name for b in self.bests),
             *self.spelled.ufunc_at.values(),
+            *self.spelled.frame_rows.values(),
         ]
         return tuple(n for n in names if not n.startswith("__gpucell_"))
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucell.core.reducers import SELECTING
+
 __all__ = ["FIRST", "Spelled", "respell"]
 
 _OPS = (ast.Add, ast.Sub, ast.Mult)
@@ -52,6 +54,9 @@ class Spelled:
     # D whose missing key takes its first value (`if k not in D or v > D[k]:
     # D[k] = v`, a keyed max/min with no starting value)
     first: set[str] = field(default_factory=set)
+    # a frame's own row read back (`df.loc[i, c] = e`, then `df.loc[i, c]`):
+    # the hidden list of each iteration's written values -> D (framerows.py)
+    frame_rows: dict[str, str] = field(default_factory=dict)
     # `np.add.at(D, idx, w)` (any ufunc's `.at`): the hidden list its
     # arguments are gathered into, in iteration order -> D; the merge replays
     # the calls into D in that order (exact, floats included)
@@ -204,7 +209,7 @@ def _select_call(
     if (
         isinstance(e, ast.Call)
         and isinstance(e.func, ast.Name)
-        and e.func.id in ("max", "min")
+        and e.func.id in SELECTING
         and is_builtin(e.func.id)
         and len(e.args) == 2
         and not e.keywords
@@ -442,7 +447,11 @@ def _split_tuple(
     ]
 
 
-def respell(body: list[ast.stmt], is_builtin: Callable[[str], bool]) -> Spelled:
+def respell(
+    body: list[ast.stmt],
+    is_builtin: Callable[[str], bool],
+    loop: tuple[ast.expr, ast.expr | None] | None = None,
+) -> Spelled:
     """Rewrite, in place, every statement of ``body`` (nested blocks too)
     spelled otherwise; return what the merge needs.  A name counted with
     ``get`` is rewritten only where every keyed statement of it has the same
@@ -509,6 +518,12 @@ def respell(body: list[ast.stmt], is_builtin: Callable[[str], bool]) -> Spelled:
 
     _walk(body, is_builtin, rewrite)
     _blocks(body, lambda stmts: _last_reads(stmts, out))
+    if loop is not None:
+        from gpucell.core.analysis.keys import _own_index
+
+        own_index = _own_index(loop[0], loop[1], is_builtin)
+        if own_index is not None:
+            _frame_rows(body, own_index, out)
     for node in body:
         ast.fix_missing_locations(node)
     return out
@@ -665,3 +680,86 @@ def _replace(stmts: list[ast.stmt], old: ast.AST, new: ast.expr) -> None:
                         if x is old:
                             value[j] = new
                             return
+
+
+# ------------------------------------------------ a frame's own row read back
+
+_LABEL_ACCESSORS = ("loc", "at")
+
+
+def _own_cell(node: ast.AST, index: str) -> tuple[str, str] | None:
+    """``D.loc[i, "c"]`` / ``D.at[i, "c"]``, ``i`` the loop's own label:
+    ``(D, "c")``."""
+    if not (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr in _LABEL_ACCESSORS
+        and isinstance(node.value.value, ast.Name)
+        and isinstance(node.slice, ast.Tuple)
+        and len(node.slice.elts) == 2
+    ):
+        return None
+    i, c = node.slice.elts
+    if (
+        isinstance(i, ast.Name)
+        and i.id == index
+        and isinstance(c, ast.Constant)
+        and isinstance(c.value, str)
+    ):
+        return node.value.value.id, c.value
+    return None
+
+
+def _frame_rows(body: list[ast.stmt], index: str, out: Spelled) -> None:
+    """Each frame the body uses only as ``D.loc[i, "c"]`` (or ``.at``), ``i``
+    the loop's own label never rebound, writing some cell and reading one:
+    every use goes to a private one-row copy made first in the iteration, and
+    the iteration's written cells are gathered last (``core/framerows.py``)."""
+    uses: dict[str, int] = {}
+    cells: dict[str, list[ast.Subscript]] = {}
+    stores: dict[str, list[str]] = {}
+    rebinds_index = False
+    for st in body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name):
+                uses[node.id] = uses.get(node.id, 0) + 1
+                if node.id == index and not isinstance(node.ctx, ast.Load):
+                    rebinds_index = True
+            found = _own_cell(node, index)
+            if found is None:
+                continue
+            assert isinstance(node, ast.Subscript)
+            cells.setdefault(found[0], []).append(node)
+            if isinstance(node.ctx, ast.Store):
+                cols = stores.setdefault(found[0], [])
+                if found[1] not in cols:
+                    cols.append(found[1])
+    if rebinds_index:
+        return
+    frames = [
+        d for d, subs in cells.items() if uses.get(d) == len(subs) and d in stores
+    ]
+    for d in sorted(frames):
+        row, hidden = f"__gpucell_fr_{d}__", f"__gpucell_frw_{d}__"
+        for sub in cells[d]:
+            assert isinstance(sub.value, ast.Attribute)
+            sub.value.value = ast.copy_location(ast.Name(row, ast.Load()), sub)
+        first = body[0]
+        make = ast.parse(f"{row} = {d}.loc[[{index}]].copy()").body[0]
+        written = ", ".join(repr(c) for c in stores[d]) + ","
+        keep = ast.parse(
+            f"{hidden}.append(__import__('gpucell.core.framerows', "
+            f"fromlist=['written']).written({row}, {index}, ({written})))"
+        ).body[0]
+        for node in ast.walk(make):
+            ast.copy_location(node, first)
+        for node in ast.walk(keep):
+            ast.copy_location(node, body[-1])
+        guarded = ast.copy_location(
+            ast.Try(body=list(body), handlers=[], orelse=[], finalbody=[keep]),
+            first,
+        )
+        body[:] = [make, guarded]
+        out.frame_rows[hidden] = d
+        out.hidden |= {row, hidden}
+        out.names[d] = out.names.get(d, 0) + len(cells[d])
