@@ -189,6 +189,29 @@ def test_a_cell_sent_while_a_restart_runs_is_not_broken(kernel):
     assert ids == [0, _rows(back)[1][0]], ids
 
 
+def test_status_watches_a_cluster_nothing_watched(kernel):
+    """A cluster started before the kernel's loop ran (a startup script) has no
+    watch; ``%gpu_cluster status`` arms it: an engine killed after that comes
+    back with no cell run."""
+    kernel.run("from gpucell.cluster import restart_watch as _rw\n_rw.forget()")
+    assert _value(kernel, "_rw._active") is None
+    kernel.run("%gpu_cluster status")
+    assert _value(kernel, "_rw._active is not None and not _rw._active.stopped")
+    pids = _pids(kernel)
+    (victim,) = [e for e in pids if e != 0]
+    os.kill(pids[victim], signal.SIGKILL)
+    back = _wait(
+        kernel,
+        lambda s: (
+            _rows(s)[1][0] not in (0, victim) and {st for _, st in _rows(s)} == {"idle"}
+        ),
+        timeout=40,
+        what="the second device idle on a new engine, no cell run",
+    )
+    ids = _value(kernel, "sorted(gpucell.current().engines)")
+    assert ids == [0, _rows(back)[1][0]], ids
+
+
 CELL = "%%gpu_parallel --quiet\nsq = []\nfor i in range(8):\n    sq.append(i * i)\n"
 
 

@@ -91,7 +91,9 @@ def _status(gc: Any) -> None:
     from gpucell.cluster.engines import encryption_note
     from gpucell.cluster.slurm import pending_note
 
-    print(api.format_status(gc.refresh(), gc.selected))
+    # (api.status also arms the restart watch: a cluster started before the
+    # kernel's loop ran, in a startup script, is watched from then on)
+    print(api.format_status(api.status(), gc.selected))
     if note := encryption_note(gc):  # GpuCell.encrypt, --no-encrypt, --slurm
         print(f"gpucell: {note}")
     if note := pending_note(gc):  # --jobs: the jobs not started yet
