@@ -367,6 +367,10 @@ def _check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
     elif kind == "frame":
         if type(obj) is not type(update[1]) or not hasattr(obj, "_update_inplace"):
             problem = "it is not the frame the engine had"
+        elif getattr(obj, "_cacher", None) is not None:
+            # (pandas < 3: `df[c]`, a column its frame caches: serially an
+            # in-place change writes into the frame, a new state would not)
+            problem = "it is a column its frame holds (`df[c]`)"
     elif kind == "slots":
         if isinstance(getattr(obj, "__dict__", None), dict):
             problem = "it is not the object the engine had"

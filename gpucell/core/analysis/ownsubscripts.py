@@ -138,10 +138,13 @@ def _parents(body: list[ast.stmt]) -> dict[int, ast.AST]:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
-def _changes(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+def _changes(
+    node: ast.AST, parents: dict[int, ast.AST], names: dict[str, list[ast.Name]]
+) -> bool:
     """May the element at ``node`` be changed here: a method called on it or
-    on a part of it, a store or ``del`` into it, a name given to it, a
-    nested loop or a ``with`` over it?"""
+    on a part of it, a store or ``del`` into it, a nested loop or a ``with``
+    over it, or the same through a name given to it (``opt = C[k]``;
+    ``names``: the body's reads of each name)?"""
     child, up = node, parents.get(id(node))
     while isinstance(up, (ast.Attribute, ast.Subscript)) and up.value is child:
         if not isinstance(up.ctx, ast.Load):
@@ -152,7 +155,12 @@ def _changes(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
             isinstance(child, ast.Attribute) and child.attr in _READERS
         )
     if isinstance(up, ast.Assign) and up.value is child:
-        return all(isinstance(t, ast.Name) for t in up.targets)
+        targets = [t.id for t in up.targets if isinstance(t, ast.Name)]
+        if len(targets) != len(up.targets):
+            return False
+        # (each name's reads, once: `a = C[k]; b = a` is followed to b)
+        reads = [r for t in targets for r in names.pop(t, [])]
+        return any(_changes(r, parents, names) for r in reads)
     if isinstance(up, (ast.For, ast.AsyncFor)) and up.iter is child:
         return True
     return isinstance(up, ast.withitem) and up.context_expr is child
@@ -213,10 +221,15 @@ def _own_uses(
                 var_of[node.id] = None
             if up is not None:
                 uses.setdefault(node.id, []).append(up)
+    reads: dict[str, list[ast.Name]] = {}
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                reads.setdefault(node.id, []).append(node)
     return {
         c: var
         for c, var in var_of.items()
-        if var is not None and any(_changes(u, parents) for u in uses[c])
+        if var is not None and any(_changes(u, parents, dict(reads)) for u in uses[c])
     }
 
 
