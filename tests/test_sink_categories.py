@@ -140,6 +140,11 @@ def test_a_running_best_from_none_is_the_serial_one_or_refused(
         # a call with effects stored with the best
         "best = 9\nfor x in xs:\n    if x < best:\n        best = x\n"
         "        path = save(x)\n",
+        # `min` beside a payload: the payload's test reads the running value
+        "for e, x in enumerate(xs):\n    if x < best:\n        at = e\n"
+        "    best = min(best, x)\n",
+        "for e, x in enumerate(xs):\n    best = min(best, x)\n    if best == x:\n"
+        "        at = e\n",
         # the stored value is not the compared one
         "best = 9\nfor x in xs:\n    if x < best:\n        best = x + 1\n"
         "        at = x\n",

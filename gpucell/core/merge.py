@@ -502,10 +502,28 @@ def prepare(
                 lambda: writeback.apply(targets),
             )
         )
-    owners: dict[int, str] = {}
+    m = _Merging(plan, rs, current, up)
+    for _kind, merge_kind in SINK_MERGES:
+        merge_kind(m)
+    return up
 
-    def claim(name: str, obj: Any) -> None:
-        other = owners.setdefault(id(obj), name)
+
+@dataclass
+class _Merging:
+    """One merge's inputs and what it has decided so far: each sink kind's
+    merge (``SINK_MERGES``) reads the plan and the sorted chunk results and
+    adds to ``up``; ``claim`` refuses two combined names that are one object."""
+
+    plan: Any
+    rs: list[ChunkResultLike]
+    current: Mapping[str, Any]
+    up: PreparedUpdate
+    owners: dict[int, str] = field(default_factory=dict)
+    # names another kind's merge has bound (a running best's group)
+    picked: set[str] = field(default_factory=set)
+
+    def claim(self, name: str, obj: Any) -> None:
+        other = self.owners.setdefault(id(obj), name)
         if other != name:
             raise NotParallelizable(
                 f"`{name}` and `{other}` are the same object, and the loop adds to "
@@ -514,33 +532,51 @@ def prepare(
                 f"was merged."
             )
 
-    # `np.add.at(D, idx, w)`: the calls replayed into D in iteration order
-    spelled_at = getattr(getattr(plan, "spelled", None), "ufunc_at", {})
-    for hidden, name in spelled_at.items():
-        calls = _concat(rs, "gathers", hidden)
+    @property
+    def spelled(self) -> Any:
+        return getattr(self.plan, "spelled", None)
+
+    def hidden_gathers(self) -> dict[str, str]:
+        """Hidden gathers that stand for another sink (replayed calls, own
+        frame rows): hidden name -> the notebook's name."""
+        return {
+            **getattr(self.spelled, "ufunc_at", {}),
+            **getattr(self.spelled, "frame_rows", {}),
+        }
+
+
+def _merge_ufunc_at(m: _Merging) -> None:
+    """``np.add.at(D, idx, w)``: the calls replayed into D in iteration order."""
+    for hidden, name in getattr(m.spelled, "ufunc_at", {}).items():
+        calls = _concat(m.rs, "gathers", hidden)
         if calls:
-            target = _current(current, name)
-            claim(name, target)
-            up.mutations.append(_prepare_ufunc_at(name, target, calls))
+            target = _current(m.current, name)
+            m.claim(name, target)
+            m.up.mutations.append(_prepare_ufunc_at(name, target, calls))
 
-    # a frame's own rows read back: each iteration's written cells replayed
-    frame_rows = getattr(getattr(plan, "spelled", None), "frame_rows", {})
-    for hidden, name in frame_rows.items():
-        rows = _concat(rs, "gathers", hidden)
+
+def _merge_frame_rows(m: _Merging) -> None:
+    """A frame's own rows read back: each iteration's written cells replayed."""
+    for hidden, name in getattr(m.spelled, "frame_rows", {}).items():
+        rows = _concat(m.rs, "gathers", hidden)
         if rows:
-            target = _current(current, name)
-            claim(name, target)
-            up.mutations.append(_prepare_frame_rows(name, target, rows))
+            target = _current(m.current, name)
+            m.claim(name, target)
+            m.up.mutations.append(_prepare_frame_rows(name, target, rows))
 
-    # ordered gathers
+
+def _merge_gathers(m: _Merging) -> None:
+    """Ordered gathers: extended in iteration order; a comprehension's result."""
+    plan, up = m.plan, m.up
+    hidden = m.hidden_gathers()
     for name in plan.gathers:
-        if name in spelled_at or name in frame_rows:
+        if name in hidden:
             continue
-        items = _concat(rs, "gathers", name)
+        items = _concat(m.rs, "gathers", name)
         if not items:
             continue
-        target = _current(current, name)
-        claim(name, target)
+        target = _current(m.current, name)
+        m.claim(name, target)
         if not hasattr(target, "extend") and not hasattr(target, "append"):
             raise TypeError(
                 f"`{name}` is a {type(target).__name__}, which has no append/extend"
@@ -551,98 +587,107 @@ def prepare(
         else:
             up.mutations.append(Mutation(name, "extend", _extender(ext, items)))
     if getattr(plan, "result_name", None):
-        values = _concat(rs, "gathers", RESULT)
+        values = _concat(m.rs, "gathers", RESULT)
         up.assign[plan.result_name] = _build(
             getattr(plan, "result_kind", None) or "list", values
         )
 
-    # indexed writes
-    for name in plan.writes:
-        entries = _concat(rs, "writes", name)
+
+def _merge_writes(m: _Merging) -> None:
+    """Indexed writes, in iteration order."""
+    for name in m.plan.writes:
+        entries = _concat(m.rs, "writes", name)
         if not entries:
             continue
-        target = _current(current, name)
-        claim(name, target)
-        up.mutations.append(_prepare_writes(name, target, entries))
+        target = _current(m.current, name)
+        m.claim(name, target)
+        m.up.mutations.append(_prepare_writes(name, target, entries))
 
-    # reductions
-    for red in plan.reductions:
+
+def _merge_reductions(m: _Merging) -> None:
+    """Reductions: the chunks' partials combined in chunk order, applied once."""
+    up = m.up
+    for red in m.plan.reductions:
         name, op = red.name, red.op
-        partials = [r.reductions[name][1] for r in rs if name in r.reductions]
+        partials = [r.reductions[name][1] for r in m.rs if name in r.reductions]
         if not partials:
             continue
         c = combine(op, partials)
-        v0 = _current(current, name)
+        v0 = _current(m.current, name)
         if selects(op):
             up.assign[name] = BINARY[op](v0, c)
         elif red.augmented:
             new, action = _plan_inplace(name, v0, op, c)
             if new is v0:
-                claim(name, v0)
+                m.claim(name, v0)
                 up.mutations.append(Mutation(name, f"{op}=", action))
             up.assign[name] = new
         else:
             up.assign[name] = BINARY[op](v0, c)
 
-    # keyed reductions
-    for name, op in plan.keyed:
-        chunks = [r.keyed[name][1] for r in rs if name in r.keyed]
+
+def _merge_keyed(m: _Merging) -> None:
+    """Keyed reductions: per-key partials combined in chunk order."""
+    for name, op in m.plan.keyed:
+        chunks = [r.keyed[name][1] for r in m.rs if name in r.keyed]
         first_nan = _select_nans(name, op, chunks)
         entries = _combine_keyed(op, chunks)
         if not entries:
             continue
-        target = _current(current, name)
-        claim(name, target)
-        facts = getattr(plan, "facts", None)
+        target = _current(m.current, name)
+        m.claim(name, target)
+        facts = getattr(m.plan, "facts", None)
         once = name in getattr(facts, "stored_once", ())
-        up.mutations.extend(
-            _prepare_keyed(
-                name,
-                target,
-                op,
-                entries,
-                getattr(plan, "spelled", None),
-                once,
-                first_nan,
-            )
+        m.up.mutations.extend(
+            _prepare_keyed(name, target, op, entries, m.spelled, once, first_nan)
         )
 
-    # keyed gathers: D[k].append(e) / extend, per key in iteration order
+
+def _merge_keyed_gathers(m: _Merging) -> None:
+    """``D[k].append(e)`` / extend, per key in iteration order."""
+    plan = m.plan
     for name in getattr(plan, "keyed_gathers", ()):
-        runs = _concat(rs, "keyed_gathers", name)
+        runs = _concat(m.rs, "keyed_gathers", name)
         if not runs:
             continue
-        target = _current(current, name)
-        claim(name, target)
-        reduced = [k for k, _ in _keys_of(rs, name)] if name in dict(plan.keyed) else []
-        spelled = getattr(plan, "spelled", None)
+        target = _current(m.current, name)
+        m.claim(name, target)
+        keyed = dict(plan.keyed)
+        reduced = [k for k, _ in _keys_of(m.rs, name)] if name in keyed else []
+        spelled = m.spelled
         new_lists = spelled is not None and name in spelled.new_lists
-        up.mutations.append(
+        m.up.mutations.append(
             _prepare_keyed_gather(name, target, runs, reduced, new_lists)
         )
 
-    # set unions
-    for name in plan.unions:
-        ops = _concat(rs, "unions", name)
+
+def _merge_unions(m: _Merging) -> None:
+    """Set unions: every iteration's additions."""
+    for name in m.plan.unions:
+        ops = _concat(m.rs, "unions", name)
         if not ops:
             continue
-        target = _current(current, name)
-        claim(name, target)
-        up.mutations.append(_prepare_union(name, target, ops))
+        target = _current(m.current, name)
+        m.claim(name, target)
+        m.up.mutations.append(_prepare_union(name, target, ops))
 
-    # running bests: the chunk whose final best the test takes, in chunk order
-    picked: set[str] = set()
-    for b in getattr(plan, "bests", ()):
-        picked.update(b.names)
-        up.assign.update(_pick_best(b, rs, current))
 
-    # locals: last iteration that assigned (or deleted) each name
+def _merge_bests(m: _Merging) -> None:
+    """Running bests: the chunk whose final best the test takes, in chunk order."""
+    for b in getattr(m.plan, "bests", ()):
+        m.picked.update(b.names)
+        m.up.assign.update(_pick_best(b, m.rs, m.current))
+
+
+def _merge_locals(m: _Merging) -> None:
+    """Locals: the last iteration that assigned (or deleted) each name."""
+    up = m.up
     deletes: list[str] = []
-    for name in plan.locals:
-        if name in picked:
+    for name in m.plan.locals:
+        if name in m.picked:
             continue
         best: tuple[int, str, Any] | None = None
-        for r in rs:
+        for r in m.rs:
             rec = r.last_values.get(name)
             if rec is not None and (best is None or rec[0] > best[0]):
                 best = rec
@@ -663,7 +708,23 @@ def prepare(
                 f"in the loop (a {payload}) cannot travel back from an engine."
             )
     up.delete = tuple(deletes)
-    return up
+
+
+#: each sink kind's merge, by the kind's name (``core/analysis/sinks.py``),
+#: in the order they run: what one kind binds a later one may skip (a running
+#: best's names are locals too)
+SINK_MERGES: tuple[tuple[str, Callable[[_Merging], None]], ...] = (
+    ("replayed ufunc calls", _merge_ufunc_at),
+    ("own frame rows", _merge_frame_rows),
+    ("ordered gather", _merge_gathers),
+    ("indexed write", _merge_writes),
+    ("reduction", _merge_reductions),
+    ("keyed reduction", _merge_keyed),
+    ("keyed gather", _merge_keyed_gathers),
+    ("set union", _merge_unions),
+    ("running best", _merge_bests),
+    ("local", _merge_locals),
+)
 
 
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {

@@ -16,6 +16,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from gpucell.protocol.fold import SELECTS
+
 __all__ = ["BY_AST", "REDUCERS", "SELECTING", "Reducer", "selects", "spelling"]
 
 
@@ -26,8 +28,11 @@ class Reducer:
     op: str  # as the plan names it: "+", "max"
     # the AST operator class of ``acc op= e`` / ``acc = acc op e`` (None: a call)
     ast_op: type[ast.operator] | None
-    # max/min: the result is one of the contributions (no in-place form)
-    selects: bool = False
+
+    @property
+    def selects(self) -> bool:
+        """max/min: the result is one of the contributions (no in-place form)."""
+        return self.op in SELECTS
 
 
 REDUCERS: dict[str, Reducer] = {
@@ -40,8 +45,8 @@ REDUCERS: dict[str, Reducer] = {
         Reducer("&", ast.BitAnd),
         Reducer("^", ast.BitXor),
         Reducer("@", ast.MatMult),
-        Reducer("max", None, selects=True),
-        Reducer("min", None, selects=True),
+        Reducer("max", None),
+        Reducer("min", None),
     )
 }
 

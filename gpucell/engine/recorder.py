@@ -17,7 +17,7 @@ from typing import Any
 
 from gpucell.engine.where import Where
 from gpucell.protocol.chunks import ChunkResult
-from gpucell.protocol.fold import fold, is_numpy, is_torch, own, unordered
+from gpucell.protocol.fold import SELECTS, fold, is_numpy, is_torch, own, unordered
 from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
@@ -259,7 +259,7 @@ class Recorder:
 
     def reduce(self, name: str, value: Any) -> None:
         op = self.red_ops[name]
-        if op in ("max", "min") and unordered(value):
+        if op in SELECTS and unordered(value):
             # ``acc = max(acc, nan)`` keeps ``acc`` (nan > acc is false), and
             # an ``acc`` that is nan stays nan whatever comes: serially a nan
             # contribution never changes the result, but as a chunk's first

@@ -14,7 +14,16 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["BINARY", "combine", "fold", "is_numpy", "is_torch", "own", "unordered"]
+__all__ = [
+    "BINARY",
+    "SELECTS",
+    "combine",
+    "fold",
+    "is_numpy",
+    "is_torch",
+    "own",
+    "unordered",
+]
 
 #: reduction operator -> the binary function serial code applies
 BINARY: dict[str, Callable[[Any, Any], Any]] = {
@@ -28,6 +37,10 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "max": max,
     "min": min,
 }
+
+#: the operators whose result is one of the contributions, kept by identity
+#: (no in-place form): the one place they are named (core/reducers.py reads it)
+SELECTS: frozenset[str] = frozenset({"max", "min"})
 
 
 def _module(value: Any) -> str:
@@ -71,7 +84,7 @@ def own(op: str, value: Any) -> Any:
 
     ``max``/``min`` keep the object itself (serial code keeps a reference to it).
     """
-    if op in ("max", "min"):
+    if op in SELECTS:
         return value
     if isinstance(value, list):
         return list(value)
