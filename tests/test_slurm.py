@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -282,6 +283,25 @@ def _host_of(i) -> str:
     return socket.gethostname()
 
 
+def _slow_until_joined(folder: str):
+    """``f(i)``: the host that ran iteration ``i``; 0.25 s an iteration until
+    two engines on node2 have each run one (their marks in ``folder``)."""
+
+    def f(i: int) -> str:
+        import os
+        import socket
+        import time
+
+        host = socket.gethostname()
+        if host == "node2":  # (a file of the iteration's own)
+            open(os.path.join(folder, f"{os.getpid()}-{i}"), "w").close()
+        elif len({name.split("-")[0] for name in os.listdir(folder)}) < 2:
+            time.sleep(0.25)
+        return host
+
+    return f
+
+
 def _block_node2(slurm) -> str:
     """A job holding node2's GPUs, so a job that needs them stays pending."""
     return subprocess.run(
@@ -331,11 +351,12 @@ def test_jobs_start_cells_on_the_first_job_and_the_held_one_joins_later(
         assert "pending; 2 more engines join as they start" in status
         subprocess.run(["scancel", blocker], env=slurm.env)
         subprocess.run(["scontrol", "release", str(second.job_id)], env=slurm.env)
-        # a cell running meanwhile takes them as they come (as restarted ones)
-        slow = (
-            "for i in range(160):\n    time.sleep(0.25)\n    out.append(host_of(i))\n"
-        )
-        ip.user_ns.update(out=[], time=time)
+        # a cell running meanwhile takes them as they come (as restarted ones);
+        # its iterations take 0.25 s each until both have run one (then none)
+        slow = "for i in range(160):\n    out.append(host_until_joined(i))\n"
+        marks = tempfile.mkdtemp(prefix="joined-", dir=slurm.root)
+        os.chmod(marks, 0o777)
+        ip.user_ns.update(out=[], host_until_joined=_slow_until_joined(marks))
         ip.run_cell_magic("gpu_parallel", "", slow)
         assert len(ip.user_ns["out"]) == 160
         joined_mid_cell = len(gc.engines) == 4
