@@ -95,11 +95,32 @@ def begin() -> None:
         _skip[0] = None
 
 
+def _output_pending() -> bool:
+    """Output on its way that the session has not sent yet: written to a
+    stream and not flushed, or C-level output still in the pipe ipykernel
+    reads the process's file descriptors 1 and 2 from (its reader thread
+    writes it to the stream later, on its own time)."""
+    import select
+
+    for stream in (sys.stdout, sys.stderr):
+        if stream.__dict__.get("_gpucell_dirty"):  # (engine/tuning marks writes)
+            return True
+        fid = getattr(stream, "_fid", None)
+        if isinstance(fid, int):
+            try:
+                if select.select([fid], [], [], 0)[0]:
+                    return True
+            except (OSError, ValueError):
+                return True
+    return False
+
+
 def finish() -> bool:
     """The chunk is over (its output flushed): True where it sent nothing on
-    IOPub, so its "idle" is left out and the reply says so."""
+    IOPub and nothing is on its way, so its "idle" is left out and the reply
+    says so."""
     mid = _watched[0]
-    if mid is None or _watched[1]:
+    if mid is None or _watched[1] or _output_pending():
         return False
     _skip[0] = mid
     return True
