@@ -3459,3 +3459,25 @@ for i in range(1, len(df)):
 """,
     note="a running total down the rows: each row reads the previous iteration's write",
 )
+
+case(
+    "wb-sink-argmax-best-model-is-the-item",
+    "safe",
+    """
+class Model:
+    def __init__(self, depth):
+        self.depth = depth
+    def score(self):
+        return [0.61, 0.74, 0.74, 0.7, 0.52][self.depth % 5]
+models = [Model(d) for d in range(7)]
+""",
+    """
+best_score, best_model = -1.0, None
+for m in models:
+    s = m.score()
+    if s > best_score:
+        best_score, best_model = s, m
+same_object = best_model is models[1]
+""",
+    note="the kept payload is the loop's own item: the kernel's object, as serially",
+)
