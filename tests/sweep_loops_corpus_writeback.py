@@ -3070,6 +3070,22 @@ warnings.filters[:] = [f for f in warnings.filters if f not in kept]
 )
 
 case(
+    "wb-u-own-item-given-an-input",
+    "unsafe",
+    ACCS
+    + """
+shared = Acc("shared")
+accs = [Acc(c) for c in "abc"]
+""",
+    """
+for a in accs:
+    a.partner = shared
+    a.partner.grow()
+""",
+    note="each item is given the notebook's `shared`, grown through it: serially 3 times",
+)
+
+case(
     "wb-own-iterators-advanced-in-steps",
     "safe",
     """

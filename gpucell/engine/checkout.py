@@ -486,11 +486,91 @@ def _module_state(m: Any) -> dict[str, Any]:
 
 
 def changes(
-    was: ItemsBefore, items: Iterable[Any], start: int
+    was: ItemsBefore,
+    items: Iterable[Any],
+    start: int,
+    inputs: dict[str, Any] | None = None,
 ) -> tuple[list[tuple[int, tuple[int, ...], tuple[Any, ...]]], list[str]]:
     """What each iteration changed of its own item, as ``(iteration, path,
     update)``; and, if some change cannot be written back, a few words on
-    each (then nothing is written back: the chunk fails)."""
+    each (then nothing is written back: the chunk fails).  ``inputs``: the
+    chunk's inputs, which no new value may be or hold (:func:`_held_inputs`)."""
+    updates, cannot = _changes(was, items, start)
+    if updates and inputs and not cannot:
+        cannot = _held_inputs(updates, inputs)
+    return updates, cannot
+
+
+#: objects looked at in the inputs and in the updates' new values
+_INPUTS_BUDGET = 200_000
+
+
+def _held_inputs(
+    updates: list[tuple[int, tuple[int, ...], tuple[Any, ...]]],
+    inputs: dict[str, Any],
+) -> list[str]:
+    """An item given an input, or a part of one (``row.ref = cfg``, ``d["m"]
+    = model``): serially it holds the notebook's object itself (and a change
+    made through it, ``row.ref.bump()``, is that object's); written back it
+    would hold the engine's copy, and the change would be lost."""
+    held: dict[int, str] = {}
+    budget = [_INPUTS_BUDGET]
+    for name, value in inputs.items():
+        for x in _mutables(value, 0, budget):
+            held.setdefault(id(x), name)
+    if not held:
+        return []
+    out: list[str] = []
+    for iteration, path, update in updates:
+        for x in _mutables(update[1:], -2, budget):
+            name = held.get(id(x))
+            if name is not None:
+                out.append(
+                    f"the item of iteration {iteration}{_where(path)} now holds "
+                    f"`{name}` (or a part of it), an input: serially it would hold "
+                    "the notebook's object itself (and a change made through it "
+                    "would be that object's); written back it would hold a copy"
+                )
+                break
+    return out
+
+
+def _mutables(value: Any, depth: int, budget: list[int]) -> Iterator[Any]:
+    """``value`` and what it holds, two levels down (elements, dict values,
+    attributes), but values nothing can change, what is shared by name
+    (functions, classes, modules) and arrays, tensors and frames (read-only
+    inputs on the engines: an estimator's ``_fit_X = X`` comes back an equal
+    copy, as any result that holds an input does)."""
+    budget[0] -= 1
+    if budget[0] < 0 or isinstance(
+        value, (*_VALUES, type, types.ModuleType, types.FunctionType)
+    ):
+        return
+    if is_numpy(value) or checkin._is_tensor(value) or _kind(value) == "frame":
+        return
+    if depth >= 0:
+        yield value
+    if depth >= 2:
+        return
+    if isinstance(value, dict):
+        parts: Iterable[Any] = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+        if value and isinstance(next(iter(value)), _VALUES) and len(value) > 64:
+            return  # (numbers or strings: nothing in them can be held)
+        parts = value
+    elif isinstance(getattr(value, "__dict__", None), dict) and not (
+        checkin._is_module(value) or checkin._is_tensor(value)
+    ):
+        parts = vars(value).values()
+    else:
+        return
+    for x in list(parts)[:10_000]:
+        yield from _mutables(x, depth + 1, budget)
+
+
+def _changes(
+    was: ItemsBefore, items: Iterable[Any], start: int
+) -> tuple[list[tuple[int, tuple[int, ...], tuple[Any, ...]]], list[str]]:
     updates: list[tuple[int, tuple[int, ...], tuple[Any, ...]]] = []
     cannot: list[str] = []
     classes: dict[int, Hashable] = {}

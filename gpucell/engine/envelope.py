@@ -248,7 +248,7 @@ def _check_out(
     if [n for n, _ in changed] == [""] and own_before is not None and items is not None:
         # only the items changed: each iteration's own, written back in place
         # by the kernel, unless some change cannot be
-        own, cannot = checkout.changes(own_before, items(), start)
+        own, cannot = checkout.changes(own_before, items(), start, st.inputs)
         if not cannot:
             result.own_items, changed = own, []
         else:
