@@ -188,6 +188,8 @@ KEYED = {
     "        top[k] = v\n",
     "existing": "top = dict.fromkeys('abc', {start})\nfor k, v in kv:\n"
     "    top[k] = {op}(top[k], v)\n",
+    "setdefault": "top = {{}}\nfor k, v in kv:\n"
+    "    top[k] = {op}(top.setdefault(k, v), v)\n",
 }
 _BETTER = {"max": ["v > top[k]", "top[k] < v"], "min": ["v < top[k]", "top[k] > v"]}
 
@@ -391,3 +393,16 @@ def test_a_frame_read_at_another_row_stays_refused() -> None:
     )
     with pytest.raises(NotParallelizable):
         _plan(cell, ("df",))
+
+
+def test_every_sink_kind_has_its_merge() -> None:
+    """core/merge.SINK_MERGES is keyed by the kinds' names of
+    core/analysis/sinks.py (the merge imports no analysis module)."""
+    from gpucell.core.analysis import sinks
+    from gpucell.core.merge import SINK_MERGES
+
+    kinds = [k for k, _ in SINK_MERGES]
+    assert len(kinds) == len(set(kinds))
+    named = {sinks.GATHER, sinks.WRITE, sinks.REDUCTION, sinks.KEYED}
+    named |= {sinks.KEYED_GATHER, sinks.UNION, sinks.LOCAL}
+    assert named <= set(kinds) and kinds[-1] == sinks.LOCAL

@@ -122,12 +122,15 @@ def _number(e: ast.expr) -> bool:
     )
 
 
-def _get_call(e: ast.expr, d: str, key: ast.expr) -> ast.expr | None:
-    """The default of ``d.get(key, default)``, if ``e`` is that call."""
+def _get_call(
+    e: ast.expr, d: str, key: ast.expr, method: str = "get"
+) -> ast.expr | None:
+    """The default of ``d.get(key, default)`` (or ``method``), if ``e`` is
+    that call."""
     if (
         isinstance(e, ast.Call)
         and isinstance(e.func, ast.Attribute)
-        and e.func.attr == "get"
+        and e.func.attr == method
         and isinstance(e.func.value, ast.Name)
         and e.func.value.id == d
         and len(e.args) == 2
@@ -224,8 +227,9 @@ def _keyed_select(
 ) -> tuple[ast.Assign, str, Any] | None:
     """A keyed running max/min spelled otherwise, as ``D[k] = max(D[k], e)``
     (and its starting value): ``D[k] = max(D.get(k, c), e)`` (from ``c``),
-    ``if k not in D or e > D[k]: D[k] = e`` (from the first ``e``; ``min``
-    with ``<``).  ``k`` and ``e`` are pure: serially evaluated more often."""
+    ``if k not in D or e > D[k]: D[k] = e`` and ``D[k] = max(D.setdefault(k,
+    e), e)`` (from the first ``e``; ``min`` with ``<``).  ``k`` and ``e`` are
+    pure: serially evaluated more often."""
     if isinstance(s, ast.Assign) and len(s.targets) == 1:
         t = s.targets[0]
         found = _select_call(s.value, is_builtin)
@@ -235,13 +239,17 @@ def _keyed_select(
         if not isinstance(t.value, ast.Name):
             return None
         d = t.value.id
+        if not _pure(t.slice, is_builtin) or _reads(e, d) or _reads(t.slice, d):
+            return None
         c = _get_call(first, d, t.slice)
-        if c is None or not _pure(t.slice, is_builtin):
-            return None
-        start = _start(c)
-        if start is ... or _reads(e, d) or _reads(t.slice, d):
-            return None
-        return _select_stmt(s, t, op, e), d, start
+        if c is not None:
+            start = _start(c)
+            return None if start is ... else (_select_stmt(s, t, op, e), d, start)
+        c = _get_call(first, d, t.slice, "setdefault")
+        if c is not None and _same(c, e) and _pure(e, is_builtin):
+            # `D[k] = max(D.setdefault(k, e), e)`: a missing key takes `e`
+            return _select_stmt(s, t, op, e), d, FIRST
+        return None
     if not (isinstance(s, ast.If) and not s.orelse and len(s.body) == 1):
         return None
     st = s.body[0]
