@@ -88,6 +88,12 @@ class Restarts:
     arrivals: dict[int, Any] = field(default_factory=dict)
     # engines that died: the controller lists them until their heart is missed
     gone: set[int] = field(default_factory=set)
+    # a connected cluster's dead engines, each waiting (launching nothing, so
+    # not restarting) for the engine the kernel that owns the cluster may
+    # restart on its device; and engines that registered for none of ours
+    # (not ours to shut down)
+    awaited: list[Restart] = field(default_factory=list)
+    foreign: set[int] = field(default_factory=set)
     # where an unsuccessful end is said at once (the cell's output, in a kernel)
     echo: Callable[[str], None] = _say
     # engines still to come from batch jobs pending at the start (--jobs N):
@@ -125,7 +131,7 @@ class Restarts:
     def busy(self) -> bool:
         """Whether something waits to be stepped: a restart under way, an
         engine describing itself, a batch job's engine still to join."""
-        return bool(self.pending or self.arrivals or self.joining)
+        return bool(self.pending or self.arrivals or self.joining or self.awaited)
 
     def wait_for(self, gc: Any, eids: Any, timeout: float) -> None:
         """Step the restarts until none of engines ``eids`` is being restarted
@@ -171,6 +177,7 @@ class Restarts:
                     eid,
                     _who(info),
                 )
+                self._await_owner(gc, eid, info)
             return None
         if spec.label in self.retired:
             return None
@@ -207,14 +214,33 @@ class Restarts:
         )
         return r
 
+    def _await_owner(self, gc: Any, eid: int, info: Any) -> None:
+        """On a connected cluster: await the engine the kernel that owns it may
+        restart on the dead engine's device (its label), to take it in the
+        dead one's place when it registers."""
+        from gpucell import config
+
+        label = getattr(info, "label", "")
+        if gc.owned or not label:
+            return
+        r = Restart(label=label, dead=eid, restarts=getattr(info, "restarts", 0))
+        r.launched = True  # (by its owner, if at all)
+        r.deadline = time.monotonic() + config.settings().start_timeout * MAX_ATTEMPTS
+        self.awaited.append(r)
+
     def step(self, gc: Any) -> list[tuple[Restart, Any]]:
         """Advance every restart; the ``(restart, EngineInfo)`` of each engine
         that is back now (already in ``gc.engines``)."""
         if self.batch is not None:
             self.batch.step(gc, self)
-        if self.pending or self.arrivals or self.joining:
+        if self.pending or self.arrivals or self.joining or self.awaited:
             self._match_arrivals(gc)
         back = []
+        for r in list(self.awaited):  # (past its deadline: dead, as it is)
+            if r.info is not None or time.monotonic() > r.deadline or gc.stopping:
+                self.awaited.remove(r)
+                if r.info is not None and not gc.stopping:
+                    back.append((r, self._join(gc, r)))
         for r in list(self.pending):
             try:
                 info = self._step(gc, r)
@@ -288,8 +314,9 @@ class Restarts:
         restart of the device it says it is (its label)."""
         from gpucell.cluster import engines
 
-        claimed = {r.new_id for r in self.pending if r.new_id is not None}
-        known = set(gc.engines) | claimed | self.gone
+        waiting = self.pending + self.awaited
+        claimed = {r.new_id for r in waiting if r.new_id is not None}
+        known = set(gc.engines) | claimed | self.gone | self.foreign
         for eid in sorted(set(gc.client.ids) - known):
             if eid not in self.arrivals:
                 self.arrivals[eid] = engines.describe_async(gc, eid)
@@ -304,7 +331,7 @@ class Restarts:
             r = next(
                 (
                     r
-                    for r in self.pending
+                    for r in waiting
                     if r.label in (d.get("label"), ANY_ENGINE)
                     and r.launched
                     and r.new_id is None
@@ -316,6 +343,9 @@ class Restarts:
                 r = Restart(label=str(d.get("label")), dead=-1, restarts=-1)
                 r.launched = True
                 self.pending.append(r)
+            if r is None and not gc.owned:  # another kernel's, not for us
+                self.foreign.add(eid)
+                continue
             if r is None:  # a late engine of an attempt given up: not wanted
                 log.info("engine %d registered late for no restart; shut down", eid)
                 self.gone.add(eid)
