@@ -1131,7 +1131,8 @@ def test_row_written_at_two_depths_advice() -> None:
     ("src", "name", "want", "never"),
     [
         (
-            "best = -1\nfor p in xs:\n    s = f(p)\n    if s > best:\n"
+            # (`bp` read first: a running best read nowhere else runs)
+            "best = -1\nfor p in xs:\n    prev = bp\n    s = f(p)\n    if s > best:\n"
             "        best = s\n        bp = p\n",
             "best",
             "max(pairs, key=lambda t: t[0])",
@@ -1176,7 +1177,8 @@ def test_every_operator_has_its_text() -> None:
 # -- in place through a function's argument (issue 35) --------------------------------
 
 ARGUMENT_WRITES = {
-    "ufunc at": "np.add.at(counts, [i], 1)",
+    # (`counts` read too: into an array used nowhere else the calls are replayed)
+    "ufunc at": "np.add.at(counts, [i], counts[0])",
     "copyto": "np.copyto(buf, x)",
     "put": "np.put(buf, [i], 1.0)",
     "putmask": "np.putmask(buf, buf > 0, 0)",

@@ -61,6 +61,14 @@ def _layers(plan: LoopPlan) -> list[str]:
     return out
 
 
+def _at(plan: LoopPlan) -> list[str]:
+    return list(plan.spelled.ufunc_at.values())
+
+
+def _rows(plan: LoopPlan) -> list[str]:
+    return list(plan.spelled.frame_rows.values())
+
+
 def format_plan(plan: LoopPlan) -> str:
     """Render a plan (or its refusals) as plain text for ``--dry-run``."""
     out: list[str] = []
@@ -82,7 +90,7 @@ def format_plan(plan: LoopPlan) -> str:
         out.append("names:")
         width = max(len(c) for c in by_class)
         for cls in CLASS_ORDER:
-            names = by_class.get(cls)
+            names = tuple(n for n in by_class.get(cls, ()) if n not in plan.hidden)
             if names:
                 out.append(
                     f"  {cls:<{width}}  {', '.join(names)}   ({_CLASS_NOTE[cls]})"
@@ -95,13 +103,23 @@ def format_plan(plan: LoopPlan) -> str:
             what = plan.result_kind or "list"
             built = f"new {what}" if what in ("list", "set", "dict") else f"{what}(...)"
             back.append(f"{plan.result_name} ({built})")
-        back += [f"{n} (gather)" for n in plan.gathers]
+        back += [f"{n} (gather)" for n in plan.gathers if n not in plan.hidden]
+        back += [f"{n} (ufunc.at calls, replayed)" for n in _at(plan)]
+        back += [f"{n} (own rows' written cells)" for n in _rows(plan)]
         back += [f"{n} (writes)" for n in plan.writes]
         back += [f"{r.name} ({r.op} reduction)" for r in plan.reductions]
         back += [f"{n} (keyed {op})" for n, op in plan.keyed]
         back += [f"{n} (lists per key)" for n in plan.keyed_gathers]
         back += [f"{n} (union)" for n in plan.unions]
-        back += [f"{n} (last value)" for n in plan.locals]
+        kept = {n: b for b in plan.bests for n in b.names}
+        back += [
+            f"{n} ({kept[n].describe()}, by the test)"
+            if n == getattr(kept.get(n), "name", None)
+            else f"{n} (kept with {kept[n].name})"
+            if n in kept
+            else f"{n} (last value)"
+            for n in plan.locals
+        ]
         out.append(f"comes back: {', '.join(back) or 'nothing'}")
     if plan.prints:
         lines = ", ".join(str(n) for n in plan.prints)
