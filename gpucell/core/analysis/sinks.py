@@ -8,10 +8,12 @@ from __future__ import annotations
 import ast
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Protocol, cast
 
-from gpucell.core.analysis.ownrows import OwnRow
+from gpucell.core.analysis.bests import RunningBest
+from gpucell.core.analysis.classification import Classification
+from gpucell.core.analysis.keyedselect import selecting
 from gpucell.core.analysis.reccalls import _BINOPS, _const, _plain, _rec_call
 from gpucell.core.analysis.scope import (
     indexer_write,
@@ -247,29 +249,6 @@ class ReductionSink(SinkKind):
         return _rec_call(Method.REDUCE, [_const(name, node), e], node)
 
 
-def _pure_key(e: ast.expr) -> bool:
-    """A key evaluated once here and twice serially (``D[k] = max(D[k], e)``):
-    names, constants, attributes and items of them, tuples, arithmetic."""
-    return all(
-        isinstance(
-            n,
-            (
-                ast.Name,
-                ast.Constant,
-                ast.Attribute,
-                ast.Subscript,
-                ast.Tuple,
-                ast.BinOp,
-                ast.UnaryOp,
-                ast.expr_context,
-                ast.operator,
-                ast.unaryop,
-            ),
-        )
-        for n in ast.walk(e)
-    )
-
-
 def _named_method_call(
     node: ast.stmt, names: set[str]
 ) -> tuple[ast.Call, str, str] | None:
@@ -385,7 +364,7 @@ class KeyedSink(SinkKind):
     @staticmethod
     def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
         if isinstance(stmt, ast.Assign):
-            found = KeyedSink.selecting(stmt, is_builtin)
+            found = selecting(stmt, is_builtin)
             if found is None:
                 return []
             d, read, select, _e = found
@@ -401,45 +380,6 @@ class KeyedSink(SinkKind):
         ):
             return [Candidate(KEYED, t.value.id, stmt, [t.value], op, True)]
         return []
-
-    @staticmethod
-    def selecting(
-        stmt: ast.Assign, is_builtin: Callable[[str], bool]
-    ) -> tuple[ast.Name, ast.Name, str, ast.expr] | None:
-        """``D[k] = max(D[k], e)`` (``min``), ``k`` pure and ``e`` not reading
-        ``D``: the stored ``D``, the read one, the operator and ``e``.  The
-        builtin keeps ``D[k]`` unless ``e`` is larger (smaller), as the keyed
-        reduction folds."""
-        if len(stmt.targets) != 1:
-            return None
-        t, v = stmt.targets[0], stmt.value
-        if not (
-            isinstance(t, ast.Subscript)
-            and isinstance(t.value, ast.Name)
-            and isinstance(v, ast.Call)
-            and isinstance(v.func, ast.Name)
-            and v.func.id in SELECTING
-            and is_builtin(v.func.id)
-            and len(v.args) == 2
-            and not v.keywords
-        ):
-            return None
-        read, e = v.args
-        d = t.value.id
-        if not (
-            isinstance(read, ast.Subscript)
-            and isinstance(read.value, ast.Name)
-            and read.value.id == d
-            and ast.dump(read.slice) == ast.dump(t.slice)
-            and _pure_key(t.slice)
-            and not any(
-                isinstance(n, ast.Name) and n.id == d
-                for part in (e, t.slice)
-                for n in ast.walk(part)
-            )
-        ):
-            return None
-        return t.value, read.value, v.func.id, e
 
     @staticmethod
     def describe(name: str, op: str) -> str:
@@ -491,7 +431,7 @@ class WriteSink(SinkKind):
                 ):
                     out.append(Candidate(WRITE, target.value.id, stmt, [target.value]))
         elif isinstance(stmt, ast.Assign):
-            if KeyedSink.selecting(stmt, is_builtin) is not None:
+            if selecting(stmt, is_builtin) is not None:
                 return []  # (a keyed max/min: KeyedSink's)
             for target in stmt.targets:
                 for part in target_parts(target):
@@ -597,49 +537,6 @@ class WriteSink(SinkKind):
         return _rec_call(Method.SETITEM, [gone, name, t.slice], node)
 
 
-@dataclass(frozen=True)
-class RunningBest:
-    """``if score < best: best = score; best_epoch = epoch``: a running
-    minimum or maximum kept with what goes with it (its payloads), run as
-    written on each chunk (which starts from the kernel's ``best``) and merged
-    by replaying the test over the chunks' final values in chunk order: for
-    values that are totally ordered that is the serial fold, ties included
-    (``<`` keeps the first of equal scores, ``<=`` the last).
-
-    ``op`` is the test's operator as written, ``best_left`` whether ``best``
-    is its left side (``best > score``), ``none_first`` whether the test is
-    ``best is None or ...`` (the first score is taken)."""
-
-    name: str
-    payloads: tuple[str, ...]
-    op: str
-    best_left: bool
-    none_first: bool
-    line: int
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name, *self.payloads)
-
-    @property
-    def strict(self) -> bool:
-        return self.op in ("<", ">")
-
-    @property
-    def kind(self) -> str:
-        """``"min"`` or ``"max"``: which way the test takes a new score."""
-        smaller = self.op in ("<", "<=")
-        return "min" if smaller != self.best_left else "max"
-
-    def describe(self) -> str:
-        ties = "first" if self.strict else "last"
-        with_ = f" with {', '.join(self.payloads)}" if self.payloads else ""
-        return (
-            f"running {'minimum' if self.kind == 'min' else 'maximum'}{with_} "
-            f"(the {ties} of equal scores)"
-        )
-
-
 #: every sink kind, in the order a statement's candidates are listed
 KINDS: tuple[type[SinkKind], ...] = (
     GatherSink,
@@ -649,43 +546,6 @@ KINDS: tuple[type[SinkKind], ...] = (
     KeyedSink,
     WriteSink,
 )
-
-
-@dataclass
-class Classification:
-    """Result of classifying a loop body. Line numbers are the cell's."""
-
-    inputs: dict[str, int] = field(default_factory=dict)
-    locals: dict[str, int] = field(default_factory=dict)
-    gathers: dict[str, int] = field(default_factory=dict)
-    writes: dict[str, int] = field(default_factory=dict)
-    reductions: dict[str, tuple[str, bool, int]] = field(default_factory=dict)
-    keyed: dict[str, tuple[str, int]] = field(default_factory=dict)
-    unions: dict[str, int] = field(default_factory=dict)
-    deleted_locals: set[str] = field(default_factory=set)
-    keyed_gathers: dict[str, int] = field(default_factory=dict)
-    # writes whose iteration reads its own row back (see ownrows.py)
-    own_rows: dict[str, OwnRow] = field(default_factory=dict)
-    prints: list[int] = field(default_factory=list)
-    # inputs a call could change in place (receivers, arguments, callees), with
-    # the lines: the engines check them before and after each chunk
-    watch: dict[str, list[int]] = field(default_factory=dict)
-    # lines where an item of the loop's data is a receiver or an argument
-    watch_items: list[int] = field(default_factory=list)
-    # an alias of outer data is a receiver or argument: check every input
-    watch_all: bool = False
-    # (line, call) drawing from a global random generator
-    random_calls: list[tuple[int, str]] = field(default_factory=list)
-    # (line, iterable) of nested loops taken to run at least once because
-    # their iterable, made of inputs, is checked non-empty before the run
-    nonempty: list[tuple[int, str]] = field(default_factory=list)
-    # own elements and own rows whose keys may name one element twice:
-    # sink -> (the loop's key, "range" or "any"); `y[-3]` and `y[0]` are one
-    # element of a 3-item list, `a[True]` and `a[(0, 1)]` overlap `a[0]`: the
-    # engine program checks each key of a sink that is not a dict
-    key_checks: dict[str, tuple[str, str]] = field(default_factory=dict)
-    # running bests kept with their payloads (selections.running_bests)
-    bests: dict[str, RunningBest] = field(default_factory=dict)
 
 
 def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:

@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpucell.core.reducers import SELECTING
+from gpucell.core.analysis.keyedselect import _keyed_select
+from gpucell.core.analysis.replays import _frame_rows, _ufunc_at, _ufunc_at_targets
+from gpucell.core.analysis.spellbase import FIRST, _get_call, _number, _pure, _same
 
 __all__ = ["FIRST", "Spelled", "respell"]
 
 _OPS = (ast.Add, ast.Sub, ast.Mult)
-_PURE_CALLS = ("min", "max", "abs")
 
 
 @dataclass(eq=False)  # (a frozen LoopPlan holds it: hashed by identity)
@@ -61,84 +62,6 @@ class Spelled:
     # arguments are gathered into, in iteration order -> D; the merge replays
     # the calls into D in that order (exact, floats included)
     ufunc_at: dict[str, str] = field(default_factory=dict)
-
-
-class _First:
-    """The starting value of a keyed max/min that has none: the first value."""
-
-    def __repr__(self) -> str:
-        return "<first>"
-
-
-FIRST = _First()
-
-
-def _pure(e: ast.expr, is_builtin: Callable[[str], bool], calls: bool = False) -> bool:
-    """An expression without effects: names, constants, attributes, subscripts,
-    tuples, arithmetic (and, with ``calls``, builtin min/max/abs)."""
-    for node in ast.walk(e):
-        if isinstance(node, ast.Call):
-            f = node.func
-            if not (
-                calls
-                and isinstance(f, ast.Name)
-                and f.id in _PURE_CALLS
-                and is_builtin(f.id)
-                and not node.keywords
-            ):
-                return False
-        elif not isinstance(
-            node,
-            (
-                ast.Name,
-                ast.Constant,
-                ast.Attribute,
-                ast.Subscript,
-                ast.Tuple,
-                ast.Load,
-                ast.BinOp,
-                ast.UnaryOp,
-                ast.Slice,
-                ast.operator,
-                ast.unaryop,
-            ),
-        ):
-            return False
-    return True
-
-
-def _same(a: ast.AST, b: ast.AST) -> bool:
-    return ast.dump(a) == ast.dump(b)
-
-
-def _number(e: ast.expr) -> bool:
-    return (
-        isinstance(e, ast.Constant)
-        and type(e.value) in (int, float)
-        or isinstance(e, ast.UnaryOp)
-        and isinstance(e.op, ast.USub)
-        and isinstance(e.operand, ast.Constant)
-        and type(e.operand.value) in (int, float)
-    )
-
-
-def _get_call(
-    e: ast.expr, d: str, key: ast.expr, method: str = "get"
-) -> ast.expr | None:
-    """The default of ``d.get(key, default)`` (or ``method``), if ``e`` is
-    that call."""
-    if (
-        isinstance(e, ast.Call)
-        and isinstance(e.func, ast.Attribute)
-        and e.func.attr == method
-        and isinstance(e.func.value, ast.Name)
-        and e.func.value.id == d
-        and len(e.args) == 2
-        and not e.keywords
-        and _same(e.args[0], key)
-    ):
-        return e.args[1]
-    return None
 
 
 def _keyed(
@@ -181,206 +104,6 @@ def _keyed(
     ast.copy_location(target.value, t.value)
     aug = ast.AugAssign(target=target, op=v.op, value=v.right)
     return ast.copy_location(aug, s), d, default
-
-
-def _start(e: ast.expr) -> Any:
-    """A keyed max/min's starting value: a number, ``float("inf")`` or
-    ``float("-inf")`` (also negated), else ``...``."""
-    if _number(e):
-        return ast.literal_eval(e)
-    sign = 1.0
-    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub):
-        sign, e = -1.0, e.operand
-    if (
-        isinstance(e, ast.Call)
-        and isinstance(e.func, ast.Name)
-        and e.func.id == "float"
-        and len(e.args) == 1
-        and not e.keywords
-        and isinstance(e.args[0], ast.Constant)
-        and isinstance(e.args[0].value, str)
-        and e.args[0].value.strip().lower() in ("inf", "+inf", "-inf", "infinity")
-    ):
-        return sign * float(e.args[0].value)
-    return ...
-
-
-def _select_call(
-    e: ast.expr, is_builtin: Callable[[str], bool]
-) -> tuple[str, ast.expr, ast.expr] | None:
-    """``max(a, b)`` / ``min(a, b)`` of the builtin: ``(op, a, b)``."""
-    if (
-        isinstance(e, ast.Call)
-        and isinstance(e.func, ast.Name)
-        and e.func.id in SELECTING
-        and is_builtin(e.func.id)
-        and len(e.args) == 2
-        and not e.keywords
-        and not any(isinstance(a, ast.Starred) for a in e.args)
-    ):
-        return e.func.id, e.args[0], e.args[1]
-    return None
-
-
-def _keyed_select(
-    s: ast.stmt, is_builtin: Callable[[str], bool]
-) -> tuple[ast.Assign, str, Any] | None:
-    """A keyed running max/min spelled otherwise, as ``D[k] = max(D[k], e)``
-    (and its starting value): ``D[k] = max(D.get(k, c), e)`` (from ``c``),
-    ``if k not in D or e > D[k]: D[k] = e`` and ``D[k] = max(D.setdefault(k,
-    e), e)`` (from the first ``e``; ``min`` with ``<``).  ``k`` and ``e`` are
-    pure: serially evaluated more often."""
-    if isinstance(s, ast.Assign) and len(s.targets) == 1:
-        t = s.targets[0]
-        found = _select_call(s.value, is_builtin)
-        if found is None or not isinstance(t, ast.Subscript):
-            return None
-        op, first, e = found
-        if not isinstance(t.value, ast.Name):
-            return None
-        d = t.value.id
-        if not _pure(t.slice, is_builtin) or _reads(e, d) or _reads(t.slice, d):
-            return None
-        c = _get_call(first, d, t.slice)
-        if c is not None:
-            start = _start(c)
-            return None if start is ... else (_select_stmt(s, t, op, e), d, start)
-        c = _get_call(first, d, t.slice, "setdefault")
-        if c is not None and _same(c, e) and _pure(e, is_builtin):
-            # `D[k] = max(D.setdefault(k, e), e)`: a missing key takes `e`
-            return _select_stmt(s, t, op, e), d, FIRST
-        return None
-    if not (isinstance(s, ast.If) and not s.orelse and len(s.body) == 1):
-        return None
-    st = s.body[0]
-    if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
-        return None
-    t, e = st.targets[0], st.value
-    if not (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)):
-        return None
-    d, k = t.value.id, t.slice
-    better = _missing_or_better(s.test, d, k, e)
-    if (
-        better is None
-        or not _pure(k, is_builtin)
-        or not _pure(e, is_builtin)
-        or _reads(e, d)
-        or _reads(k, d)
-    ):
-        return None
-    return _select_stmt(st, t, better, e), d, FIRST
-
-
-def _ufunc_at_call(s: ast.stmt) -> tuple[ast.Call, str] | None:
-    """``m.ufunc.at(D, idx[, w])`` as a statement: the call and ``D``."""
-    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)):
-        return None
-    call = s.value
-    f = call.func
-    if (
-        isinstance(f, ast.Attribute)
-        and f.attr == "at"
-        and isinstance(f.value, ast.Attribute)
-        and isinstance(f.value.value, ast.Name)
-        and 2 <= len(call.args) <= 3
-        and not call.keywords
-        and not any(isinstance(a, ast.Starred) for a in call.args)
-        and isinstance(call.args[0], ast.Name)
-    ):
-        return call, call.args[0].id
-    return None
-
-
-def _ufunc_at_targets(body: list[ast.stmt]) -> set[str]:
-    """The arrays only ever given to ``m.ufunc.at`` as its first argument in
-    the body: any other use would see the calls' effects so far."""
-    calls: dict[str, int] = {}
-    uses: dict[str, int] = {}
-    for st in body:
-        for node in ast.walk(st):
-            if isinstance(node, ast.Name):
-                uses[node.id] = uses.get(node.id, 0) + 1
-            if isinstance(node, ast.stmt):
-                found = _ufunc_at_call(node)
-                if found is not None:
-                    calls[found[1]] = calls.get(found[1], 0) + 1
-    return {d for d, n in calls.items() if uses.get(d) == n}
-
-
-def _ufunc_at(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:
-    """``np.add.at(D, idx, w)`` on an array from before the loop as
-    ``__gpucell_at_D__.append((np.add, deepcopy((idx, w))))``: the ufunc and
-    a private copy of its arguments, gathered for the merge to replay."""
-    found = _ufunc_at_call(s)
-    if found is None or found[1] not in targets:
-        return None
-    call, d = found
-    f = call.func
-    assert isinstance(f, ast.Attribute)
-    hidden = f"__gpucell_at_{d}__"
-    copied = ast.parse("__import__('copy').deepcopy(())", mode="eval").body
-    assert isinstance(copied, ast.Call)
-    copied.args = [ast.Tuple(elts=list(call.args[1:]), ctx=ast.Load())]
-    entry = ast.Tuple(elts=[f.value, copied], ctx=ast.Load())
-    append = ast.Attribute(ast.Name(hidden, ast.Load()), "append", ast.Load())
-    new = ast.Expr(ast.Call(append, [entry], []))
-    for node in ast.walk(new):
-        if not hasattr(node, "lineno") or node is not f.value:
-            ast.copy_location(node, s)
-    return new, hidden, d
-
-
-def _reads(e: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(e))
-
-
-def _missing_or_better(test: ast.expr, d: str, k: ast.expr, e: ast.expr) -> str | None:
-    """``k not in D or e > D[k]`` (``D[k] < e``): ``"max"``; ``<``: ``"min"``."""
-    if not (
-        isinstance(test, ast.BoolOp)
-        and isinstance(test.op, ast.Or)
-        and len(test.values) == 2
-    ):
-        return None
-    missing, better = test.values
-    if not (
-        isinstance(missing, ast.Compare)
-        and len(missing.ops) == 1
-        and isinstance(missing.ops[0], ast.NotIn)
-        and _same(missing.left, k)
-        and isinstance(missing.comparators[0], ast.Name)
-        and missing.comparators[0].id == d
-        and isinstance(better, ast.Compare)
-        and len(better.ops) == 1
-    ):
-        return None
-
-    def item(x: ast.expr) -> bool:
-        return (
-            isinstance(x, ast.Subscript)
-            and isinstance(x.value, ast.Name)
-            and x.value.id == d
-            and _same(x.slice, k)
-        )
-
-    left, right, cmp = better.left, better.comparators[0], better.ops[0]
-    if _same(left, e) and item(right):  # e > D[k]
-        return {ast.Gt: "max", ast.Lt: "min"}.get(type(cmp))
-    if item(left) and _same(right, e):  # D[k] < e
-        return {ast.Lt: "max", ast.Gt: "min"}.get(type(cmp))
-    return None
-
-
-def _select_stmt(s: ast.stmt, t: ast.Subscript, op: str, e: ast.expr) -> ast.Assign:
-    """``D[k] = op(D[k], e)`` at ``s``'s place."""
-    d = t.value
-    read = ast.copy_location(ast.Subscript(value=d, slice=t.slice, ctx=ast.Load()), t)
-    target = ast.copy_location(
-        ast.Subscript(value=d, slice=t.slice, ctx=ast.Store()), t
-    )
-    func = ast.copy_location(ast.Name(op, ast.Load()), s)
-    call = ast.copy_location(ast.Call(func, [read, e], []), s)
-    return ast.copy_location(ast.Assign(targets=[target], value=call), s)
 
 
 def _setdefault(
@@ -531,7 +254,10 @@ def respell(
 
         own_index = _own_index(loop[0], loop[1], is_builtin)
         if own_index is not None:
-            _frame_rows(body, own_index, out)
+            for d, (hidden, n) in _frame_rows(body, own_index).items():
+                out.frame_rows[hidden] = d
+                out.hidden |= {hidden, f"__gpucell_fr_{d}__"}
+                out.names[d] = out.names.get(d, 0) + n
     for node in body:
         ast.fix_missing_locations(node)
     return out
@@ -688,86 +414,3 @@ def _replace(stmts: list[ast.stmt], old: ast.AST, new: ast.expr) -> None:
                         if x is old:
                             value[j] = new
                             return
-
-
-# ------------------------------------------------ a frame's own row read back
-
-_LABEL_ACCESSORS = ("loc", "at")
-
-
-def _own_cell(node: ast.AST, index: str) -> tuple[str, str] | None:
-    """``D.loc[i, "c"]`` / ``D.at[i, "c"]``, ``i`` the loop's own label:
-    ``(D, "c")``."""
-    if not (
-        isinstance(node, ast.Subscript)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr in _LABEL_ACCESSORS
-        and isinstance(node.value.value, ast.Name)
-        and isinstance(node.slice, ast.Tuple)
-        and len(node.slice.elts) == 2
-    ):
-        return None
-    i, c = node.slice.elts
-    if (
-        isinstance(i, ast.Name)
-        and i.id == index
-        and isinstance(c, ast.Constant)
-        and isinstance(c.value, str)
-    ):
-        return node.value.value.id, c.value
-    return None
-
-
-def _frame_rows(body: list[ast.stmt], index: str, out: Spelled) -> None:
-    """Each frame the body uses only as ``D.loc[i, "c"]`` (or ``.at``), ``i``
-    the loop's own label never rebound, writing some cell and reading one:
-    every use goes to a private one-row copy made first in the iteration, and
-    the iteration's written cells are gathered last (``core/framerows.py``)."""
-    uses: dict[str, int] = {}
-    cells: dict[str, list[ast.Subscript]] = {}
-    stores: dict[str, list[str]] = {}
-    rebinds_index = False
-    for st in body:
-        for node in ast.walk(st):
-            if isinstance(node, ast.Name):
-                uses[node.id] = uses.get(node.id, 0) + 1
-                if node.id == index and not isinstance(node.ctx, ast.Load):
-                    rebinds_index = True
-            found = _own_cell(node, index)
-            if found is None:
-                continue
-            assert isinstance(node, ast.Subscript)
-            cells.setdefault(found[0], []).append(node)
-            if isinstance(node.ctx, ast.Store):
-                cols = stores.setdefault(found[0], [])
-                if found[1] not in cols:
-                    cols.append(found[1])
-    if rebinds_index:
-        return
-    frames = [
-        d for d, subs in cells.items() if uses.get(d) == len(subs) and d in stores
-    ]
-    for d in sorted(frames):
-        row, hidden = f"__gpucell_fr_{d}__", f"__gpucell_frw_{d}__"
-        for sub in cells[d]:
-            assert isinstance(sub.value, ast.Attribute)
-            sub.value.value = ast.copy_location(ast.Name(row, ast.Load()), sub)
-        first = body[0]
-        make = ast.parse(f"{row} = {d}.loc[[{index}]].copy()").body[0]
-        written = ", ".join(repr(c) for c in stores[d]) + ","
-        keep = ast.parse(
-            f"{hidden}.append(__import__('gpucell.core.framerows', "
-            f"fromlist=['written']).written({row}, {index}, ({written})))"
-        ).body[0]
-        for node in ast.walk(make):
-            ast.copy_location(node, first)
-        for node in ast.walk(keep):
-            ast.copy_location(node, body[-1])
-        guarded = ast.copy_location(
-            ast.Try(body=list(body), handlers=[], orelse=[], finalbody=[keep]),
-            first,
-        )
-        body[:] = [make, guarded]
-        out.frame_rows[hidden] = d
-        out.hidden |= {row, hidden}
-        out.names[d] = out.names.get(d, 0) + len(cells[d])
