@@ -3497,3 +3497,55 @@ same_object = best_model is models[1]
 """,
     note="the kept payload is the loop's own item: the kernel's object, as serially",
 )
+
+# ---------------------------------------------------------------- sinks: own columns, own slices, several writes to one own row
+
+case(
+    "wb-sink-own-columns-fillna",
+    "safe",
+    """
+import numpy as np
+import pandas as pd
+_r = np.random.default_rng(12)
+num = pd.DataFrame(_r.normal(size=(8, 3)), columns=["a", "b", "c"])
+num.iloc[::3, 0] = np.nan
+num.iloc[1::4, 2] = np.nan
+""",
+    """
+for c in num.columns:
+    num[c] = num[c].fillna(num[c].median())
+""",
+    note="each column filled from its own median",
+)
+
+case(
+    "wb-sink-own-slice-method-mean",
+    "safe",
+    """
+import numpy as np
+_r = np.random.default_rng(13)
+img = _r.normal(size=(3, 2, 4, 4))
+""",
+    """
+for b in range(img.shape[0]):
+    for c in range(img.shape[1]):
+        img[b, c] = img[b, c] - img[b, c].mean()
+""",
+    note="a method call on the iteration's own slice (per-channel centring)",
+)
+
+case(
+    "wb-sink-own-row-several-rmw",
+    "safe",
+    """
+rows = [[1.0, 2.0, 0.0], [3.0, 1.0, 0.0], [0.5, 0.5, 0.0]]
+""",
+    """
+for i in range(len(rows)):
+    rows[i][0] = rows[i][0] * 2
+    rows[i][1] += rows[i][0]
+    rows[i][2] = rows[i][0] + rows[i][1]
+    rows[i][0] -= 1
+""",
+    note="several read-modify-write statements on one own row",
+)
