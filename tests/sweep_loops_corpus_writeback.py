@@ -3086,6 +3086,27 @@ for a in accs:
 )
 
 case(
+    "wb-u-own-helper-steps-through-data",
+    "unsafe",
+    TORCH
+    + """
+torch.manual_seed(26)
+nets = [nn.Linear(4, 1) for _ in range(3)]
+def sgd_step(net, lr=0.05):
+    for p in net.parameters():
+        p.data -= lr * p.grad
+""",
+    """
+for net in nets:
+    for xb, yb in batches:
+        net.zero_grad()
+        loss_fn(net(xb), yb).backward()
+        sgd_step(net)
+""",
+    note="the helper's `.data` steps move no version counter: unseen, lost",
+)
+
+case(
     "wb-own-iterators-advanced-in-steps",
     "safe",
     """

@@ -14,7 +14,7 @@ import pytest
 
 from gpucell.core import writeback
 from gpucell.core.analysis import analyse
-from gpucell.core.lastitem import LAST_ITEM, process_state_calls
+from gpucell.core.lastitem import LAST_ITEM, data_writes, process_state_calls
 from gpucell.engine import checkout
 from gpucell.errors import NotParallelizable
 
@@ -155,3 +155,18 @@ def test_a_restoring_with_counts_only_where_its_function_is_the_librarys() -> No
     # the cell's own import says where the name comes from
     imported = "from warnings import catch_warnings\n" + src
     assert process_state_calls(imported, 2, resolve_own) == []
+
+
+def test_a_helpers_changes_through_data_are_found() -> None:
+    """``.data`` moves no version counter: the engines could not see it."""
+    src = (
+        "def sgd(m, lr):\n    for p in m.parameters():\n"
+        "        p.data -= lr * p.grad\n        p.data.clamp_(-1, 1)\n"
+        "        p.data[0] = 0\n        p.data = p.data * 2\n"
+        "        q = p.data.clone()\n"
+    )
+    assert data_writes(src) == [
+        (3, "p.data"),
+        (4, "p.data.clamp_"),
+        (5, "p.data[0]"),
+    ]

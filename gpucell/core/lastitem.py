@@ -506,6 +506,55 @@ def helper_file_writes(source: str) -> list[tuple[int, str]]:
     return _writes([n for s in fn.body for n in ast.walk(s)], bound)
 
 
+def _through_data(e: ast.expr) -> bool:
+    """``e`` reaches an object through a tensor's ``.data`` (``p.data``,
+    ``p.data[0]``, ``m.weight.data.view(-1)``)."""
+    while isinstance(e, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(e, ast.Attribute) and e.attr == "data":
+            return True
+        e = e.func if isinstance(e, ast.Call) else e.value
+    return False
+
+
+def data_writes(source: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of each in-place change a function's source makes
+    through a tensor's ``.data`` (``p.data.add_(g)``, ``p.data -= lr * g``,
+    ``w.data[0] = 1``): it bumps no version counter, so the engines' check
+    of what a chunk changed (an input, an item written back) cannot see it,
+    and the change would be lost.  (``p.data = t`` puts new memory there:
+    seen.)"""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return []
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        hit: ast.expr | None = None
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.endswith("_")
+            and not node.func.attr.startswith("_")
+            and _through_data(node.func.value)
+        ):
+            hit = node.func
+        elif isinstance(node, ast.AugAssign) and _through_data(node.target):
+            hit = node.target
+        elif isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+            hit = next(
+                (
+                    t
+                    for t in targets
+                    if isinstance(t, ast.Subscript) and _through_data(t.value)
+                ),
+                None,
+            )
+        if hit is not None:
+            out.append((hit.lineno, ast.unparse(hit)))
+    return sorted(out)
+
+
 def _every_iteration(body: list[ast.stmt]) -> list[ast.stmt]:
     """The statements every iteration runs: the body's own, and those inside
     its ``with`` blocks and ``try`` bodies (not under ``if``, loops,

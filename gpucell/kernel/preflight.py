@@ -77,6 +77,7 @@ def before_drawing(
     out += _one_file_written_by_every_iteration(plan, ns)
     out += _user_module_state_changes(plan, inputs)
     out += _process_state_changes(plan, ns)
+    out += _helpers_changing_data(plan, ns)
     out += _unions_of_other_types(plan, ns)
     out += _keyed_stores(plan, ns)
     out += _inputs_shared_with_sinks(plan, ns, inputs, values)
@@ -290,6 +291,43 @@ def _process_state_changes(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
             "%%gpu_parallel.",
         )
     ]
+
+
+def _helpers_changing_data(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
+    """A notebook function the loop calls that changes a tensor through its
+    ``.data`` (``p.data -= lr * p.grad``): no version counter moves, so the
+    engines' check of inputs and items would not see it (``core/lastitem``)."""
+    import inspect
+
+    from gpucell.core.lastitem import data_writes
+
+    for name in plan.inputs:
+        fn = ns.get(name)
+        if not (
+            isinstance(fn, types.FunctionType)
+            and getattr(fn, "__module__", None) == "__main__"
+        ):
+            continue
+        try:
+            found = data_writes(inspect.getsource(fn))
+        except (OSError, TypeError):
+            continue
+        if found:
+            line, text = found[0]
+            return [
+                _problem(
+                    _line_of(plan, name),
+                    name,
+                    "data-write",
+                    f"`{name}`, which the loop calls, changes a tensor through its "
+                    f"`.data` (`{text}`, line {line} of `{name}`): that moves no "
+                    "version counter, so the engines cannot see the change to send "
+                    "it back, and it would be lost. Change the tensor itself under "
+                    "`torch.no_grad()` (`with torch.no_grad(): p -= lr * p.grad`), "
+                    "or run the cell without %%gpu_parallel.",
+                )
+            ]
+    return []
 
 
 def _resolved(name: str, ns: Namespace) -> Any:
