@@ -59,6 +59,8 @@ def fresh_namespace() -> dict[str, Any]:
         "mask": 255,
         "mx": -1,
         "mn": 10**6,
+        "best": 12,
+        "best_at": None,
         "kd": {0: 0, 1: 0, 2: 0},
         "dd": defaultdict(int),
         "cnt": Counter(),
@@ -303,6 +305,9 @@ class _Gen:
         self.key: str | None = None
         self.key_repeats = False
         self.key_written = False
+        # one running best kept with a payload per body (a second would
+        # assign `best` twice: a loop-carried read, refused)
+        self.best_written = False
 
     def fresh(self, prefix: str = "t") -> str:
         self.counter += 1
@@ -338,7 +343,7 @@ class _Gen:
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
                     "walrus", "continue", "refused", "call", "mutate", "own",
-                    "kgather",
+                    "kgather", "best",
                 ]
             )
         )  # fmt: skip
@@ -432,6 +437,13 @@ class _Gen:
             name = self.fresh()
             avail.append(name)
             return [f"{f} = lambda z: z * 2 + {e}", f"{name} = {f}(k)"]
+        if kind == "best":  # a running best kept with a payload (bests.py)
+            if self.best_written:
+                return [f"out.append({e})"]
+            self.best_written = True
+            op = d(st.sampled_from(["<", "<=", ">", ">="]))
+            at = self.expr(avail)
+            return [f"if {e} {op} best:", f"    best = {e}", f"    best_at = {at}"]
         if kind == "kgather":  # lists under a dict's keys, and counts beside them
             return [
                 d(st.sampled_from([f"kg[({e}) % 3].append({self.expr(avail)})",
