@@ -60,6 +60,9 @@ def fresh_namespace() -> dict[str, Any]:
         "mx": -1,
         "mn": 10**6,
         "best": 12,
+        "km": {0: 3, 1: 3, 2: 3},
+        "kn": {},
+        "kf": {},
         "best_at": None,
         "kd": {0: 0, 1: 0, 2: 0},
         "dd": defaultdict(int),
@@ -343,7 +346,7 @@ class _Gen:
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
                     "walrus", "continue", "refused", "call", "mutate", "own",
-                    "kgather", "best",
+                    "kgather", "best", "kmax",
                 ]
             )
         )  # fmt: skip
@@ -444,6 +447,18 @@ class _Gen:
             op = d(st.sampled_from(["<", "<=", ">", ">="]))
             at = self.expr(avail)
             return [f"if {e} {op} best:", f"    best = {e}", f"    best_at = {at}"]
+        if kind == "kmax":  # a keyed running max/min, as written or respelled
+            names = [a for a in avail if a.isidentifier()]
+            if not names:
+                return [f"out.append({e})"]
+            v, w = d(st.sampled_from(names)), d(st.sampled_from(names))
+            c = d(st.integers(1, 5))
+            return [
+                [f"km[{v} % 3] = max(km[{v} % 3], {w} * {c})"],
+                [f"kn[{v} % 4] = min(kn.get({v} % 4, 50), {w} - {c})"],
+                [f"if {v} % 3 not in kf or {w} + {c} > kf[{v} % 3]:",
+                 f"    kf[{v} % 3] = {w} + {c}"],
+            ][d(st.integers(0, 2))]  # fmt: skip
         if kind == "kgather":  # lists under a dict's keys, and counts beside them
             return [
                 d(st.sampled_from([f"kg[({e}) % 3].append({self.expr(avail)})",
