@@ -406,3 +406,25 @@ def test_every_sink_kind_has_its_merge() -> None:
     named = {sinks.GATHER, sinks.WRITE, sinks.REDUCTION, sinks.KEYED}
     named |= {sinks.KEYED_GATHER, sinks.UNION, sinks.LOCAL}
     assert named <= set(kinds) and kinds[-1] == sinks.LOCAL
+
+
+def test_a_new_column_read_back_over_iterrows_is_the_serial_one() -> None:
+    """``iterrows`` reads the frame once, when the loop starts: the later rows
+    have no column an earlier iteration made, serially as on the engines."""
+    import pandas as pd
+
+    cell = (
+        "for idx, r in df.iterrows():\n"
+        '    df.at[idx, "twice"] = r["units"] * 2\n'
+        '    df.at[idx, "price"] = df.at[idx, "twice"] + len(r)\n'
+    )
+    serial: dict[str, Any] = {"df": _frame(5)}
+    exec(cell, serial)
+    parallel: dict[str, Any] = {"df": _frame(5)}
+    run_parallel_local(cell, parallel, [0.5])
+    pd.testing.assert_frame_equal(serial["df"], parallel["df"])
+
+
+def test_a_ufunc_at_into_the_array_the_loop_iterates_stays_refused() -> None:
+    with pytest.raises(NotParallelizable):
+        _plan("for v in hist:\n    np.add.at(hist, [0], v)\n", ("np", "hist"))

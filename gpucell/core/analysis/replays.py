@@ -101,7 +101,9 @@ def _frame_rows(body: list[ast.stmt], index: str) -> dict[str, tuple[str, int]]:
     the loop's own label never rebound, writing some cell and reading one:
     every use goes to a private one-row copy made first in the iteration, and
     the iteration's written cells are gathered last (``core/framerows.py``).
-    Returns ``D -> (its hidden gather, how many cells were rewritten)``."""
+    Returns ``D -> (its hidden gather, how many cells were rewritten)``.
+    (The loop may iterate over the frame's rows: ``iterrows``, ``itertuples``
+    and a frame's ``values`` read the frame once, when the loop starts.)"""
     uses: dict[str, int] = {}
     cells: dict[str, list[ast.Subscript]] = {}
     stores: dict[str, list[str]] = {}

@@ -215,7 +215,14 @@ def respell(
         if d in augmented:
             out.mixed.add(d)
 
-    at_targets = _ufunc_at_targets(body)
+    # (an array or frame the loop iterates over: serially its later items see
+    # the earlier iterations' changes)
+    iterated = {
+        n.id
+        for n in ast.walk(loop[1] if loop and loop[1] is not None else ast.Pass())
+        if isinstance(n, ast.Name)
+    }
+    at_targets = _ufunc_at_targets(body) - iterated
 
     def rewrite(s: ast.stmt) -> list[ast.stmt] | None:
         at = _ufunc_at(s, at_targets)
