@@ -153,12 +153,14 @@ class GpuCell(Configurable):
         "a one-line note) instead of raising.",
     )
     quiet_idle = Bool(
-        True,
+        False,
         config=True,
         help="Engines send no 'idle' status after a chunk that printed and displayed "
         "nothing (its reply says so and the kernel marks its output complete): one "
         "message fewer per chunk for the engine, the controller and the kernel. "
-        "False: every chunk's 'idle' is sent, as ipyparallel does.",
+        "Off by default until it has run longer: once, under load, a task's output "
+        "was left awaited with it on (not reproduced). False: every chunk's 'idle' "
+        "is sent, as ipyparallel does.",
     )
     inline_below = Float(
         0.005,

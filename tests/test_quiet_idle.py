@@ -1,4 +1,4 @@
-"""``GpuCell.quiet_idle`` (on by default): engines leave out the "idle"
+"""``GpuCell.quiet_idle`` (off by default, on in these tests): engines leave out the "idle"
 status after a chunk that sent nothing on IOPub (engine/quietidle); the kernel
 marks that task's output complete itself.  A chunk that prints or displays
 keeps its "idle", so its output still arrives whole and in order."""
@@ -27,8 +27,11 @@ def quiet(ip, cluster, monkeypatch):
         real(client, ar)
 
     monkeypatch.setattr(executor, "output_complete", counting)
-    ip.run_line_magic("config", "GpuCell.quiet_idle = True")  # (the default)
-    yield completed
+    ip.run_line_magic("config", "GpuCell.quiet_idle = True")
+    try:
+        yield completed
+    finally:
+        ip.run_line_magic("config", "GpuCell.quiet_idle = False")  # (the default)
 
 
 def _pending_outputs(client) -> list[str]:
@@ -100,7 +103,7 @@ def test_off_means_every_idle_is_sent(ip, cluster, monkeypatch):
     try:
         ip.run_cell_magic("gpu_parallel", "--quiet", "for i in range(8):\n    v = i\n")
     finally:
-        ip.run_line_magic("config", "GpuCell.quiet_idle = True")
+        ip.run_line_magic("config", "GpuCell.quiet_idle = False")  # (the default)
     assert called == [] and not _pending_outputs(cluster.client)
     assert _idles_left_out(cluster) == before
 
