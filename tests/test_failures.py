@@ -55,6 +55,63 @@ def test_interrupt_cancels_within_two_seconds_and_engines_go_idle(ip, cluster):
     assert all(os.path.exists(f"/proc/{e.pid}") for e in cluster.engines.values())
 
 
+def test_the_stop_button_pressed_again_while_stopping_changes_nothing(ip, cluster):
+    """A user presses stop, then again and again while the run is being
+    stopped (its chunks cancelled, engines waited for): the presses after
+    the first take no effect, so the run still ends interrupted with every
+    engine idle (a second press once cut the stop short: the record said
+    "running" and the engines went on)."""
+    ip.user_ns.update({"time": time, "out": ["untouched"]})
+    done = threading.Event()
+
+    def press_often() -> None:
+        if done.wait(1.0):
+            return
+        while not done.is_set():  # a real signal: it also ends a wait
+            os.kill(os.getpid(), signal.SIGINT)
+            done.wait(0.02)
+
+    threading.Thread(target=press_often, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ip.run_cell_magic("gpu_parallel", "--quiet", SLOW)
+    finally:
+        done.set()
+    time.sleep(0.05)  # (a press already on its way lands here, not in the test)
+    assert ip.user_ns["out"] == ["untouched"]
+    assert gpucell.last_run.status == "interrupted"
+    deadline = time.monotonic() + 5
+    while not idle(cluster) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert idle(cluster)
+
+
+def test_an_interrupt_before_the_first_chunk_is_sent_ends_the_record(ip, cluster):
+    """The stop button pressed while the loop's inputs are still being sent
+    (an input slow to pickle): the run's record says interrupted, not
+    "running" for ever (the run had not begun its own stop yet)."""
+    ip.run_cell(
+        "import time\n"
+        "class SlowToSend:\n"
+        "    def __reduce__(self):\n"
+        "        time.sleep(3)\n"
+        "        return (SlowToSend, ())\n"
+        "slow = SlowToSend()\nout = []\n"
+    ).raise_error()
+    pressed = press_stop(0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ip.run_cell_magic(
+                "gpu_parallel",
+                "--quiet",
+                "for i in range(4):\n    out.append((i, slow))\n",
+            )
+    finally:
+        pressed.set()
+    assert ip.user_ns["out"] == []
+    assert gpucell.last_run.status == "interrupted"
+
+
 def test_an_interrupt_during_the_merge_waits_until_the_namespace_is_whole(ip, cluster):
     """The stop button pressed while the merge writes: serially the loop is over,
     so every result is written (none torn) and the interrupt comes after."""

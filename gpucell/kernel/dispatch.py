@@ -45,7 +45,7 @@ from gpucell.errors import EnginesLost
 from gpucell.kernel.executor import Executor, engine_alive, live_engines, signal_engines
 from gpucell.kernel.feedback import Feedback
 from gpucell.kernel.gcpause import kernel_heap_frozen
-from gpucell.kernel.interrupts import interrupts_deferred
+from gpucell.kernel.interrupts import interrupts_absorbed, interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
 from gpucell.kernel.sending import (
     WAVE_BYTES,
@@ -564,13 +564,14 @@ class Run(InputShipping, Executor):
         if isinstance(error, KeyboardInterrupt):
             stop = _Interrupted("interrupt")
         try:
-            if isinstance(stop, _Interrupted):
-                timeout = stop.reason == "timeout"
-                reason: Literal["interrupt", "timeout"] = (
-                    "timeout" if timeout else "interrupt"
-                )
-                self._tell(ev.Stop(reason, self.options.timeout))
-            self._tell(ev.Failed())
+            with interrupts_absorbed():  # (a press again while stopping)
+                if isinstance(stop, _Interrupted):
+                    timeout = stop.reason == "timeout"
+                    reason: Literal["interrupt", "timeout"] = (
+                        "timeout" if timeout else "interrupt"
+                    )
+                    self._tell(ev.Stop(reason, self.options.timeout))
+                self._tell(ev.Failed())
             raise error
         finally:
             self._release()

@@ -192,6 +192,10 @@ def _loop_stages(c: Cell, prep: Prepared, record: LastRun, out: _Outcome) -> Non
         conclude(a, run(c, a))
     except BaseException as e:
         out.failed.append(e)
+        if record.status == "running":  # (it ended before the run's own end)
+            record.status = (
+                "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+            )
         raise
 
 

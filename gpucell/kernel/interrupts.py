@@ -1,4 +1,5 @@
-"""Hold the stop button off while the merge writes the namespace.
+"""Hold the stop button off while the merge writes the namespace, and while a
+run is being stopped.
 
 The merge is all or nothing: validated first (an interrupt there changes nothing),
 then applied.  An interrupt that lands while it applies would leave a torn
@@ -42,3 +43,20 @@ def interrupts_deferred(what: str) -> Iterator[None]:
             f"gpucell: interrupted while {what}; the interrupt waited until it was "
             "done."
         )
+
+
+@contextlib.contextmanager
+def interrupts_absorbed() -> Iterator[None]:
+    """Run the block with the stop button pressed again taking no effect: a
+    run being stopped (its chunks cancelled, engines waited for, at most
+    twice ``GpuCell.interrupt_grace``) is already answering a press, and a
+    second one landing in it left the engines running and the run's record
+    unfinished.  Main thread only, as above."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
