@@ -29,6 +29,16 @@ def idle(c) -> bool:
     )
 
 
+def wait_idle(c, timeout: float = 5.0) -> bool:
+    """Whether the engines are idle within ``timeout`` s: the interrupt itself
+    is bounded above, the controller's bookkeeping of the aborted tasks can
+    lag behind it on a loaded 2-core host."""
+    deadline = time.monotonic() + timeout
+    while not idle(c) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return idle(c)
+
+
 def test_interrupt_cancels_within_two_seconds_and_engines_go_idle(ip, cluster):
     ip.user_ns.update({"time": time, "out": ["untouched"]})
     pressed = press_stop(1.0)
@@ -42,12 +52,7 @@ def test_interrupt_cancels_within_two_seconds_and_engines_go_idle(ip, cluster):
     assert elapsed < 1.0 + 2.5, elapsed
     assert ip.user_ns["out"] == ["untouched"]
     assert gpucell.last_run.status == "interrupted"
-    # the interrupt itself is bounded above; the controller's bookkeeping of
-    # the aborted tasks can lag behind it on a loaded 2-core host
-    deadline = time.monotonic() + 5
-    while not idle(cluster) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert idle(cluster)
+    assert wait_idle(cluster)
     ip.run_cell_magic(
         "gpu_parallel", "--quiet", "for i in range(6):\n    out.append(i)\n"
     )
@@ -80,10 +85,7 @@ def test_the_stop_button_pressed_again_while_stopping_changes_nothing(ip, cluste
     time.sleep(0.05)  # (a press already on its way lands here, not in the test)
     assert ip.user_ns["out"] == ["untouched"]
     assert gpucell.last_run.status == "interrupted"
-    deadline = time.monotonic() + 5
-    while not idle(cluster) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert idle(cluster)
+    assert wait_idle(cluster)
 
 
 def test_an_interrupt_before_the_first_chunk_is_sent_ends_the_record(ip, cluster):

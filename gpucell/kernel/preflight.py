@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic, in_order
@@ -293,13 +293,10 @@ def _process_state_changes(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
     ]
 
 
-def _helpers_changing_data(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
-    """A notebook function the loop calls that changes a tensor through its
-    ``.data`` (``p.data -= lr * p.grad``): no version counter moves, so the
-    engines' check of inputs and items would not see it (``core/lastitem``)."""
+def _notebook_functions(plan: LoopPlan, ns: Namespace) -> Iterator[tuple[str, str]]:
+    """The functions defined in the notebook that the loop reads, with their
+    source (those whose source is not at hand are left out)."""
     import inspect
-
-    from gpucell.core.lastitem import data_writes
 
     for name in plan.inputs:
         fn = ns.get(name)
@@ -309,9 +306,19 @@ def _helpers_changing_data(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
         ):
             continue
         try:
-            found = data_writes(inspect.getsource(fn))
+            yield name, inspect.getsource(fn)
         except (OSError, TypeError):
             continue
+
+
+def _helpers_changing_data(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
+    """A notebook function the loop calls that changes a tensor through its
+    ``.data`` (``p.data -= lr * p.grad``): no version counter moves, so the
+    engines' check of inputs and items would not see it (``core/lastitem``)."""
+    from gpucell.core.lastitem import data_writes
+
+    for name, source in _notebook_functions(plan, ns):
+        found = data_writes(source)
         if found:
             line, text = found[0]
             return [
@@ -341,21 +348,9 @@ def _resolved(name: str, ns: Namespace) -> Any:
 
 def _helper_file_write(plan: LoopPlan, ns: Namespace) -> tuple[str, int, str] | None:
     """A notebook function the loop calls that writes one fixed file."""
-    import inspect
-
     from gpucell.core.lastitem import helper_file_writes
 
-    for name in plan.inputs:
-        fn = ns.get(name)
-        if not (
-            isinstance(fn, types.FunctionType)
-            and getattr(fn, "__module__", None) == "__main__"
-        ):
-            continue
-        try:
-            source = inspect.getsource(fn)
-        except (OSError, TypeError):
-            continue
+    for name, source in _notebook_functions(plan, ns):
         found = helper_file_writes(source)
         if found:
             line, path = found[0]
