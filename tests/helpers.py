@@ -107,3 +107,20 @@ def needs_shared_shm(cluster) -> None:
 
     if not shares_shm(cluster):
         pytest.skip("no shared /dev/shm between the kernel and its engines here")
+
+
+#: Code for a subprocess kernel whose remote engines (ssh, Slurm) give a silent
+#: controller up after 5 missed checks instead of the product's 30 (about 3 s,
+#: not 18): the killed-kernel tests prove the engines end with their
+#: controller without waiting the product's whole grace;
+#: test_remote_engines_give_a_silent_controller_up_after_30_checks pins the
+#: product's own setting.  Fails the kernel if that setting is not there.
+QUICK_GIVE_UP = """\
+from gpucell.cluster import starting as _starting
+_product_args = _starting.remote_engine_args
+def _quick_give_up(engine_args):
+    args = _product_args(engine_args)
+    assert "--IPEngine.max_heartbeat_misses=30" in args, args
+    return [a.replace("misses=30", "misses=5") for a in args]
+_starting.remote_engine_args = _quick_give_up
+"""

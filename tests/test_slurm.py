@@ -15,6 +15,7 @@ import time
 
 import pytest
 import slurm_cluster
+from helpers import QUICK_GIVE_UP
 from IPython.core.error import UsageError
 
 import gpucell
@@ -195,10 +196,11 @@ KERNEL = """
 import time
 import gpucell
 from gpucell.cluster.slurm import SlurmRequest
+{quick}
 gpucell.start_cluster(slurm=SlurmRequest(nodes=2, gpus_per_node=2), timeout=90)
 print("ready", flush=True)
 time.sleep(600)
-"""
+""".replace("{quick}", QUICK_GIVE_UP)
 
 
 def test_a_killed_kernel_leaves_no_job_and_no_engine(slurm, tmp_path):

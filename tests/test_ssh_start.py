@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ssh_hosts
+from helpers import QUICK_GIVE_UP
 from IPython.core.error import UsageError
 
 import gpucell
@@ -202,10 +203,11 @@ import sys, time
 import gpucell
 from gpucell import config
 config.settings().ssh_options = ["-F", sys.argv[1]]
+{quick}
 gpucell.start_cluster(1, gpus="none", ssh="node2:2", python=sys.executable, timeout=90)
 print("ready", flush=True)
 time.sleep(600)
-"""
+""".replace("{quick}", QUICK_GIVE_UP)
 
 
 def test_remote_engines_end_soon_after_their_kernel_is_killed(node, tmp_path):
@@ -226,6 +228,20 @@ def test_remote_engines_end_soon_after_their_kernel_is_killed(node, tmp_path):
         assert node.engines() == [], "remote engines outlived their kernel by 30 s"
     finally:
         kernel.kill()
+
+
+def test_remote_engines_give_a_silent_controller_up_after_30_checks():
+    """The product's grace the killed-kernel test shortens (QUICK_GIVE_UP): 30
+    checks, each the controller's fast-start heartbeat period plus
+    ipyparallel's 500 ms, about 18 s, inside that test's 30 s."""
+    from gpucell.cluster.starting import fast_start_settings, remote_engine_args
+
+    _, controller, engine = fast_start_settings(True)
+    args = remote_engine_args(engine)
+    assert "--IPEngine.max_heartbeat_misses=30" in args, args
+    assert not any("enable_nanny" in a for a in args), args  # the nanny is kept
+    assert "--HeartMonitor.period=100" in controller, controller
+    assert 30 * (100 + 500) / 1000 < 30
 
 
 OTHER_NOTEBOOK = """
