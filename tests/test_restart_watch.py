@@ -125,6 +125,7 @@ def _drawn(new, timeout=10.0):
 def test_an_engine_killed_between_cells_restarts_with_no_cell_run(kernel):
     pids = _pids(kernel)
     assert sorted(pids) == [0, 1]
+    label = _value(kernel, "gpucell.current().engines[1].label")
     kernel.run(MONITOR)  # %gpu_cluster monitor's rows, kept from its thread
     kernel.wait(lambda s: _rows(s) == [(0, "idle"), (1, "idle")])
     seen = len(kernel.states)
@@ -162,6 +163,13 @@ def test_an_engine_killed_between_cells_restarts_with_no_cell_run(kernel):
     lines = _value(kernel, "_keep.lines")
     assert any("engine 1 (cpu" in ln and "restarting it" in ln for ln in lines), lines
     assert any(f"is back as engine {new}" in ln for ln in lines), lines
+    # said by the next gpucell cell, first, not into the last cell's output
+    first = f"gpucell: since the last cell: engine 1 ({label}) was restarted: it is "
+    first += f"engine {new} now"
+    assert first not in _said(kernel), _said(kernel)
+    said = kernel.run("%gpu_cluster status")
+    assert said.splitlines()[0] == first, said
+    assert "since the last cell" not in kernel.run("%gpu_cluster status")  # once
 
 
 def test_a_cell_sent_while_a_restart_runs_is_not_broken(kernel):
@@ -288,6 +296,7 @@ def test_an_engine_dying_after_every_start_between_cells_is_retired(kernel):
     kernel.run(f"import gpucell.cluster.restart as _R\n_R.BUDGET = {budget}")
     try:
         killed = {pids[1]}
+        label = _value(kernel, "gpucell.current().engines[1].label")
         os.kill(pids[1], signal.SIGKILL)
         for _ in range(budget):  # killed a moment after every start
             back = _wait(
@@ -303,9 +312,12 @@ def test_an_engine_dying_after_every_start_between_cells_is_retired(kernel):
             _wait(kernel, lambda s, prev=prev: _rows(s)[1] != (prev, "idle"), 10)
         dead = _wait(kernel, lambda s: _rows(s)[1][1] == "dead", 10, "the device dead")
         assert "1 dead" in dead["status"], dead["status"]
-        _listen(kernel, 1.0)  # (printed between cells: it follows the state)
-        assert f"died {budget + 1} times within" in _said(kernel), _said(kernel)
-        assert "stops restarting it" in _said(kernel), _said(kernel)
+        _listen(kernel, 1.0)  # nothing printed between cells (the last cell's)
+        assert "times within" not in _said(kernel), _said(kernel)
+        said = kernel.run("%gpu_cluster status")  # the next gpucell cell says it
+        told = f"since the last cell: engine {prev} ({label}) died {budget + 1} times"
+        assert told in said, said
+        assert "stops restarting it" in said, said
         assert _engines_of(kpid) == {pids[0]}  # nothing else runs for it
         kernel.run(CELL)  # the cluster goes on with the engine left
         assert _value(kernel, "sq == [i * i for i in range(8)]") is True
@@ -331,9 +343,14 @@ def test_every_engine_gone_between_cells_with_restarts_failing_is_said(kernel):
             "both devices dead",
         )
         took = time.monotonic() - t0
-        _listen(kernel, 2.0)  # (printed between cells: it follows the state)
-        said = _said(kernel)
-        assert said.count("could not be restarted after 3 attempts") == 2, said
+        _listen(kernel, 2.0)  # nothing printed between cells (the last cell's)
+        assert "could not be restarted" not in _said(kernel), _said(kernel)
+        said = kernel.run("%gpu_cluster status")  # the next gpucell cell says it
+        told = [ln for ln in said.splitlines() if "could not be restarted" in ln]
+        assert len(told) == 2, said
+        for eid, ln in zip((0, 1), sorted(told), strict=True):
+            assert ln.startswith(f"gpucell: since the last cell: engine {eid} ("), ln
+            assert "could not be restarted after 3 attempts" in ln, ln
         assert took < 30, took
         t0 = time.monotonic()
         reply = kernel.kc.execute_interactive(

@@ -15,6 +15,13 @@ and an async cell's awaits are no place to change the cluster under it) or
 while a ``--background`` run is pending (its driver steps the restarts and
 takes the new engine into the run).
 
+What the restarts say while no cell runs (an engine back, a device's budget
+spent, restarts given up) is kept, not printed: printed between cells, it would
+land in the last cell's output, above the fold, where nobody looks.  The next
+gpucell cell or ``%gpu_cluster`` line says it first, one line each ("since the
+last cell: ..."; :func:`said_between`); the ``gpucell`` logger has it at once,
+the panel and the monitor show the devices' states live.
+
 A terminal IPython runs no loop between prompts: there the next cell or
 ``%gpu_cluster status`` starts the restart, as before.
 """
@@ -27,7 +34,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["FAST", "PERIOD", "Watch", "forget", "watch"]
+__all__ = ["FAST", "PERIOD", "Watch", "forget", "said_between", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,8 @@ PERIOD = 0.5
 FAST = 0.1
 
 _active: Watch | None = None
+#: what the restarts said while no cell ran, oldest first, until a cell takes it
+_between: list[str] = []
 
 
 class Watch:
@@ -73,9 +82,19 @@ class Watch:
         self.looks += 1
         if gc.stopping or not gc.controller_alive():
             return  # the next cell or status says the controller is gone
-        gc.restarts.notice(gc)
-        if gc.restarts.busy():
-            gc.restarts.step(gc)
+        r = gc.restarts
+        echo, r.echo = r.echo, _between.append  # (a cell would print it: kept)
+        try:
+            r.notice(gc)
+            back = r.step(gc) if r.busy() else []
+        finally:
+            r.echo = echo
+        for done, _ in back:
+            if done.dead >= 0:  # (a batch job's engine joining replaces none)
+                _between.append(
+                    f"engine {done.dead} ({done.label}) was restarted: it is "
+                    f"engine {done.new_id} now"
+                )
 
     def stop(self) -> None:
         self.stopped = True
@@ -100,6 +119,13 @@ def watch(gc: Any) -> Watch | None:
         return None
     _active = Watch(gc, loop)
     return _active
+
+
+def said_between() -> list[str]:
+    """What the restarts said since the last cell (taken: said once)."""
+    said = _between[:]
+    del _between[: len(said)]
+    return said
 
 
 def forget() -> None:

@@ -426,8 +426,27 @@ def _wait_for_background(shell: Any, why: str) -> None:
     wait_for_all(shell, why)
 
 
+#: the cells (and lines) that say first what restarts said since the last cell
+_GPUCELL_MAGICS = ("%gpu_parallel", "%gpu_distributed", "%gpu_cluster", "%gpu_wait")
+
+
+def _say_between(info: Any) -> None:
+    """``pre_run_cell``: a cell using gpucell's magics says first, in its own
+    output, what the restarts said while no cell ran (kept by the restart
+    watch: printed then, it would land in the last cell's output)."""
+    raw = getattr(info, "raw_cell", None) or ""
+    if not any(m in raw for m in _GPUCELL_MAGICS):
+        return
+    from gpucell.cluster import restart_watch
+
+    for text in restart_watch.said_between():
+        print(f"gpucell: since the last cell: {text}", flush=True)
+
+
 def load(ipython: Any) -> None:
     _config.install(ipython)
+    if _say_between not in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.register("pre_run_cell", _say_between)
     ipython.register_magics(GpuClusterMagics)
     from gpucell.kernel.parallel_magic import GpuParallelMagics
 
@@ -452,6 +471,8 @@ def unload(ipython: Any) -> None:
     cluster = sys.modules.get("gpucell.cluster.lifecycle")
     if cluster is not None:
         cluster.stop()
+    if _say_between in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.unregister("pre_run_cell", _say_between)
     mm = ipython.magics_manager
     for kind in ("line", "cell"):
         for name in ("gpu_cluster", "gpu_parallel", "gpu_distributed", "gpu_wait"):
