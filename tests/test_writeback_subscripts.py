@@ -170,3 +170,41 @@ def test_a_helpers_changes_through_data_are_found() -> None:
         (4, "p.data.clamp_"),
         (5, "p.data[0]"),
     ]
+
+
+def test_an_iterator_of_keys_is_read_once_and_the_elements_are_the_kernels() -> None:
+    """``for k in it: C[k].sort()`` with ``it`` an iterator: the kernel draws
+    the keys once and reads ``C[k]`` for each (the rewritten loop read the
+    iterable twice and stopped with a bare zip length error)."""
+    from gpucell.core.analysis import make_chunker
+    from gpucell.protocol.chunks import chunk_items, item_refs
+
+    p = analyse("for k in it:\n    C[k].sort()\n", known_names={"C", "it"})
+    assert p.iter_space is not None and p.iter_space.leaves == ("it", "C")
+    C = {"a": [3, 1], "b": [2, 0], "c": [1]}
+    it = iter(["b", "c", "a"])
+    chunker = make_chunker(p.iter_space, [it, C])
+    assert next(it, None) is None  # drawn once, whole
+    items = list(chunk_items(chunker.chunk(0, chunker.count)))
+    assert [k for k, _ in items] == ["b", "c", "a"]
+    assert all(e is C[k] for k, e in items)
+    # the engines name each own element by its place in the zip's own part
+    refs = item_refs(chunker.chunk(1, 3), 1)
+    assert refs[id(C["c"])] == (1, 1) and refs[id(C["a"])] == (2, 1)
+    q = analyse(
+        "for i, (k, v) in enumerate(d.items()):\n    d[k].sort()\n", known_names={"d"}
+    )
+    assert q.iter_space is not None
+    chunker = make_chunker(q.iter_space, [C.items(), C])
+    assert [e for _, e in chunk_items(chunker.chunk(0, 3))] == list(C.values())
+
+
+def test_the_dry_run_spells_an_own_element_as_the_user_wrote_it() -> None:
+    from gpucell.core.analysis.report import format_plan
+
+    p = analyse(
+        "for i in range(len(models)):\n    models[i].fit(X, y)\n", known_names=KNOWN
+    )
+    text = format_plan(p)
+    assert "__gpucell_" not in text
+    assert "own item `models[i]`" in text and "range `range(len(models))`" in text

@@ -18,7 +18,7 @@ from gpucell.core.analysis.classify import classify_body
 from gpucell.core.analysis.cudarewrite import rewrite_cuda
 from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
 from gpucell.core.analysis.facts import loop_facts
-from gpucell.core.analysis.iterspace import describe_iterable
+from gpucell.core.analysis.iterspace import describe_iterable, with_own_items
 from gpucell.core.analysis.ownsubscripts import (
     OwnSubscripts,
     Trial,
@@ -549,7 +549,8 @@ def analyse(
     )
     contexts = _engine_contexts(split.layers, cl.inputs, scope.with_targets, diag)
     _context_inputs(contexts, cl, is_builtin)
-    space = describe_iterable(iterable, scope.shadowed)
+    space = describe_iterable(parts.iterable, scope.shadowed)
+    space = with_own_items(space, own.keys if own else {})
     # names the iterable reads are inputs of the kernel, not of the engines
     warnings = _undefined_inputs(cl, scope)
 

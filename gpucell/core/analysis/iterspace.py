@@ -30,6 +30,7 @@ __all__ = [
     "Chunker",
     "describe_iterable",
     "make_chunker",
+    "with_own_items",
     "chunk_items",
 ]
 
@@ -57,6 +58,10 @@ class IterSpace:
         ``enumerate``'s start expression, evaluated after the inner iterable.
     strict : str or None
         ``zip``'s ``strict=`` expression.
+    key : tuple of int
+        ``"own"``: where the key is in an item of the first part
+        (``models[i]`` over ``enumerate(...)``: ``(0,)``); ``source`` is the
+        container, ``spelling`` the element as the user wrote it.
     """
 
     kind: str
@@ -65,6 +70,8 @@ class IterSpace:
     parts: tuple[IterSpace, ...] = ()
     start: str | None = None
     strict: str | None = None
+    key: tuple[int, ...] = ()
+    spelling: str = ""
 
     @property
     def leaves(self) -> tuple[str, ...]:
@@ -87,9 +94,31 @@ class IterSpace:
         if self.kind == "enumerate":
             inner = self.parts[0].describe()
             return f"enumerate of [{inner}]"
+        if self.kind == "zip" and self.parts[-1].kind == "own":
+            owns = ", ".join(f"`{p.spelling}`" for p in self.parts[1:])
+            return (
+                f"{self.parts[0].describe()}; each iteration's own item {owns}, "
+                "read for every item before the loop runs"
+            )
         if self.kind == "zip":
             return "zip of [" + "; ".join(p.describe() for p in self.parts) + "]"
         return f"{self.kind} `{self.source}`: {self.chunking}"
+
+
+def with_own_items(
+    space: IterSpace, own: dict[str, tuple[str, tuple[int, ...]]]
+) -> IterSpace:
+    """``space`` with each container's own element ``C[k]`` a part of its own
+    (``container -> (k, where k is in an item)``, ``ownsubscripts.py``): the
+    kernel evaluates the iterable once and the container, and reads ``C[k]``
+    for each item it drew (:func:`make_chunker`).  No element: ``space``."""
+    if not own:
+        return space
+    owns = tuple(
+        IterSpace("own", c, SLICE_OR_LIST, key=path, spelling=f"{c}[{var}]")
+        for c, (var, path) in own.items()
+    )
+    return IterSpace("zip", space.source, space.chunking, parts=(space, *owns))
 
 
 def describe_iterable(node: ast.expr, shadowed: Callable[[str], bool]) -> IterSpace:
@@ -242,7 +271,12 @@ def _build(space: IterSpace, vals: Iterator[Any]) -> Chunker:
 
         return Chunker(inner.count, enum_chunk, chunk_items, inner.materialised)
     if space.kind == "zip":
-        parts = [_build(p, vals) for p in space.parts]
+        parts: list[Chunker] = []
+        for p in space.parts:
+            if p.kind == "own":
+                parts.append(_own_chunker(p, next(vals), parts[0]))
+            else:
+                parts.append(_build(p, vals))
         strict = bool(next(vals)) if space.strict is not None else False
         counts = [p.count for p in parts]
         if strict and len(set(counts)) > 1:
@@ -256,3 +290,16 @@ def _build(space: IterSpace, vals: Iterator[Any]) -> Chunker:
 
         return Chunker(n, zip_chunk, chunk_items, any(p.materialised for p in parts))
     return _leaf_chunker(next(vals))
+
+
+def _own_chunker(space: IterSpace, container: Any, first: Chunker) -> Chunker:
+    """The elements ``C[k]`` for the items of ``first`` (drawn once): the
+    kernel's own objects, so the engines' changes go back into them."""
+    elements = []
+    for item in chunk_items(first.chunk(0, first.count)):
+        for j in space.key:
+            item = item[j]
+        elements.append(container[item])
+    return Chunker(
+        len(elements), lambda a, b: ("seq", elements[a:b]), chunk_items, False
+    )

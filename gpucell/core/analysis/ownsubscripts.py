@@ -53,6 +53,10 @@ class OwnSubscripts:
     target: ast.expr
     iterable: ast.expr
     body: list[ast.stmt]
+    #: container -> (the key variable, the path to it in an item of the
+    #: loop's iterable): the kernel reads ``C[key]`` for each item it drew,
+    #: reading the iterable once (an iterator gives its keys once)
+    keys: dict[str, tuple[str, tuple[int, ...]]]
 
 
 #: builtins an iterable read twice may call (no state, no side effect)
@@ -293,8 +297,9 @@ def own_subscripts(
                 ],
             )
         )
-    # strict: an iterable that is used up (an iterator) gives no elements the
-    # second time: an error before anything runs, never fewer iterations
+    # the form the analysis classifies; the kernel does not evaluate it (it
+    # would read the iterable twice, and an iterator has no keys the second
+    # time): it draws the elements from the items (iterspace.with_own_items)
     new_iter: ast.expr = ast.Call(
         ast.Name("zip", ast.Load()),
         parts,
@@ -310,7 +315,20 @@ def own_subscripts(
         if not hasattr(n, "lineno"):
             ast.copy_location(n, target)
     new_target = ast.fix_missing_locations(ast.copy_location(new_target, target))
-    return OwnSubscripts(names, new_target, new_iter, new_body)
+    own_keys = {c: (found[c], _path_to(target, found[c])) for c in names}
+    return OwnSubscripts(names, new_target, new_iter, new_body, own_keys)
+
+
+def _path_to(target: ast.expr, var: str) -> tuple[int, ...]:
+    """Where ``var`` is in an item unpacked into ``target`` (``()``: the
+    item itself; ``(1, 0)``: ``k`` of ``i, (k, v)``)."""
+    if isinstance(target, ast.Name):
+        return ()
+    assert isinstance(target, (ast.Tuple, ast.List))
+    for j, e in enumerate(target.elts):
+        if any(isinstance(n, ast.Name) and n.id == var for n in ast.walk(e)):
+            return (j, *_path_to(e, var))
+    raise ValueError(f"{var} is not in the loop's target")
 
 
 #: what a loop's classification says: the names the engines would watch,
