@@ -308,3 +308,21 @@ def test_chunk_ranges_must_tile_the_iterations_exactly_once() -> None:
         check_exactly_once([r(0, 4), r(5, 5)], 10)
     with pytest.raises(RuntimeError, match="end at iteration 8, the loop has 10"):
         check_exactly_once([r(0, 8)], 10)
+
+
+def test_two_reductions_from_one_cached_number_are_not_one_object() -> None:
+    """``acc += 0; neg -= 0`` from ``acc = neg = 0``: ``0 - 0 is 0`` (one
+    cached int), but a number is never changed in place, so nothing is shared
+    (the property test found this refused)."""
+    src = "for i in range(4):\n    acc += i % 1\n    neg -= i % 1\n    big += [i]\n"
+    ns = {"acc": 0, "neg": 0, "big": []}
+    plan, results = chunks(src, ns, [(0, 2), (2, 4)])
+    merge(plan, results, ns)
+    assert ns["acc"] == 0 and ns["neg"] == 0 and ns["big"] == [0, 1, 2, 3]
+    one: list[int] = []
+    ns2 = {"acc": one, "neg": one}
+    plan, results = chunks(
+        "for i in range(2):\n    acc += [i]\n    neg += [i]\n", ns2, [(0, 2)]
+    )
+    with pytest.raises(NotParallelizable, match="same object"):
+        merge(plan, results, ns2)

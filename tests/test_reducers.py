@@ -33,3 +33,22 @@ def test_the_kernel_side_spells_no_reducer_list_of_its_own() -> None:
         text = path.read_text()
         assert 'in ("max", "min")' not in text, path
         assert 'in ("min", "max")' not in text, path
+
+
+def test_the_table_s_rows_are_the_fold_s() -> None:
+    """One row per operator in protocol/fold.OPS; every other list of them
+    (the analysis's AST classes, the merge's in-place forms, the engines'
+    native folds) is a column of it."""
+    from gpucell.core.analysis.reccalls import _BINOPS
+    from gpucell.core.merge import _INPLACE
+    from gpucell.engine.recorder import _Start
+    from gpucell.protocol.fold import NATIVE, OPS, SELECTS
+    from gpucell.protocol.program import NATIVE_REDUCTIONS
+
+    assert set(OPS) == set(REDUCERS) and SELECTS == SELECTING
+    assert NATIVE_REDUCTIONS == NATIVE == set(_BINOPS)
+    assert set(_INPLACE) == set(OPS) - SELECTS
+    for op in NATIVE:
+        # an engine's first `p op= e` on the start value needs its method
+        assert hasattr(_Start, OPS[op].inplace or ""), op
+        assert BY_AST[_BINOPS[op]] == op

@@ -54,6 +54,7 @@ from gpucell.core.reducers import selects
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.fold import (
     BINARY,
+    INPLACE,
     combine,
     fold,
     is_numpy,
@@ -72,15 +73,8 @@ __all__ = [
 ]
 
 
-_INPLACE: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
-    "+": ("__iadd__", operator.iadd),
-    "-": ("__isub__", operator.isub),
-    "*": ("__imul__", operator.imul),
-    "|": ("__ior__", operator.ior),
-    "&": ("__iand__", operator.iand),
-    "^": ("__ixor__", operator.ixor),
-    "@": ("__imatmul__", operator.imatmul),
-}
+#: reduction operator -> (its in-place method, the function that calls it)
+_INPLACE = INPLACE
 
 
 # ---------------------------------------------------------------------------
@@ -424,6 +418,17 @@ def _plan_inplace(name: str, v0: Any, op: str, c: Any) -> tuple[Any, Callable[[]
     return new, lambda: new
 
 
+def _changed_in_place(v: Any, op: str) -> bool:
+    """Does ``v op= c`` change ``v`` (the branches of :func:`_plan_inplace`)?
+    A number's result may be the same object (``0 - 0 is 0``) and two
+    reductions may start from one cached ``0``: nothing is shared there."""
+    return not _numpy_scalar(v) and (
+        is_numpy(v)
+        or (isinstance(v, list) and op == "+")
+        or hasattr(type(v), _INPLACE[op][0])
+    )
+
+
 def _concat(results: Sequence[ChunkResultLike], attr: str, name: str) -> list[Any]:
     out: list[Any] = []
     for r in results:
@@ -618,7 +623,7 @@ def _merge_reductions(m: _Merging) -> None:
             up.assign[name] = BINARY[op](v0, c)
         elif red.augmented:
             new, action = _plan_inplace(name, v0, op, c)
-            if new is v0:
+            if new is v0 and _changed_in_place(v0, op):
                 m.claim(name, v0)
                 up.mutations.append(Mutation(name, f"{op}=", action))
             up.assign[name] = new

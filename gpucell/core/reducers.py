@@ -7,8 +7,8 @@ the merge and the plan's description ask the table whether an operator
 *selects* (``max``/``min``: the result is one of the values, kept by identity,
 with no in-place form) or *combines* (``+ - * | & ^ @``).  Folding itself is
 :mod:`gpucell.protocol.fold` (shared with the engines), whose ``BINARY`` is
-this table's ``binary`` column.  Adding an operator is a row here and a row
-there.
+built from the same rows.  The rows are :data:`gpucell.protocol.fold.OPS`
+(the engines fold by them too): adding an operator is a row there.
 """
 
 from __future__ import annotations
@@ -16,9 +16,17 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from gpucell.protocol.fold import SELECTS
+from gpucell.protocol.fold import NATIVE, OPS, SELECTS
 
-__all__ = ["BY_AST", "REDUCERS", "SELECTING", "Reducer", "selects", "spelling"]
+__all__ = [
+    "BY_AST",
+    "NATIVE_AST",
+    "REDUCERS",
+    "SELECTING",
+    "Reducer",
+    "selects",
+    "spelling",
+]
 
 
 @dataclass(frozen=True)
@@ -36,18 +44,8 @@ class Reducer:
 
 
 REDUCERS: dict[str, Reducer] = {
-    r.op: r
-    for r in (
-        Reducer("+", ast.Add),
-        Reducer("-", ast.Sub),
-        Reducer("*", ast.Mult),
-        Reducer("|", ast.BitOr),
-        Reducer("&", ast.BitAnd),
-        Reducer("^", ast.BitXor),
-        Reducer("@", ast.MatMult),
-        Reducer("max", None),
-        Reducer("min", None),
-    )
+    o.op: Reducer(o.op, getattr(ast, o.ast_op) if o.ast_op else None)
+    for o in OPS.values()
 }
 
 #: operators accepted in reductions, by AST class
@@ -57,6 +55,12 @@ BY_AST: dict[type[ast.operator], str] = {
 
 #: the builtins a reduction calls (``acc = max(acc, e)``)
 SELECTING: frozenset[str] = frozenset(r.op for r in REDUCERS.values() if r.selects)
+
+#: the operators an engine folds with the operator itself, by their AST class
+#: (``p op= e`` in the chunk program)
+NATIVE_AST: dict[str, type[ast.operator]] = {
+    op: t for op, r in REDUCERS.items() if op in NATIVE and (t := r.ast_op)
+}
 
 
 def selects(op: str) -> bool:

@@ -12,10 +12,14 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "BINARY",
+    "INPLACE",
+    "NATIVE",
+    "OPS",
+    "Op",
     "SELECTS",
     "combine",
     "fold",
@@ -25,22 +29,55 @@ __all__ = [
     "unordered",
 ]
 
+
+class Op(NamedTuple):
+    """One reduction operator: the reducer table's row (core/reducers.py reads
+    it for the analysis, the merge for its in-place form)."""
+
+    op: str  # as the plan names it: "+", "max"
+    binary: Callable[[Any, Any], Any]  # what serial code applies
+    inplace: str | None  # ``acc op= e``'s method (None: no in-place form)
+    ast_op: str | None  # the ``ast`` operator class's name (None: a call)
+    native: bool  # an engine folds the partial with the operator itself
+
+
+#: the reduction operators, one row each: adding one is a row here (and, if
+#: ``native``, its in-place method on engine/recorder._Start: a test checks)
+OPS: dict[str, Op] = {
+    o.op: o
+    for o in (
+        Op("+", operator.add, "__iadd__", "Add", True),
+        Op("-", operator.sub, "__isub__", "Sub", False),
+        Op("*", operator.mul, "__imul__", "Mult", True),
+        Op("|", operator.or_, "__ior__", "BitOr", True),
+        Op("&", operator.and_, "__iand__", "BitAnd", True),
+        Op("^", operator.xor, "__ixor__", "BitXor", True),
+        Op("@", operator.matmul, "__imatmul__", "MatMult", False),
+        # the result is one of the contributions, kept by identity
+        Op("max", max, None, None, False),
+        Op("min", min, None, None, False),
+    )
+}
+
 #: reduction operator -> the binary function serial code applies
-BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "|": operator.or_,
-    "&": operator.and_,
-    "^": operator.xor,
-    "@": operator.matmul,
-    "max": max,
-    "min": min,
+BINARY: dict[str, Callable[[Any, Any], Any]] = {o.op: o.binary for o in OPS.values()}
+
+#: reduction operator -> (its in-place method, the function that calls it)
+INPLACE: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
+    o.op: (o.inplace, getattr(operator, o.inplace))
+    for o in OPS.values()
+    if o.inplace is not None
 }
 
 #: the operators whose result is one of the contributions, kept by identity
-#: (no in-place form): the one place they are named (core/reducers.py reads it)
-SELECTS: frozenset[str] = frozenset({"max", "min"})
+#: (no in-place form, no operator: a call of the builtin of that name)
+SELECTS: frozenset[str] = frozenset(
+    o.op for o in OPS.values() if o.inplace is None and o.ast_op is None
+)
+
+#: the operators whose partial an engine folds with the operator itself
+#: (``p op= e``), not by a recorder call
+NATIVE: frozenset[str] = frozenset(o.op for o in OPS.values() if o.native)
 
 
 def _module(value: Any) -> str:

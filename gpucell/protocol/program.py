@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Final, NamedTuple, TypedDict
 
+from gpucell.protocol.fold import NATIVE
+
 __all__ = [
     "AS_DEVICE",
     "INDEXERS",
@@ -124,7 +126,7 @@ class Row(NamedTuple):
 
 #: reductions whose chunk partial is folded by the operator itself on the engine
 #: (``__gpucell_p_acc__ += e``, a few tens of ns), not by a recorder call
-NATIVE_REDUCTIONS: Final = frozenset({"+", "*", "|", "&", "^"})
+NATIVE_REDUCTIONS: Final = NATIVE  # (the reducer table's column: protocol/fold.OPS)
 
 
 def partial_name(name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from gpucell.core.reducers import NATIVE_AST
 from gpucell.protocol.program import REC
 
 __all__: list[str] = []
@@ -35,13 +36,7 @@ def _plain(call: ast.Call) -> bool:
 
 
 #: the operators whose partial an engine folds with the operator itself
-_BINOPS: dict[str, type[ast.operator]] = {
-    "+": ast.Add,
-    "*": ast.Mult,
-    "|": ast.BitOr,
-    "&": ast.BitAnd,
-    "^": ast.BitXor,
-}
+_BINOPS = NATIVE_AST
 
 
 def _const(value: Any, loc: ast.AST) -> ast.expr:
