@@ -135,3 +135,25 @@ def test_an_item_reached_by_index_or_key_is_written_back(sweep, private_cluster)
     with pytest.raises(InputChanged, match=r"written `for x in accs:` or"):
         run("gpu_parallel", "--quiet", cell)
     assert [a.n for a in ip.user_ns["accs"]] == [0, 1, 2]
+
+
+def test_an_iterator_of_keys_is_read_once_for_its_own_elements(sweep, private_cluster):  # noqa: F811
+    """``for k in it: by[k].grow()`` with ``it`` an iterator (or a generator):
+    the kernel draws the keys once and reads ``by[k]`` for each; the elements
+    are written back in place, as serially (the iterable read twice had no
+    keys the second time)."""
+    ip = sweep.ip
+    ip.run_cell(
+        "class Acc:\n    def __init__(self):\n        self.n = 0\n"
+        "    def grow(self, k=1):\n        self.n += k\n"
+        "by = {'a': Acc(), 'b': Acc(), 'c': Acc()}\nfirst = by['b']\n"
+        "it = iter(['b', 'c', 'a'])\n"
+        "gs = {'x': [3, 1, 2], 'y': [9, 8]}\nks = (k for k in ['y', 'x'])\n"
+    ).raise_error()
+    run = ip.run_cell_magic
+    run("gpu_parallel", "--quiet", "for k in it:\n    by[k].grow(ord(k))\n")
+    assert [a.n for a in ip.user_ns["by"].values()] == [97, 98, 99]
+    assert ip.user_ns["first"] is ip.user_ns["by"]["b"] and ip.user_ns["k"] == "a"
+    assert next(ip.user_ns["it"], None) is None
+    run("gpu_parallel", "--quiet", "for k in ks:\n    gs[k].sort()\n")
+    assert ip.user_ns["gs"] == {"x": [1, 2, 3], "y": [8, 9]}
