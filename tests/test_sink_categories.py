@@ -396,16 +396,24 @@ def test_a_frame_read_at_another_row_stays_refused() -> None:
 
 
 def test_every_sink_kind_has_its_merge() -> None:
-    """core/merge.SINK_MERGES is keyed by the kinds' names of
-    core/analysis/sinks.py (the merge imports no analysis module)."""
+    """Each sink kind is a class of core/analysis/sinks.py, in MERGE_ORDER
+    once, and core/merge.SINK_MERGES is keyed by those classes: a new kind
+    without its merge (or a merge without its kind) fails here."""
     from gpucell.core.analysis import sinks
     from gpucell.core.merge import SINK_MERGES
 
-    kinds = [k for k, _ in SINK_MERGES]
+    def subclasses(c: type) -> set[type]:
+        return {s for d in c.__subclasses__() for s in {d, *subclasses(d)}}
+
+    order = sinks.MERGE_ORDER
+    assert len(order) == len(set(order)) and set(order) == set(SINK_MERGES)
+    assert set(order) == subclasses(sinks.SinkKind) and order[-1] is sinks.LocalSink
+    assert set(sinks.KINDS) <= set(order)
+    kinds = [k.kind for k in order]
     assert len(kinds) == len(set(kinds))
     named = {sinks.GATHER, sinks.WRITE, sinks.REDUCTION, sinks.KEYED}
     named |= {sinks.KEYED_GATHER, sinks.UNION, sinks.LOCAL}
-    assert named <= set(kinds) and kinds[-1] == sinks.LOCAL
+    assert named <= set(kinds)
 
 
 def test_a_new_column_read_back_over_iterrows_is_the_serial_one() -> None:

@@ -49,6 +49,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpucell.core import writeback
+from gpucell.core.analysis.sinks import (
+    MERGE_ORDER,
+    GatherSink,
+    KeyedGatherSink,
+    KeyedSink,
+    LocalSink,
+    OwnFrameRowsSink,
+    ReductionSink,
+    ReplayedUfuncSink,
+    RunningBestSink,
+    SinkKind,
+    UnionSink,
+    WriteSink,
+)
 from gpucell.core.deleted import DELETED
 from gpucell.core.reducers import selects
 from gpucell.errors import NotParallelizable
@@ -508,8 +522,8 @@ def prepare(
             )
         )
     m = _Merging(plan, rs, current, up)
-    for _kind, merge_kind in SINK_MERGES:
-        merge_kind(m)
+    for kind in MERGE_ORDER:
+        SINK_MERGES[kind](m)
     return up
 
 
@@ -715,21 +729,20 @@ def _merge_locals(m: _Merging) -> None:
     up.delete = tuple(deletes)
 
 
-#: each sink kind's merge, by the kind's name (``core/analysis/sinks.py``),
-#: in the order they run: what one kind binds a later one may skip (a running
-#: best's names are locals too)
-SINK_MERGES: tuple[tuple[str, Callable[[_Merging], None]], ...] = (
-    ("replayed ufunc calls", _merge_ufunc_at),
-    ("own frame rows", _merge_frame_rows),
-    ("ordered gather", _merge_gathers),
-    ("indexed write", _merge_writes),
-    ("reduction", _merge_reductions),
-    ("keyed reduction", _merge_keyed),
-    ("keyed gather", _merge_keyed_gathers),
-    ("set union", _merge_unions),
-    ("running best", _merge_bests),
-    ("local", _merge_locals),
-)
+#: each sink kind's merge, keyed by its class (``core/analysis/sinks.py``,
+#: whose ``MERGE_ORDER`` is the order they run in)
+SINK_MERGES: dict[type[SinkKind], Callable[[_Merging], None]] = {
+    ReplayedUfuncSink: _merge_ufunc_at,
+    OwnFrameRowsSink: _merge_frame_rows,
+    GatherSink: _merge_gathers,
+    WriteSink: _merge_writes,
+    ReductionSink: _merge_reductions,
+    KeyedSink: _merge_keyed,
+    KeyedGatherSink: _merge_keyed_gathers,
+    UnionSink: _merge_unions,
+    RunningBestSink: _merge_bests,
+    LocalSink: _merge_locals,
+}
 
 
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {

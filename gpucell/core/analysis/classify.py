@@ -43,6 +43,7 @@ from gpucell.core.analysis.scope import (
     ENGINE_PROVIDED,
     WELL_KNOWN_MODULES,
     bindings_of,
+    block_statements,
     scope_nodes,
     target_names,
     target_parts,
@@ -57,7 +58,6 @@ from gpucell.core.analysis.sinks import (
     WRITE,
     Candidate,
     Classification,
-    block_statements,
     match_candidates,
 )
 from gpucell.core.analysis.strkeys import _literal_keys, _write_keys

@@ -10,11 +10,12 @@ from collections.abc import Callable
 from gpucell.core.analysis.ownrows import OwnRow, find_own_rows, metadata_only
 from gpucell.core.analysis.scope import (
     bindings_of,
+    block_statements,
     root_name,
     target_names,
     target_parts,
 )
-from gpucell.core.analysis.sinks import Candidate, block_statements
+from gpucell.core.analysis.sinks import Candidate
 from gpucell.core.analysis.taint import _is_range, _lazy_names
 
 __all__ = []

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import sys
 from collections.abc import Collection, Iterable, Iterator
 
 from gpucell.protocol.program import DEVICE, INDEXERS, ITEM_ERROR
 
 __all__ = [
     "BUILTIN_NAMES",
+    "block_statements",
     "ENGINE_PROVIDED",
     "MUTATOR_METHODS",
     "WELL_KNOWN_MODULES",
@@ -363,3 +365,27 @@ def nested_statements(node: ast.AST) -> Iterator[ast.AST]:
     else:
         for stmt in getattr(node, "body", []):
             yield from ast.walk(stmt)
+
+
+def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
+    """The except clauses of a ``try`` / ``try*`` statement; none for others."""
+    if isinstance(s, ast.Try):
+        return s.handlers
+    if sys.version_info >= (3, 11) and isinstance(s, ast.TryStar):
+        return s.handlers
+    return []
+
+
+def block_statements(stmts: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of the body's scope, through compound statements."""
+    for s in stmts:
+        yield s
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            yield from block_statements(getattr(s, name, []))
+        for h in _handlers(s):
+            yield from block_statements(h.body)
+        if isinstance(s, ast.Match):
+            for c in s.cases:
+                yield from block_statements(c.body)

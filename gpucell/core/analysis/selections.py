@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpucell.core.analysis.scope import (
+    block_statements,
     target_names,
 )
-from gpucell.core.analysis.sinks import RunningBest, block_statements
+from gpucell.core.analysis.sinks import RunningBest
 
 __all__ = ["running_bests"]
 

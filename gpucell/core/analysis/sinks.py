@@ -6,8 +6,7 @@ the chunk program (``rewrite``, walked by sinkrewrite.py)."""
 from __future__ import annotations
 
 import ast
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, cast
 
@@ -15,10 +14,7 @@ from gpucell.core.analysis.bests import RunningBest
 from gpucell.core.analysis.classification import Classification
 from gpucell.core.analysis.keyedselect import selecting
 from gpucell.core.analysis.reccalls import _BINOPS, _const, _plain, _rec_call
-from gpucell.core.analysis.scope import (
-    indexer_write,
-    target_parts,
-)
+from gpucell.core.analysis.scope import indexer_write, target_parts
 from gpucell.core.reducers import BY_AST, SELECTING, selects, spelling
 from gpucell.protocol.program import (
     NATIVE_REDUCTIONS,
@@ -35,8 +31,13 @@ __all__ = [
     "KINDS",
     "KeyedGatherSink",
     "KeyedSink",
+    "LocalSink",
+    "MERGE_ORDER",
+    "OwnFrameRowsSink",
     "ReductionSink",
+    "ReplayedUfuncSink",
     "RunningBest",
+    "RunningBestSink",
     "SinkKind",
     "UnionSink",
     "WriteSink",
@@ -48,7 +49,6 @@ __all__ = [
     "REDUCTION",
     "UNION",
     "WRITE",
-    "block_statements",
     "match_candidates",
 ]
 
@@ -537,6 +537,48 @@ class WriteSink(SinkKind):
         return _rec_call(Method.SETITEM, [gone, name, t.slice], node)
 
 
+class ReplayedUfuncSink(SinkKind):
+    """``np.add.at(D, idx, w)``: each iteration's call replayed into ``D``, in
+    order (matched and rewritten by spellings.py)."""
+
+    kind = "replayed ufunc calls"
+
+
+class OwnFrameRowsSink(SinkKind):
+    """A frame's own row: each iteration's written cells replayed (ownrows.py)."""
+
+    kind = "own frame rows"
+
+
+class RunningBestSink(SinkKind):
+    """``if e < best: best = e; at = i``: the chunk whose best the test takes
+    (bests.py, selections.py)."""
+
+    kind = "running best"
+
+
+class LocalSink(SinkKind):
+    """A name the loop binds: the last iteration's value."""
+
+    kind = LOCAL
+
+
+#: every kind, in the order the merge applies them (core/merge.SINK_MERGES,
+#: keyed by these classes): what one binds a later one may skip (a running
+#: best's names are locals too)
+MERGE_ORDER: tuple[type[SinkKind], ...] = (
+    ReplayedUfuncSink,
+    OwnFrameRowsSink,
+    GatherSink,
+    WriteSink,
+    ReductionSink,
+    KeyedSink,
+    KeyedGatherSink,
+    UnionSink,
+    RunningBestSink,
+    LocalSink,
+)
+
 #: every sink kind, in the order a statement's candidates are listed
 KINDS: tuple[type[SinkKind], ...] = (
     GatherSink,
@@ -546,30 +588,6 @@ KINDS: tuple[type[SinkKind], ...] = (
     KeyedSink,
     WriteSink,
 )
-
-
-def _handlers(s: ast.stmt) -> list[ast.ExceptHandler]:
-    """The except clauses of a ``try`` / ``try*`` statement; none for others."""
-    if isinstance(s, ast.Try):
-        return s.handlers
-    if sys.version_info >= (3, 11) and isinstance(s, ast.TryStar):
-        return s.handlers
-    return []
-
-
-def block_statements(stmts: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
-    """Every statement of the body's scope, through compound statements."""
-    for s in stmts:
-        yield s
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        for name in ("body", "orelse", "finalbody"):
-            yield from block_statements(getattr(s, name, []))
-        for h in _handlers(s):
-            yield from block_statements(h.body)
-        if isinstance(s, ast.Match):
-            for c in s.cases:
-                yield from block_statements(c.body)
 
 
 def match_candidates(

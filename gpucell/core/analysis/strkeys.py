@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import ast
 
-from gpucell.core.analysis.scope import root_name, target_parts
-from gpucell.core.analysis.sinks import Candidate, block_statements
+from gpucell.core.analysis.scope import block_statements, root_name, target_parts
+from gpucell.core.analysis.sinks import Candidate
 
 __all__: list[str] = []
 
