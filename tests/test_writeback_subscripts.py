@@ -208,3 +208,34 @@ def test_the_dry_run_spells_an_own_element_as_the_user_wrote_it() -> None:
     text = format_plan(p)
     assert "__gpucell_" not in text
     assert "own item `models[i]`" in text and "range `range(len(models))`" in text
+
+
+def test_an_iterators_keys_are_each_followed_by_their_element() -> None:
+    """A generator of keys that replaces an element while drawing: ``C[k]``
+    is read right after ``k`` is drawn, as serially (never after every
+    draw); an iterator inside ``enumerate`` is refused before it is drawn,
+    naming the rewrite."""
+    from gpucell.core.analysis import make_chunker
+    from gpucell.protocol.chunks import chunk_items
+
+    C: dict[str, list[int]] = {"a": [2, 1], "b": [4, 3]}
+    old_a = C["a"]
+
+    def keys():  # noqa: ANN202 - a generator
+        yield "a"
+        C["a"] = [9]  # after `a` was drawn: serially iteration 0 had old_a
+        yield "b"
+
+    p = analyse("for k in it:\n    C[k].sort()\n", known_names={"C", "it"})
+    assert p.iter_space is not None
+    chunker = make_chunker(p.iter_space, [keys(), C])
+    got = [e for _, e in chunk_items(chunker.chunk(0, chunker.count))]
+    assert got[0] is old_a and got[1] is C["b"]
+    q = analyse(
+        "for i, k in enumerate(it):\n    C[k].sort()\n", known_names={"C", "it"}
+    )
+    assert q.iter_space is not None
+    it = iter(["a", "b"])
+    with pytest.raises(NotParallelizable, match=r"`C\[k\]`.*items = list"):
+        make_chunker(q.iter_space, [it, C])
+    assert next(it) == "a"  # not drawn

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucell.errors import NotParallelizable
 from gpucell.protocol.chunks import chunk_items
 
 __all__ = [
@@ -270,13 +271,10 @@ def _build(space: IterSpace, vals: Iterator[Any]) -> Chunker:
             return ("enumerate", offset + a, inner.chunk(a, b))
 
         return Chunker(inner.count, enum_chunk, chunk_items, inner.materialised)
+    if space.kind == "zip" and space.parts[-1].kind == "own":
+        return _with_own(space, vals)
     if space.kind == "zip":
-        parts: list[Chunker] = []
-        for p in space.parts:
-            if p.kind == "own":
-                parts.append(_own_chunker(p, next(vals), parts[0]))
-            else:
-                parts.append(_build(p, vals))
+        parts = [_build(p, vals) for p in space.parts]
         strict = bool(next(vals)) if space.strict is not None else False
         counts = [p.count for p in parts]
         if strict and len(set(counts)) > 1:
@@ -292,14 +290,59 @@ def _build(space: IterSpace, vals: Iterator[Any]) -> Chunker:
     return _leaf_chunker(next(vals))
 
 
-def _own_chunker(space: IterSpace, container: Any, first: Chunker) -> Chunker:
-    """The elements ``C[k]`` for the items of ``first`` (drawn once): the
-    kernel's own objects, so the engines' changes go back into them."""
-    elements = []
-    for item in chunk_items(first.chunk(0, first.count)):
-        for j in space.key:
-            item = item[j]
-        elements.append(container[item])
-    return Chunker(
-        len(elements), lambda a, b: ("seq", elements[a:b]), chunk_items, False
-    )
+def _lazy(value: Any) -> bool:
+    """An iterator (a generator, ``iter(keys)``): its items are drawn once."""
+    return hasattr(type(value), "__next__")
+
+
+def _with_own(space: IterSpace, vals: Iterator[Any]) -> Chunker:
+    """The loop's items zipped with each own element ``C[k]`` (the kernel's
+    objects).  An iterator of keys is drawn once, each ``C[k]`` read right
+    after its key, as the serial loop reads it; an iterator inside
+    ``enumerate``/``zip`` is refused, naming the rewrite (its keys could be
+    drawn only once, and ``C[k]`` read after every draw: a draw that changed
+    ``C`` would go unseen)."""
+    first, owns = space.parts[0], space.parts[1:]
+    values = [next(vals) for _ in first.leaves]
+    containers = [next(vals) for _ in owns]
+    lazy = first.kind in ("name", "expr") and _lazy(values[0])
+    if not lazy and any(map(_lazy, values)):
+        spelled = ", ".join(f"`{p.spelling}`" for p in owns)
+        raise NotParallelizable(
+            f"gpucell: the loop reads {spelled} for the items of `{first.source}`; "
+            "an iterator inside it can be drawn only once, so each element would "
+            "be read after all the items were drawn, not right after its own. "
+            "Draw the items in a line before the loop (`items = list(...)`) and "
+            "loop over `items`. Nothing ran."
+        )
+    if lazy:
+        drawn: list[Any] = []
+        elements: list[list[Any]] = [[] for _ in owns]
+        for item in values[0]:
+            drawn.append(item)
+            for p, c, out in zip(owns, containers, elements, strict=True):
+                out.append(c[_dig(item, p.key)])
+        base = Chunker(len(drawn), lambda a, b: ("seq", drawn[a:b]), chunk_items, True)
+    else:
+        base = _build(first, iter(values))
+        items = list(chunk_items(base.chunk(0, base.count)))
+        elements = [
+            [c[_dig(x, p.key)] for x in items]
+            for p, c in zip(owns, containers, strict=True)
+        ]
+    parts = [base, *(_seq(e) for e in elements)]
+
+    def zip_chunk(a: int, b: int) -> tuple[Any, ...]:
+        return ("zip", tuple(p.chunk(a, b) for p in parts))
+
+    return Chunker(base.count, zip_chunk, chunk_items, base.materialised)
+
+
+def _dig(item: Any, path: tuple[int, ...]) -> Any:
+    for j in path:
+        item = item[j]
+    return item
+
+
+def _seq(items: list[Any]) -> Chunker:
+    return Chunker(len(items), lambda a, b: ("seq", items[a:b]), chunk_items, False)
