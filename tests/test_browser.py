@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
 NOTEBOOK = "gpucell_browser.ipynb"
 
-#: iterations of the long cell, and seconds each: 2 engines -> about 10 s
-N_ITER, ITER_S = 40, 0.5
+#: iterations of the long cell, and seconds each: 2 engines -> about 6 s (the
+#: widget redraws about once a second: 6-7 distinct counts, 3 needed)
+N_ITER, ITER_S = 24, 0.5
 #: DOM poll period while the long cell runs
 POLL_S = 0.2
 
