@@ -142,6 +142,8 @@ def test_an_iterator_of_keys_is_read_once_for_its_own_elements(sweep, private_cl
     the kernel draws the keys once and reads ``by[k]`` for each; the elements
     are written back in place, as serially (the iterable read twice had no
     keys the second time)."""
+    from gpucell.errors import NotParallelizable
+
     ip = sweep.ip
     ip.run_cell(
         "class Acc:\n    def __init__(self):\n        self.n = 0\n"
@@ -157,3 +159,11 @@ def test_an_iterator_of_keys_is_read_once_for_its_own_elements(sweep, private_cl
     assert next(ip.user_ns["it"], None) is None
     run("gpu_parallel", "--quiet", "for k in ks:\n    gs[k].sort()\n")
     assert ip.user_ns["gs"] == {"x": [1, 2, 3], "y": [8, 9]}
+    # a generator made by a call: evaluated once, as serially
+    ip.run_cell("def pick(d):\n    yield from sorted(d)\n").raise_error()
+    run("gpu_parallel", "--quiet", "for k in pick(by):\n    by[k].grow()\n")
+    assert [a.n for a in ip.user_ns["by"].values()] == [98, 99, 100]
+    cell = "for i, k in enumerate(pick(by)):\n    by[k].grow(i)\n"
+    with pytest.raises(NotParallelizable, match=r"`by\[k\]`.*items = list"):
+        run("gpu_parallel", "--quiet", cell)
+    assert [a.n for a in ip.user_ns["by"].values()] == [98, 99, 100]

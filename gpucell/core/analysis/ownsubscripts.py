@@ -59,42 +59,6 @@ class OwnSubscripts:
     keys: dict[str, tuple[str, tuple[int, ...]]]
 
 
-#: builtins an iterable read twice may call (no state, no side effect)
-_PURE_CALLS = frozenset({"range", "len", "enumerate", "zip", "reversed", "sorted"})
-#: methods of a mapping or frame that list its keys or items afresh
-_VIEW_METHODS = frozenset({"keys", "items", "values"})
-
-
-def _again(e: ast.expr, shadowed: Callable[[str], bool]) -> bool:
-    """Is evaluating ``e`` a second time (for the elements) the same as the
-    first: names, constants, attributes, and calls of pure builtins and of
-    ``keys``/``items``/``values``?  (Not a generator made by a call.)"""
-    if isinstance(e, (ast.Name, ast.Constant)):
-        return True
-    if isinstance(e, ast.Attribute):
-        return _again(e.value, shadowed)
-    if isinstance(e, (ast.UnaryOp, ast.BinOp)):
-        return all(
-            _again(x, shadowed)
-            for x in ast.iter_child_nodes(e)
-            if isinstance(x, ast.expr)
-        )
-    if isinstance(e, ast.Call) and not any(isinstance(a, ast.Starred) for a in e.args):
-        f = e.func
-        pure = (
-            isinstance(f, ast.Name) and f.id in _PURE_CALLS and not shadowed(f.id)
-        ) or (
-            isinstance(f, ast.Attribute)
-            and f.attr in _VIEW_METHODS
-            and not e.args
-            and _again(f.value, shadowed)
-        )
-        return pure and all(
-            _again(x, shadowed) for x in [*e.args, *(k.value for k in e.keywords)]
-        )
-    return False
-
-
 def _is_own(node: object, container: str, var: str) -> bool:
     return (
         isinstance(node, ast.Subscript)
@@ -246,7 +210,9 @@ def own_subscripts(
     """The loop with each container's own element ``C[k]`` an item of its
     own (``k`` a loop variable), or ``None`` where no container is used so.
     ``body`` is not changed (the rewrite is made on a copy)."""
-    if not _names_only(target) or shadowed("zip") or not _again(iterable, shadowed):
+    # (the iterable is evaluated once: iterspace.with_own_items draws its
+    # items and reads each element; `zip` is the form classified)
+    if not _names_only(target) or shadowed("zip"):
         return None
     bound = _bound(body)
     keys = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} - bound
