@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -41,3 +42,33 @@ def test_a_listening_controller_answers_and_a_closed_port_does_not(monkeypatch) 
     monkeypatch.setenv("IPP_CONNECTION_INFO", json.dumps(info))
     monkeypatch.setattr(slurm_check, "PATIENCE", 0.5)
     assert slurm_check.main(["/nonexistent", "c1"]) == 1
+
+
+@pytest.mark.parametrize(
+    "value, want", [("2.5", 2.5), ("0", 0.0), ("", 30.0), ("soon", 30.0), ("-1", 30.0)]
+)
+def test_the_file_patience_is_a_setting_and_a_bad_one_keeps_the_default(
+    monkeypatch, value, want
+) -> None:
+    monkeypatch.setattr(slurm_check, "FILE_PATIENCE", 30.0)
+    monkeypatch.setenv("GPUCELL_SLURM_FILE_PATIENCE", value)
+    assert slurm_check.file_patience() == want
+
+
+def test_the_file_is_waited_for_from_the_jobs_submission(monkeypatch) -> None:
+    """A job that pended past the patience finds the file now or never: its
+    controller wrote it within seconds of the submission, so a missing file
+    means a dead controller (no wait); a job that starts at once waits."""
+    monkeypatch.delenv("GPUCELL_SLURM_FILE_PATIENCE", raising=False)
+    monkeypatch.delenv("IPP_CONNECTION_INFO", raising=False)
+    now = time.time()
+    for since, least, most in [(now - 600, -0.5, 0.5), (now - 10, 19.0, 20.5)]:
+        monkeypatch.setattr(slurm_check, "submitted_at", lambda job, s=since: s)
+        left = slurm_check.file_deadline("7") - time.monotonic()
+        assert least <= left <= most, (since, left)
+    monkeypatch.setattr(slurm_check, "submitted_at", lambda job: None)  # unknown
+    assert 29.0 <= slurm_check.file_deadline("7") - time.monotonic() <= 30.5
+    assert slurm_check.submitted_at("") is None  # not in a job: no squeue asked
+    t0 = time.monotonic()
+    assert slurm_check.registration_address("/nonexistent", "c1", t0) is None
+    assert time.monotonic() - t0 < 1.0

@@ -422,7 +422,13 @@ def test_a_pending_job_of_a_killed_kernel_cancels_itself_when_it_starts(
         stdout=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-        env={**slurm.env, "IPYTHONDIR": str(tmp_path / "ipython")},
+        # the released job's check waits this long (from its submission) for
+        # the connection file its dead controller removed: 30 s by default
+        env={
+            **slurm.env,
+            "IPYTHONDIR": str(tmp_path / "ipython"),
+            "GPUCELL_SLURM_FILE_PATIENCE": "3",
+        },
     )
     try:
         second = kernel.stdout.readline().strip()
@@ -433,7 +439,7 @@ def test_a_pending_job_of_a_killed_kernel_cancels_itself_when_it_starts(
         subprocess.run(["scancel", blocker], env=slurm.env)
         assert any(j.startswith(f"{second} ") for j in slurm.jobs())  # still held
         subprocess.run(["scontrol", "release", second], env=slurm.env, check=True)
-        deadline = time.monotonic() + 60  # (the check waits 30 s for the file)
+        deadline = time.monotonic() + 60
         engines_seen = []
         while any(j.startswith(f"{second} ") for j in slurm.jobs()):
             engines_seen += _engines_of_job(second)

@@ -7,6 +7,13 @@ charges for.  So: if the controller's registration port does not answer, the
 job cancels itself (``scancel $SLURM_JOB_ID``) and exits without starting an
 engine.
 
+How long it waits for the controller's connection file is counted from the
+job's submission (``squeue``'s submit time), not its start: the controller
+writes the file within seconds of the submission, so a job that pended longer
+than that and finds none cancels itself at once instead of holding its nodes
+for the whole wait.  ``GPUCELL_SLURM_FILE_PATIENCE`` (seconds, in the kernel's
+environment: ``--export=ALL`` carries it into the job) sets that wait.
+
 Standard library only (it runs on the node before anything else).
 """
 
@@ -18,23 +25,72 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 #: seconds the controller has to answer (a node's network may be slow to come up)
 PATIENCE = 10.0
 #: seconds its connection file has to appear: the controller may still be writing
 #: it when a job starts at once (engines wait 60 s for it: --wait_for_url_file)
 FILE_PATIENCE = 30.0
+#: the environment variable that overrides ``FILE_PATIENCE``
+FILE_PATIENCE_ENV = "GPUCELL_SLURM_FILE_PATIENCE"
 
 
-def registration_address(profile_dir: str, cluster_id: str) -> tuple[str, int] | None:
+def file_patience() -> float:
+    """``FILE_PATIENCE``, or the job environment's ``GPUCELL_SLURM_FILE_PATIENCE``
+    (a value that is not a number of seconds >= 0: the default, so a typo
+    never cancels a live cluster's job)."""
+    try:
+        value = float(os.environ.get(FILE_PATIENCE_ENV, ""))
+    except ValueError:
+        return FILE_PATIENCE
+    return value if value >= 0 else FILE_PATIENCE
+
+
+def submitted_at(job: str) -> float | None:
+    """The job's submission time (epoch seconds) as Slurm tells it, or None
+    (not in a job, no ``squeue``, an answer not understood)."""
+    if not job:
+        return None
+    env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%V"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env=env,
+            check=False,
+        ).stdout.strip()
+        return datetime.strptime(out, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def file_deadline(job: str) -> float:
+    """The ``time.monotonic()`` after which a missing connection file means no
+    controller: the patience counted from the submission when known (never
+    later than counted from now)."""
+    patience = file_patience()
+    since = submitted_at(job)
+    if since is not None:
+        patience = min(patience, max(0.0, since + patience - time.time()))
+    return time.monotonic() + patience
+
+
+def registration_address(
+    profile_dir: str, cluster_id: str, deadline: float | None = None
+) -> tuple[str, int] | None:
     """Where the controller takes registrations: from ``IPP_CONNECTION_INFO``
-    (the engines' environment), else its engine file in the profile (None:
-    neither; a controller removes that file as it stops, and the engines
-    would read it)."""
+    (the engines' environment), else its engine file in the profile, waited
+    for until ``deadline`` (``time.monotonic()``; ``file_patience()`` from now
+    by default) (None: neither; a controller removes that file as it stops,
+    and the engines would read it)."""
     text = os.environ.get("IPP_CONNECTION_INFO", "")
     name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else ""
     path = os.path.join(profile_dir, "security", name or "ipcontroller-engine.json")
-    deadline = time.monotonic() + FILE_PATIENCE
+    if deadline is None:
+        deadline = time.monotonic() + file_patience()
     while not text:
         try:
             with open(path) as f:
@@ -72,7 +128,8 @@ def controller_answers(address: tuple[str, int], patience: float | None = None) 
 
 def main(argv: list[str]) -> int:
     profile_dir, cluster_id = (argv + ["", ""])[:2]
-    address = registration_address(profile_dir, cluster_id)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    address = registration_address(profile_dir, cluster_id, file_deadline(job))
     if address is not None and controller_answers(address):
         return 0
     where = (
@@ -80,7 +137,6 @@ def main(argv: list[str]) -> int:
         if address
         else f"left no connection file in {profile_dir}"
     )
-    job = os.environ.get("SLURM_JOB_ID", "")
     print(
         f"gpucell: the cluster's controller {where} (its kernel is gone); no "
         "engine is started" + (f" and job {job} is cancelled" if job else ""),
