@@ -28,22 +28,36 @@ from gpucell.cluster import starting
 
 pytestmark = pytest.mark.cluster
 
-#: someone on the network: subscribes to every port, with no key
+#: someone on the network: subscribes to every port, with no key; says "ready"
+#: once each connection is up (or after 5 s), reads until its stdin closes, then
+#: 0.5 s more for what was still on the way
 PROBE = r"""
 import json, sys, time, zmq
 urls, marker = json.loads(sys.argv[1]), sys.argv[2].encode()
 ctx = zmq.Context()
-poller = zmq.Poller()
+poller, waiting = zmq.Poller(), zmq.Poller()
 for u in urls:
     s = ctx.socket(zmq.SUB)
     s.setsockopt(zmq.SUBSCRIBE, b"")
     s.setsockopt(zmq.LINGER, 0)
+    waiting.register(s.get_monitor_socket(zmq.EVENT_CONNECTED), zmq.POLLIN)
     s.connect(u)
     poller.register(s, zmq.POLLIN)
-got, seen = 0, False
-end = time.time() + float(sys.argv[3])
+end = time.time() + 5.0
+while waiting.sockets and time.time() < end:
+    for m, _ in waiting.poll(100):
+        m.recv_multipart()
+        waiting.unregister(m)
+print("ready", flush=True)
+poller.register(sys.stdin, zmq.POLLIN)
+got, seen, end = 0, False, float("inf")
 while time.time() < end:
     for s, _ in poller.poll(100):
+        if s == sys.stdin.fileno():  # (a file is polled as its number)
+            sys.stdin.read()
+            poller.unregister(sys.stdin)
+            end = time.time() + 0.5
+            continue
         frames = s.recv_multipart()
         got += 1
         seen = seen or any(marker in f for f in frames)
@@ -99,12 +113,13 @@ def test_ssh_engines_are_encrypted(ip, node2, no_active_cluster, curve, monkeypa
         assert bool(_info(gc, "engine").get("curve_serverkey")) is curve
         marker = f"secret-{uuid.uuid4().hex}"
         probe = subprocess.Popen(
-            [sys.executable, "-c", PROBE, json.dumps(_ports(gc)), marker, "6"],
+            [sys.executable, "-c", PROBE, json.dumps(_ports(gc)), marker],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(2.0)  # its subscriptions are in place
+        assert probe.stdout.readline().strip() == "ready"  # connected to each port
         ip.user_ns["marker"] = marker
         hosts: set[str] = set()
         end = time.monotonic() + 3.0
@@ -115,7 +130,7 @@ def test_ssh_engines_are_encrypted(ip, node2, no_active_cluster, curve, monkeypa
                 "for i in range(4):\n    print(marker, i)\n",
             )
             hosts |= {c.host for c in gpucell.last_run.chunks}
-        out, err = probe.communicate(timeout=60)
+        out, err = probe.communicate(timeout=60)  # (closes its stdin: done)
         assert probe.returncode == 0, err
         seen = json.loads(out.strip().splitlines()[-1])
         assert "node2" in hosts, hosts
