@@ -3455,6 +3455,59 @@ for i in range(4):
 )
 
 case(
+    "edge-helper-chain-reads-loop-var-global",
+    "safe",
+    """
+def rate():
+    return base * 2
+def priced(qty):
+    return round(qty * rate(), 2)
+""",
+    """
+table = {}
+for base in [0.5, 1.25, 3.0]:
+    note = f"base {base}"
+    table[base] = (note, priced(4))
+""",
+    note="a notebook function reads the loop variable through another one",
+)
+
+case(
+    "edge-helper-reads-global-assigned-after-call",
+    "unsafe",
+    """
+def tag(x):
+    return f"{last}-{x}"
+last = "start"
+""",
+    """
+tags = []
+for i in range(5):
+    tags.append(tag(i))
+    last = str(i * i)
+""",
+    note="each call reads what the iteration before it left in `last`",
+)
+
+case(
+    "edge-helper-reads-sometimes-assigned-global",
+    "unsafe",
+    """
+def label(x):
+    return f"{group}:{x}"
+group = "none"
+""",
+    """
+labels = []
+for i in range(6):
+    if i % 3 == 0:
+        group = f"g{i}"
+    labels.append(label(i))
+""",
+    note="an iteration that skips the assignment reads an earlier iteration's `group`",
+)
+
+case(
     "edge-numpy-int-reduction-type",
     "safe",
     """
@@ -4029,6 +4082,71 @@ for i in range(len(data)):
     center_(data[i])
 """,
     note="each iteration centres its own row through a function",
+)
+
+case(
+    "edge-helper-changes-next-row",
+    "unsafe",
+    """
+import numpy as np
+grid = np.ones((5, 3))
+def carry_(src, dst):
+    dst += src * 0.5
+""",
+    """
+for i in range(len(grid) - 1):
+    carry_(grid[i], grid[i + 1])
+""",
+    note="a helper changes the next iteration's row, which that iteration reads",
+)
+
+case(
+    "edge-helper-scales-own-row-by-keyword",
+    "safe",
+    """
+import numpy as np
+W = np.arange(12.0).reshape(4, 3)
+def scale_(row, by):
+    row *= by
+""",
+    """
+for i in range(len(W)):
+    scale_(row=W[i], by=i + 1)
+""",
+    note="a helper changes the iteration's own row, handed as a keyword",
+)
+
+case(
+    "edge-helper-changes-first-row",
+    "unsafe",
+    """
+import numpy as np
+W = np.ones((4, 3))
+def bump_(row, by):
+    row += by
+""",
+    """
+for i in range(len(W)):
+    bump_(W[0], i)
+""",
+    note="every iteration changes row 0 through a helper",
+)
+
+case(
+    "edge-helper-reads-own-row",
+    "safe",
+    """
+import numpy as np
+data = np.arange(12.0).reshape(3, 4) ** 1.5
+def spread(row):
+    return float(row.max() - row.min())
+""",
+    """
+spreads = []
+for i in range(len(data)):
+    spreads.append(spread(data[i]))
+""",
+    note="a helper only reads the iteration's own row",
 )
 
 case(

@@ -8,7 +8,7 @@ import functools
 import linecache
 import random
 
-from gpucell.core.globalreads import global_random_calls, global_reads
+from gpucell.core.globalreads import global_random_calls, global_reads, plain_reads
 
 NOTEBOOK = """
 import random
@@ -89,6 +89,23 @@ def test_a_helper_reading_a_changed_global_is_found_through_calls_and_closures()
     # names the loop does not change, and library functions, are no concern
     assert global_reads({"is_new": ns["is_new"]}, ns, {"other"}) == []
     assert global_reads({"choice": random.choice}, ns, {"uniq"}) == []
+
+
+def test_plain_reads_are_reads_through_plain_functions_only():
+    """What an engine can give each iteration's value: reads through plain
+    notebook functions; a closure's, a class's or a store is not that."""
+    ns = _notebook()
+    names = {"uniq", "total"}
+    assert plain_reads(ns["frac"], ns, names) == {"total"}
+    assert plain_reads(ns["twice"], ns, names) == {"total"}  # through frac
+    assert plain_reads(ns["attr_only"], ns, names) == set()
+    assert plain_reads(ns["closure"], ns, names) == {"uniq"}  # nested code
+    assert plain_reads(ns["Meter"](), ns, names) is None  # a method's read
+    assert plain_reads(functools.partial(ns["frac"], 1.0), ns, names) is None
+    exec("def keep(v):\n    global total\n    total = v\n", ns)
+    assert plain_reads(ns["keep"], ns, names) is None  # it stores the name
+    exec("def via_cls(v):\n    return Meter().add(v)\n", ns)
+    assert plain_reads(ns["via_cls"], ns, names) is None  # read in a method
 
 
 def test_random_draws_in_notebook_functions_are_found_not_own_generators():

@@ -115,18 +115,6 @@ KNOWN: dict[str, str] = {
     "str-regex-extract": (
         "SILENT (documented exception with a visible effect): m (only serially)"
     ),
-    "edge-helper-reads-loop-var-global": (
-        "false refusal (notebook function reads a global the loop assigns): "
-        "`scaled`, called at line 4, reads the global `factor`, which the loop "
-        "changes (line 3). Serially each call sees what the iterations before "
-        "it left ..."
-    ),
-    "edge-helper-reads-body-assigned-global": (
-        "false refusal (notebook function reads a global the loop assigns): "
-        "`label`, called at line 5, reads the global `prefix`, which the loop "
-        "changes (line 4). Serially each call sees what the iterations before "
-        "it left i..."
-    ),
     "edge-lazy-cache-property": (
         "SILENT: d (a cache a property fills on first read stays empty in the "
         "kernel: attribute reads are not watched, so the engines' input check "
@@ -138,10 +126,6 @@ KNOWN: dict[str, str] = {
     "edge-pil-thumbnail-items": (
         "false refusal (own item changed, fails at run time): TypeError: cannot"
         " pickle 'ImagingCore' object"
-    ),
-    "edge-normalise-view-via-helper": (
-        "false refusal (own item changed, fails at run time): ValueError: "
-        "output array is read-only"
     ),
 }
 

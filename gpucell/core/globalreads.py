@@ -25,10 +25,12 @@ from typing import Any
 
 __all__ = [
     "GlobalRead",
+    "code_stores",
     "generator_reads",
     "global_random_calls",
     "global_reads",
     "notebook_functions",
+    "plain_reads",
 ]
 
 #: the instructions that read or write a global by name
@@ -216,3 +218,50 @@ def global_random_calls(
                 if text is not None and is_global_random(text):
                     out.append((via, fn.__qualname__, text))
     return out
+
+
+def code_stores(code: types.CodeType) -> set[str]:
+    """Global names a code object (and the code nested in it) stores or
+    deletes (``global x; x = ...``)."""
+    out = {
+        ins.argval
+        for ins in dis.get_instructions(code)
+        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")
+        and isinstance(ins.argval, str)
+    }
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= code_stores(const)
+    return out
+
+
+def plain_reads(value: Any, ns: Mapping[str, Any], names: set[str]) -> set[str] | None:
+    """Which of ``names`` the notebook function ``value`` reads as globals,
+    followed only through plain notebook functions it reads as globals;
+    ``None`` when that is not the whole story: ``value`` is no plain notebook
+    function, one of them stores one of ``names``, or a read of ``names`` is
+    reached some other way (a closure, a notebook class's method).
+
+    Such a function reads those names from the namespace it runs in, so an
+    engine that runs it with the chunk's namespace as its globals (see
+    ``engine.chunk``) gives it each iteration's values, as serially."""
+    if not (isinstance(value, types.FunctionType) and value.__globals__ is ns):
+        return None
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo = [value]
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if len(seen) > MAX_FUNCTIONS or code_stores(fn.__code__) & names:
+            return None
+        used = code_globals(fn.__code__)
+        found |= used & names
+        for n in sorted(used):
+            v = ns.get(n)
+            if isinstance(v, types.FunctionType) and v.__globals__ is ns:
+                todo.append(v)
+    every = {r.name for r in global_reads({"f": value}, ns, names)}
+    return found if every == found else None

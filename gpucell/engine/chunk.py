@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dis
+import functools
 import itertools
 import linecache
 import marshal
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any, Protocol
 
 from gpucell.engine.recorder import Recorder, as_device, private_copy, resolve_device
@@ -360,10 +362,84 @@ def run_chunk(
         to_host=to_host,
         where=where,
     )
+    _bind_readers(ns, code)
     ns[REC] = rec
     ns[ITEMS] = _items(chunk_obj, start_index, seq, where, deadline, verdict, hand_back)
     _execute(code, ns, rec)
     return rec.finish()
+
+
+_STORES = frozenset({"STORE_NAME", "STORE_GLOBAL"})
+_LOADS = frozenset({"LOAD_NAME", "LOAD_GLOBAL"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(code: CodeType, ops: frozenset[str], deep: bool) -> frozenset[str]:
+    """Names ``code`` (and, when ``deep``, the code nested in it) uses by
+    ``ops`` (cached: every chunk of a cell asks about the same code)."""
+    out = {
+        i.argval
+        for i in dis.get_instructions(code)
+        if i.opname in ops and isinstance(i.argval, str)
+    }
+    if deep:
+        for c in code.co_consts:
+            if isinstance(c, CodeType):
+                out |= _names(c, ops, deep)
+    return frozenset(out)
+
+
+def _notebook_function(value: Any) -> bool:
+    return type(value) is FunctionType and value.__module__ == "__main__"
+
+
+def _bind_readers(ns: dict[str, Any], code: CodeType) -> None:
+    """Notebook functions that read, as globals, names the loop binds
+    (``def scaled(v): return v * factor`` in ``for factor in ...``) run with
+    the chunk's namespace as their globals, as serially they run with the
+    notebook's: each call sees its own iteration's value.  (The kernel lets
+    the loop run only where that is exact: kernel.preflight.)  Followed
+    through the notebook functions they read as globals; others keep the
+    globals they came with."""
+    bound = _names(code, _STORES, deep=False)
+    memo: dict[int, Any] = {}
+
+    def reads(fn: Any, seen: set[int]) -> bool:
+        if id(fn) in seen:
+            return False
+        seen.add(id(fn))
+        used = _names(fn.__code__, _LOADS, deep=True)
+        if used & bound:
+            return True
+        return any(
+            _notebook_function(v) and reads(v, seen)
+            for n in used
+            for v in (ns.get(n, fn.__globals__.get(n)),)
+        )
+
+    def rebound(fn: FunctionType) -> FunctionType:
+        if id(fn) in memo:
+            return memo[id(fn)]
+        new = FunctionType(
+            fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__
+        )
+        memo[id(fn)] = new
+        new.__kwdefaults__ = fn.__kwdefaults__
+        new.__qualname__ = fn.__qualname__
+        new.__module__ = fn.__module__
+        new.__doc__ = fn.__doc__
+        new.__dict__.update(fn.__dict__)
+        for n in _names(fn.__code__, _LOADS, deep=True):
+            if n in ns or n not in fn.__globals__:
+                continue
+            v = fn.__globals__[n]
+            ns[n] = rebound(v) if _notebook_function(v) and reads(v, set()) else v
+        return new
+
+    for name, value in list(ns.items()):
+        if _notebook_function(value) and value.__globals__ is not ns:
+            if reads(value, set()):
+                ns[name] = rebound(value)
 
 
 def _items(

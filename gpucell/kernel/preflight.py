@@ -12,6 +12,7 @@ as the static analysis does, so the cell is fixed in one edit.
 from __future__ import annotations
 
 import ast
+import textwrap
 import types
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,7 @@ def before_drawing(
     out += _inputs_shared_with_sinks(plan, ns, inputs, values)
     out += _contexts_that_cannot_travel(plan, ns)
     out += _rows_that_are_not_own(plan, ns)
+    out += _helpers_changing_own_rows(plan, ns)
     return out
 
 
@@ -192,9 +194,10 @@ def _helpers_reading_what_the_loop_changes(
 
     changed = {*plan.locals, *plan.affected_names, *plan.deep_writes}
     found = global_reads(inputs, ns, changed) if changed else []
+    exact = _read_as_each_iteration_binds(plan, ns, inputs) if found else set()
     out, seen = [], set()
     for r in found:
-        if (r.via, r.function, r.name) in seen:
+        if (r.via, r.function, r.name) in seen or (r.via, r.name) in exact:
             continue
         seen.add((r.via, r.function, r.name))
         what = (
@@ -214,10 +217,96 @@ def _helpers_reading_what_the_loop_changes(
                 f"on an engine the function reads `{r.name}` as it was before the "
                 "loop, so the results would differ. Pass "
                 f"`{r.name}` to the function as an argument (the loop's own code "
-                "then shows the dependence), or run the cell without "
-                "%%gpu_parallel.",
+                "then shows the dependence), or bind it in every iteration before "
+                "the call (the loop variable, or an assignment not under an `if`), "
+                "or run the cell without %%gpu_parallel.",
             )
         )
+    return out
+
+
+def _read_as_each_iteration_binds(
+    plan: LoopPlan, ns: Namespace, inputs: Namespace
+) -> set[tuple[str, str]]:
+    """``(input, name)``: the notebook function ``input`` reads the global
+    ``name``, which every iteration binds before the body first names the
+    function (the loop variable, or an unconditional assignment above it),
+    and the body only calls it there (never hands it on: a thread or a
+    callback kept past the iteration could read another one's value).  The
+    engines run such a function with the chunk's namespace as its globals
+    (``engine.chunk``), so each call sees its own iteration's value, as
+    serially; the kernel ends with the last iteration's, as serially."""
+    from gpucell.core.globalreads import plain_reads
+
+    loop = _the_for(plan)
+    if loop is None:
+        return set()
+    local = set(plan.locals) - {*plan.affected_names, *plan.deep_writes}
+    bound = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    out: set[tuple[str, str]] = set()
+    for via, value in inputs.items():
+        reads = plain_reads(value, ns, local)
+        if not reads or not _only_called(loop, via):
+            continue
+        before = set(bound)
+        for st in loop.body:
+            if any(isinstance(n, ast.Name) and n.id == via for n in ast.walk(st)):
+                break
+            before |= _bound_by(st)
+        out |= {(via, n) for n in reads & before}
+    return out
+
+
+def _the_for(plan: LoopPlan) -> ast.For | None:
+    """The cell's parallel ``for`` statement (``None`` for a comprehension)."""
+    if plan.loop_lines is None:
+        return None
+    try:
+        tree = ast.parse(plan.source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and node.lineno == plan.loop_lines[0]:
+            return node
+    return None
+
+
+def _only_called(loop: ast.For, name: str) -> bool:
+    """Every mention of ``name`` in the loop's body is the callee of a call."""
+    called = {
+        id(n.func)
+        for st in loop.body
+        for n in ast.walk(st)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    return all(
+        id(n) in called
+        for st in loop.body
+        for n in ast.walk(st)
+        if isinstance(n, ast.Name) and n.id == name
+    )
+
+
+def _bound_by(st: ast.stmt) -> set[str]:
+    """Names a top-level statement of the body binds whenever it runs: an
+    assignment's plain names (nothing it may skip: no ``if``, ``try``...)."""
+    if isinstance(st, ast.Assign):
+        targets: list[ast.expr] = list(st.targets)
+    elif isinstance(st, ast.AnnAssign) and st.value is not None:
+        targets = [st.target]
+    else:
+        return set()
+    out: set[str] = set()
+    for t in targets:
+        todo = [t]
+        while todo:
+            e = todo.pop()
+            if isinstance(e, ast.Name):
+                out.add(e.id)
+            elif isinstance(e, (ast.Tuple, ast.List)):
+                todo.extend(e.elts)
+            elif isinstance(e, ast.Starred):
+                todo.append(e.value)
     return out
 
 
@@ -335,6 +424,105 @@ def _helpers_changing_data(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
                 )
             ]
     return []
+
+
+def _helpers_changing_own_rows(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
+    """A notebook function the body hands the iteration's own row of an
+    array (``center_(data[i])``) and that
+    changes its argument in place (``row -= row.mean()``): an engine hands
+    each iteration a read-only view, so it would fail after the chunks were
+    sent.  Refused before anything runs, naming the rewrite the engines
+    write back (the row written in the body, or the row as the loop's own
+    item)."""
+    import inspect
+
+    loop = _the_for(plan)
+    if loop is None or plan.chunk_ast is None:
+        return []
+    own = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    # (the program the engines run: where the analysis made the row the
+    # iteration's own item, `center_(__gpucell_own_data__)`, it comes back)
+    for call in ast.walk(plan.chunk_ast):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+            continue
+        fn = ns.get(call.func.id)
+        if not (isinstance(fn, types.FunctionType) and fn.__module__ == "__main__"):
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError, ValueError, SyntaxError):
+            continue
+        given = list(zip(params, call.args, strict=False))
+        given += [(k.arg, k.value) for k in call.keywords if k.arg and k.arg in params]
+        for param, arg in given:
+            row = _own_row_of_array(arg, own, ns)
+            change = _changes_in_place(tree, param) if row else None
+            if row and change:
+                name = call.func.id
+                return [
+                    _problem(
+                        call.lineno,
+                        name,
+                        "helper-changes-own-row",
+                        f"`{name}`, called at line {call.lineno}, changes its "
+                        f"argument `{param}` in place (`{change}`), and the loop "
+                        f"hands it `{row}`, a row of the notebook's array: the "
+                        "engines hand each iteration a read-only view of its row, "
+                        "so the change could not come back. Write the row in the "
+                        f"loop body (`{row} = f({row})` with a function that "
+                        "returns the new row, or the in-place statement itself, "
+                        f"`{row} -= ...`), or run the cell without %%gpu_parallel.",
+                    )
+                ]
+    return []
+
+
+def _own_row_of_array(arg: ast.expr, own: set[str], ns: Namespace) -> str | None:
+    """``arg``'s text when it is a row of a notebook array the iteration
+    owns: ``S[i]`` with ``i`` the loop's variable.  (``row`` in ``for row in
+    S`` is the iteration's own item: the engines send its changes back.)"""
+    if not (isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name)):
+        return None
+    names = {n.id for n in ast.walk(arg.slice) if isinstance(n, ast.Name)}
+    array = ns.get(arg.value.id) if names & own else None
+    kind = type(array).__module__.split(".")[0]
+    if kind not in ("numpy", "torch") or not hasattr(array, "shape"):
+        return None
+    return ast.unparse(arg)
+
+
+def _changes_in_place(tree: ast.AST, param: str) -> str | None:
+    """The first statement of a function's source that changes its parameter
+    ``param`` in place (``p -= m``, ``p[k] = v``, ``p.fill(0)``, ``p.add_(1)``,
+    ``np.f(..., out=p)``), as text."""
+
+    def is_param(e: ast.expr) -> bool:
+        while isinstance(e, ast.Subscript):
+            e = e.value
+        return isinstance(e, ast.Name) and e.id == param
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and is_param(node.target):
+            return ast.unparse(node)
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Subscript) and is_param(t) for t in node.targets
+        ):
+            return ast.unparse(node)
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and is_param(f.value):
+                if f.attr in _IN_PLACE or (
+                    f.attr.endswith("_") and not f.attr.startswith("_")
+                ):
+                    return ast.unparse(node)
+            if any(k.arg == "out" and is_param(k.value) for k in node.keywords):
+                return ast.unparse(node)
+    return None
+
+
+#: numpy methods that change their array in place
+_IN_PLACE = frozenset({"fill", "sort", "put", "resize", "partition", "itemset"})
 
 
 def _resolved(name: str, ns: Namespace) -> Any:

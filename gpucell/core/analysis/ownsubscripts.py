@@ -131,6 +131,17 @@ def _changes(
         return any(_changes(r, parents, names) for r in reads)
     if isinstance(up, (ast.For, ast.AsyncFor)) and up.iter is child:
         return True
+    if isinstance(up, ast.keyword):
+        up = parents.get(id(up))
+    if isinstance(up, ast.Call) and up.func is not child:
+        # handed to a function of the notebook's (`center_(data[i])`): it may
+        # change its argument in place (a builtin's or a method's argument
+        # is read, as before)
+        return (
+            child is node
+            and isinstance(up.func, ast.Name)
+            and up.func.id not in _BUILTINS
+        )
     return isinstance(up, ast.withitem) and up.context_expr is child
 
 
