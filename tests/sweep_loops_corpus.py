@@ -3473,6 +3473,20 @@ for base in [0.5, 1.25, 3.0]:
 )
 
 case(
+    "edge-helper-reads-global-named-like-comprehension-var",
+    "safe",
+    """
+i = 100
+def plus_i(x):
+    return x + i
+""",
+    """
+vals = [plus_i(i) for i in range(5)]
+""",
+    note="the function reads the notebook's `i`, never the comprehension's",
+)
+
+case(
     "edge-helper-reads-global-assigned-after-call",
     "unsafe",
     """
@@ -4114,6 +4128,22 @@ for i in range(len(W)):
     scale_(row=W[i], by=i + 1)
 """,
     note="a helper changes the iteration's own row, handed as a keyword",
+)
+
+case(
+    "edge-helper-clamps-own-tensor-row",
+    "safe",
+    """
+import torch
+T = torch.linspace(-2, 2, 12).reshape(3, 4)
+def clamp_row_(r, lim):
+    r.clamp_(-lim, lim)
+""",
+    """
+for i in range(T.shape[0]):
+    clamp_row_(T[i], 0.5 * (i + 1))
+""",
+    note="a helper changes the iteration's own tensor row in place",
 )
 
 case(

@@ -42,3 +42,11 @@ def test_each_call_sees_its_own_iterations_binding_through_other_functions():
     # the namespace handed in (cached across chunks) is left as it was
     assert inputs["priced"].__globals__ is not inputs
     assert "base" not in inputs
+
+
+def test_a_comprehensions_variable_is_not_the_functions_global():
+    """Serially ``[plus(i) for i in ...]`` calls ``plus`` reading the
+    notebook's ``i``, not the comprehension's: the engine leaves it so."""
+    plan = analyse("vals = [untouched(offset) for offset in range(3)]\n")
+    result = run_chunk(plan.engine_program(), _sent(["untouched"]), ("seq", [1, 2]), 0)
+    assert list(result.gathers.values()) == [[101, 102]]  # offset: 100

@@ -362,14 +362,13 @@ def run_chunk(
         to_host=to_host,
         where=where,
     )
-    _bind_readers(ns, code)
+    _bind_readers_at_setup(rec, ns)
     ns[REC] = rec
     ns[ITEMS] = _items(chunk_obj, start_index, seq, where, deadline, verdict, hand_back)
     _execute(code, ns, rec)
     return rec.finish()
 
 
-_STORES = frozenset({"STORE_NAME", "STORE_GLOBAL"})
 _LOADS = frozenset({"LOAD_NAME", "LOAD_GLOBAL"})
 
 
@@ -393,7 +392,21 @@ def _notebook_function(value: Any) -> bool:
     return type(value) is FunctionType and value.__module__ == "__main__"
 
 
-def _bind_readers(ns: dict[str, Any], code: CodeType) -> None:
+def _bind_readers_at_setup(rec: Recorder, ns: dict[str, Any]) -> None:
+    """Bind the readers (:func:`_bind_readers`) of the names the program's
+    ``setup`` says are the loop's own (``Spec.locals``): never a
+    comprehension's variable, which serially a function reads as the
+    notebook's global, not the comprehension's."""
+    setup = rec.setup
+
+    def setup_and_bind(spec: Mapping[str, Any]) -> None:
+        setup(spec)
+        _bind_readers(ns, frozenset(spec.get("locals", ())))
+
+    rec.setup = setup_and_bind  # type: ignore[method-assign]
+
+
+def _bind_readers(ns: dict[str, Any], bound: frozenset[str]) -> None:
     """Notebook functions that read, as globals, names the loop binds
     (``def scaled(v): return v * factor`` in ``for factor in ...``) run with
     the chunk's namespace as their globals, as serially they run with the
@@ -401,7 +414,8 @@ def _bind_readers(ns: dict[str, Any], code: CodeType) -> None:
     the loop run only where that is exact: kernel.preflight.)  Followed
     through the notebook functions they read as globals; others keep the
     globals they came with."""
-    bound = _names(code, _STORES, deep=False)
+    if not bound:
+        return
     memo: dict[int, Any] = {}
 
     def reads(fn: Any, seen: set[int]) -> bool:

@@ -427,21 +427,18 @@ def _helpers_changing_data(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
 
 
 def _helpers_changing_own_rows(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
-    """A notebook function the body hands the iteration's own row of an
-    array (``center_(data[i])``) and that
-    changes its argument in place (``row -= row.mean()``): an engine hands
-    each iteration a read-only view, so it would fail after the chunks were
-    sent.  Refused before anything runs, naming the rewrite the engines
-    write back (the row written in the body, or the row as the loop's own
-    item)."""
+    """A notebook function the body hands part of a notebook array
+    (``carry_(grid[i], grid[i + 1])``, ``bump_(W[0])``) and that changes its
+    argument in place (``dst += src``): an engine hands each iteration a
+    read-only view, so it would fail after the chunks were sent; serially the
+    change stays in the array.  Refused before anything runs, naming the
+    rewrite.  (The iteration's own row, ``center_(data[i])``, is its own item
+    in the program the engines run, ``center_(__gpucell_own_data__)``, and
+    comes back: core/analysis/ownsubscripts.)"""
     import inspect
 
-    loop = _the_for(plan)
-    if loop is None or plan.chunk_ast is None:
+    if plan.chunk_ast is None:
         return []
-    own = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-    # (the program the engines run: where the analysis made the row the
-    # iteration's own item, `center_(__gpucell_own_data__)`, it comes back)
     for call in ast.walk(plan.chunk_ast):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
             continue
@@ -456,36 +453,35 @@ def _helpers_changing_own_rows(plan: LoopPlan, ns: Namespace) -> list[Diagnostic
         given = list(zip(params, call.args, strict=False))
         given += [(k.arg, k.value) for k in call.keywords if k.arg and k.arg in params]
         for param, arg in given:
-            row = _own_row_of_array(arg, own, ns)
+            row = _part_of_array(arg, ns)
             change = _changes_in_place(tree, param) if row else None
             if row and change:
-                name = call.func.id
-                return [
-                    _problem(
-                        call.lineno,
-                        name,
-                        "helper-changes-own-row",
-                        f"`{name}`, called at line {call.lineno}, changes its "
-                        f"argument `{param}` in place (`{change}`), and the loop "
-                        f"hands it `{row}`, a row of the notebook's array: the "
-                        "engines hand each iteration a read-only view of its row, "
-                        "so the change could not come back. Write the row in the "
-                        f"loop body (`{row} = f({row})` with a function that "
-                        "returns the new row, or the in-place statement itself, "
-                        f"`{row} -= ...`), or run the cell without %%gpu_parallel.",
-                    )
-                ]
+                return [_changed_part(call, param, change, row)]
     return []
 
 
-def _own_row_of_array(arg: ast.expr, own: set[str], ns: Namespace) -> str | None:
-    """``arg``'s text when it is a row of a notebook array the iteration
-    owns: ``S[i]`` with ``i`` the loop's variable.  (``row`` in ``for row in
-    S`` is the iteration's own item: the engines send its changes back.)"""
+def _changed_part(call: ast.Call, param: str, change: str, row: str) -> Diagnostic:
+    name = ast.unparse(call.func)
+    return _problem(
+        call.lineno,
+        name,
+        "helper-changes-row",
+        f"`{name}`, called at line {call.lineno}, changes its argument `{param}` "
+        f"in place (`{change}`), and the loop hands it `{row}`, part of a "
+        "notebook array that is not the iteration's own item: serially the change "
+        "stays in the array for the iterations after it, the engines hand each "
+        "iteration a read-only view. Write it in the loop body (`"
+        f"{row} = f({row})` with a function that returns the new value), or run "
+        "the cell without %%gpu_parallel.",
+    )
+
+
+def _part_of_array(arg: ast.expr, ns: Namespace) -> str | None:
+    """``arg``'s text when it is part of a notebook array or tensor
+    (``S[...]``): a view of the shipped input on an engine, read-only."""
     if not (isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name)):
         return None
-    names = {n.id for n in ast.walk(arg.slice) if isinstance(n, ast.Name)}
-    array = ns.get(arg.value.id) if names & own else None
+    array = ns.get(arg.value.id)
     kind = type(array).__module__.split(".")[0]
     if kind not in ("numpy", "torch") or not hasattr(array, "shape"):
         return None
