@@ -106,27 +106,70 @@ def test_an_input_that_is_a_row_is_refused(ip, cluster):
         )
 
 
+def test_another_iterations_row_is_refused(ip, cluster):
+    ip.run_cell("grid = [[0, 0] for _ in range(4)]")
+    with pytest.raises(NotParallelizable):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for i in range(1, 4):\n    grid[i][0] = grid[i - 1][0] + 1\n",
+        )
+    assert ip.user_ns["grid"] == [[0, 0] for _ in range(4)]
+
+
+_ROWS = (
+    "grid = [[0, 0] for _ in range(4)]\nout = []\n"
+    "deep = [[[0]] for _ in range(4)]\nalias = grid[2]\n"
+)
+
+
 @pytest.mark.parametrize(
     "cell",
     [
-        # the iterable's items are the rows: on an engine they would not see
-        # the iteration's writes
+        # the iterable's items are the rows, changed through the container
         "for i, row in enumerate(grid):\n    grid[i][0] = 1\n    out.append(row[0])\n",
-        # a method call on a row changes it where the copy cannot follow
+        # a method call on a row, then an element store
         "for i in range(4):\n    grid[i].append(i)\n    grid[i][0] = 1\n",
-        # another iteration's row
-        "for i in range(1, 4):\n    grid[i][0] = grid[i - 1][0] + 1\n",
         # three levels deep
         "for i in range(4):\n    deep[i][0][0] = i\n",
     ],
 )
-def test_rows_used_other_ways_are_refused(ip, cluster, cell):
+def test_rows_changed_through_the_container_are_written_back(ip, cluster, cell):
+    """Each iteration's own row, reached as ``grid[i]``, is its own item
+    (core/analysis/ownsubscripts.py): written back into the kernel's lists,
+    their identity kept (``alias`` sees it), as serially."""
+    ip.run_cell(_ROWS + cell).raise_error()
+    want = {k: ip.user_ns[k] for k in ("grid", "out", "deep")}
+    ip.run_cell(_ROWS).raise_error()
+    ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert {k: ip.user_ns[k] for k in ("grid", "out", "deep")} == want
+    assert ip.user_ns["alias"] is ip.user_ns["grid"][2]
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "for i in range(4):\n    grid[i].append(i)\n",
+        "for i in range(4):\n    deep[i][0][0] = i\n",
+        "for i, row in enumerate(grid):\n    grid[i][0] = i\n    out.append(row[0])\n",
+    ],
+)
+def test_rows_one_object_under_several_indices_are_refused(ip, cluster, cell):
+    """``[r] * 4``: serially each iteration sees the others' changes to the one
+    row; refused, nothing merged (sent to the engines: the same cell's last
+    run above was short enough for the kernel to run it, exactly, itself)."""
     ip.run_cell(
-        "grid = [[0, 0] for _ in range(4)]\nout = []\ndeep = [[[0]] for _ in range(4)]"
-    )
-    with pytest.raises(NotParallelizable):
-        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
-    assert ip.user_ns["grid"] == [[0, 0] for _ in range(4)]
+        "r = [0, 0]\ngrid = [r] * 4\nout = []\nd0 = [0]\n"
+        "deep = [[d0] for _ in range(4)]\n"
+    ).raise_error()
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        with pytest.raises(NotParallelizable, match="same list|one object"):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+    assert ip.user_ns["grid"] == [[0, 0]] * 4 and ip.user_ns["d0"] == [0]
+    assert ip.user_ns["out"] == []
 
 
 def test_whole_elements_that_are_lists_are_refused(ip, cluster):
