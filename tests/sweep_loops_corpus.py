@@ -3424,6 +3424,44 @@ for i, x in enumerate(range(10, 20)):
 )
 
 case(
+    "edge-u-helper-in-dict-reads-loop-var-global",
+    "unsafe",
+    """
+factor = 100
+def scaled(v):
+    return v * factor
+ops = {"scale": scaled}
+""",
+    """
+out = []
+for factor in [1, 2, 3]:
+    out.append(ops["scale"](10))
+""",
+    note="a notebook function held in a dict reads the loop variable as a global",
+)
+
+case(
+    "edge-u-helper-in-transformer-reads-body-global",
+    "unsafe",
+    """
+import numpy as np
+from sklearn.preprocessing import FunctionTransformer
+shift = 0.0
+def add_shift(a):
+    return a + shift
+tr = FunctionTransformer(add_shift)
+X = np.arange(6.0).reshape(3, 2)
+""",
+    """
+outs = []
+for k in range(3):
+    shift = float(k)
+    outs.append(tr.fit_transform(X).sum())
+""",
+    note="a library object holds a notebook function that reads a name the body assigns",
+)
+
+case(
     "edge-helper-reads-loop-var-global",
     "safe",
     """

@@ -91,6 +91,30 @@ def test_a_helper_reading_a_changed_global_is_found_through_calls_and_closures()
     assert global_reads({"choice": random.choice}, ns, {"uniq"}) == []
 
 
+def test_a_helper_held_as_data_is_found():
+    """A function held in a dict, a list of pairs or an object's attribute
+    (``ops["s"](10)``, a library's ``FunctionTransformer(func=frac)``) is
+    called as surely as one named: its reads are found (they once were not,
+    and a loop changing ``total`` ran with the engines' stale value)."""
+    from types import SimpleNamespace
+
+    ns = _notebook()
+
+    def read(**inputs):
+        return {
+            (r.via, r.function, r.name) for r in global_reads(inputs, ns, {"total"})
+        }
+
+    assert read(ops={"f": ns["frac"]}) == {("ops", "frac", "total")}
+    assert read(pairs=[("a", ns["twice"])]) == {("pairs", "frac", "total")}
+    assert read(t=SimpleNamespace(func=ns["frac"])) == {("t", "frac", "total")}
+    assert read(nested={"k": [{"j": ns["Meter"]().add}]}) == {
+        ("nested", "Meter.add", "total")
+    }
+    # data with no function in it, or deeper than it is looked into
+    assert read(rows=[[1.0, 2.0]] * 5000, text={"a": "frac"}) == set()
+
+
 def test_plain_reads_are_reads_through_plain_functions_only():
     """What an engine can give each iteration's value: reads through plain
     notebook functions; a closure's, a class's or a store is not that."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import itertools
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -71,23 +72,69 @@ def code_globals(code: types.CodeType) -> set[str]:
     return out
 
 
+#: how deep and how many objects :func:`_held` looks into an input's
+#: containers and attributes for notebook functions
+HELD_DEPTH = 3
+HELD_BUDGET = 2000
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), range)
+
+
 def _functions(value: Any, ns: Mapping[str, Any]) -> Iterator[types.FunctionType]:
-    """The notebook functions ``value`` is or holds as code: itself, a
-    partial's or a bound method's function, a notebook class's methods (of a
-    class, or of an instance's class)."""
+    """The notebook functions ``value`` is or holds: as code (itself, a
+    partial's or a bound method's function, a notebook class's methods, of a
+    class or of an instance's class), or as data (``ops = {"s": scaled}``,
+    ``[f, g]``, an object's attribute: a library's ``FunctionTransformer``),
+    which a call reaches as surely (:func:`_held`)."""
+    yield from _as_code(value, ns)
+    budget = [HELD_BUDGET]
+    for held in _held(value, HELD_DEPTH, budget):
+        yield from _as_code(held, ns)
+
+
+def _held(value: Any, depth: int, budget: list[int]) -> Iterator[Any]:
+    """Callables inside ``value``'s containers (dict values, list, tuple and
+    set elements) and instance attributes, ``depth`` levels down, at most
+    ``budget`` objects looked at (scalars, arrays and strings are not
+    looked into)."""
+    if depth <= 0 or budget[0] <= 0:
+        return
+    if isinstance(value, dict):
+        parts: Any = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        parts = value
+    elif isinstance(value, (type, types.FunctionType, types.ModuleType)):
+        return
+    else:
+        try:
+            parts = vars(value).values()
+        except TypeError:  # (no __dict__: numbers, strings, arrays, tensors)
+            return
+    for part in itertools.islice(parts, budget[0]):
+        budget[0] -= 1
+        if callable(part) and not isinstance(part, type):
+            yield part
+        if budget[0] <= 0:
+            return
+        if not isinstance(part, _ATOMS):
+            yield from _held(part, depth - 1, budget)
+
+
+def _as_code(value: Any, ns: Mapping[str, Any]) -> Iterator[types.FunctionType]:
+    """The notebook functions ``value`` is or holds as code (see
+    :func:`_functions`)."""
     if isinstance(value, functools.partial):
-        yield from _functions(value.func, ns)
+        yield from _as_code(value.func, ns)
         return
     if isinstance(value, types.MethodType):
-        yield from _functions(value.__func__, ns)
+        yield from _as_code(value.__func__, ns)
         return
     if isinstance(value, (staticmethod, classmethod)):
-        yield from _functions(value.__func__, ns)
+        yield from _as_code(value.__func__, ns)
         return
     if isinstance(value, property):
         for part in (value.fget, value.fset, value.fdel):
             if part is not None:
-                yield from _functions(part, ns)
+                yield from _as_code(part, ns)
         return
     if isinstance(value, types.FunctionType):
         if value.__globals__ is ns:
@@ -104,7 +151,7 @@ def _functions(value: Any, ns: Mapping[str, Any]) -> Iterator[types.FunctionType
                 member,
                 (types.FunctionType, staticmethod, classmethod, property),
             ):
-                yield from _functions(member, ns)
+                yield from _as_code(member, ns)
 
 
 def global_reads(
