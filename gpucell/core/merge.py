@@ -564,24 +564,26 @@ class _Merging:
         }
 
 
-def _merge_ufunc_at(m: _Merging) -> None:
-    """``np.add.at(D, idx, w)``: the calls replayed into D in iteration order."""
-    for hidden, name in getattr(m.spelled, "ufunc_at", {}).items():
-        calls = _concat(m.rs, "gathers", hidden)
-        if calls:
+def _merge_replayed(m: _Merging, kind: str, prepare: Callable[..., Any]) -> None:
+    """What the engines gathered under each hidden name of ``kind`` (a
+    spelling's table: hidden name -> the notebook's name), replayed on the
+    notebook's object in iteration order by ``prepare``'s mutation."""
+    for hidden, name in getattr(m.spelled, kind, {}).items():
+        gathered = _concat(m.rs, "gathers", hidden)
+        if gathered:
             target = _current(m.current, name)
             m.claim(name, target)
-            m.up.mutations.append(_prepare_ufunc_at(name, target, calls))
+            m.up.mutations.append(prepare(name, target, gathered))
+
+
+def _merge_ufunc_at(m: _Merging) -> None:
+    """``np.add.at(D, idx, w)``: the calls replayed into D in iteration order."""
+    _merge_replayed(m, "ufunc_at", _prepare_ufunc_at)
 
 
 def _merge_frame_rows(m: _Merging) -> None:
     """A frame's own rows read back: each iteration's written cells replayed."""
-    for hidden, name in getattr(m.spelled, "frame_rows", {}).items():
-        rows = _concat(m.rs, "gathers", hidden)
-        if rows:
-            target = _current(m.current, name)
-            m.claim(name, target)
-            m.up.mutations.append(_prepare_frame_rows(name, target, rows))
+    _merge_replayed(m, "frame_rows", _prepare_frame_rows)
 
 
 def _merge_gathers(m: _Merging) -> None:
