@@ -7,6 +7,7 @@ Usage: python examples/run_quickstart.py [notebook]
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,10 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 HERE = Path(__file__).parent
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def _text(output: dict) -> str:
@@ -37,10 +42,13 @@ def main(argv: list[str]) -> int:
     )
     t0 = time.perf_counter()
     error = None
+    detail = ""
     try:
         client.execute()
     except CellExecutionError as e:
-        error = str(e).splitlines()[0] if str(e) else repr(e)
+        # which cell, and what it raised: the first line alone says neither
+        error = f"{e.ename}: {e.evalue}".strip()
+        detail = _strip_ansi(str(e))
     wall = time.perf_counter() - t0
     nbformat.write(nb, executed)
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -59,6 +67,7 @@ def main(argv: list[str]) -> int:
         "cells_run": len(ran),
         "wall_seconds": round(wall, 2),
         "error": error,
+        "error_detail": detail[-4000:] or None,
         "gpucell": gpucell_lines,
     }
     (executed.with_suffix(".summary.json")).write_text(json.dumps(summary, indent=2))
@@ -68,6 +77,7 @@ def main(argv: list[str]) -> int:
     print(f"executed copy: {executed}")
     if error:
         print(f"FAILED: {error}")
+        print(detail[-4000:])
         return 1
     return 0
 
