@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpucell import config as _config
 from gpucell.cluster import profiles, shm_channel
@@ -34,9 +34,11 @@ if TYPE_CHECKING:  # imported lazily at run time: ipyparallel costs ~0.3 s
     from gpucell.devices.nvml import NvmlApi
 
 __all__ = [
+    "CONTROLLER_TRIES",
     "LOCAL_CURVE",
     "REGISTER_AGAIN_AFTER",
     "Plan",
+    "controller_said",
     "exited_engines",
     "fast_start_settings",
     "launch",
@@ -116,8 +118,11 @@ def launch(
     cluster, engine_args = _new_cluster(s, p.specs, profile_kw, curve)
     channel = shm_channel.open_for_cluster()
     try:
-        client = _start_and_connect(
-            cluster, p.specs, engine_args, timeout, remote, slurm, python, echo
+        client = _again_if_a_port_was_taken(
+            cluster,
+            lambda: _start_and_connect(
+                cluster, p.specs, engine_args, timeout, remote, slurm, python, echo
+            ),
         )
         infos = describe_engines(client, client.ids, timeout, channel)
     except BaseException as e:
@@ -239,9 +244,52 @@ def _quiet_unsigned_warning() -> None:
             log.addFilter(_CurveSigns())
 
 
+#: starts of a controller that lost one of its ports.  ipyparallel picks the
+#: controller's ports by binding port 0 and closing the socket, and the
+#: controller binds them a moment later: another process choosing its ports
+#: the same way meanwhile (a kernel started beside it, by jupyter_client) can
+#: take one, and the controller exits "Address already in use"
+CONTROLLER_TRIES = 3
+
+_T = TypeVar("_T")
+
+
+def _again_if_a_port_was_taken(cluster: ipp.Cluster, start: Callable[[], _T]) -> _T:
+    """``start()``, begun again from nothing (at most :data:`CONTROLLER_TRIES`
+    times in all) while it fails because the controller lost a port."""
+    for attempt in range(1, CONTROLLER_TRIES + 1):
+        try:
+            return start()
+        except Exception:
+            if attempt == CONTROLLER_TRIES or _PORT_TAKEN not in controller_said(
+                cluster
+            ):
+                raise
+            if _stop_quietly(cluster) is not None:
+                raise
+    raise AssertionError("unreachable")
+
+
+_PORT_TAKEN = "Address already in use"
+
+
+def controller_said(cluster: Any) -> str:
+    """The last line a controller that already exited wrote (why it gave up);
+    "" while it runs, or when it wrote nothing."""
+    launcher = getattr(cluster, "controller", None)
+    if launcher is None or getattr(launcher, "state", None) != "after":
+        return ""
+    try:
+        lines = [x.strip() for x in launcher.get_output().splitlines() if x.strip()]
+    except Exception:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
 def _failed_start(cluster: ipp.Cluster, e: BaseException) -> BaseException:
     """What to raise for a start that failed with ``e``, once what it started
     is stopped: ``e`` itself when nothing is left and it says why."""
+    said = controller_said(cluster)  # (read before the stop forgets it)
     stop_error = _stop_quietly(cluster)
     left = (
         "Nothing is left running."
@@ -254,7 +302,8 @@ def _failed_start(cluster: ipp.Cluster, e: BaseException) -> BaseException:
         return e if stop_error is None else ClusterError(f"{e} {left}")
     if isinstance(e, KeyboardInterrupt):
         return e
-    return ClusterError(f"Cluster failed to start: {e!r}. {left}")
+    why = f" The controller exited: {said}." if said else ""
+    return ClusterError(f"Cluster failed to start: {e!r}.{why} {left}")
 
 
 def _cores() -> list[int]:
