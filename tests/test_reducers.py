@@ -40,7 +40,7 @@ def test_the_table_s_rows_are_the_fold_s() -> None:
     (the analysis's AST classes, the merge's in-place forms, the engines'
     native folds) is a column of it."""
     from gpucell.core.analysis.reccalls import _BINOPS
-    from gpucell.core.merge import _INPLACE
+    from gpucell.core.merge_inplace import _INPLACE
     from gpucell.engine.recorder import _Start
     from gpucell.protocol.fold import NATIVE, OPS, SELECTS
     from gpucell.protocol.program import NATIVE_REDUCTIONS
