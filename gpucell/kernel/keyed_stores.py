@@ -14,7 +14,7 @@ from typing import Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.core.analysis.plan import LoopPlan
-from gpucell.kernel.preflight import Namespace, _line_of, _problem
+from gpucell.kernel.preflight_problem import Namespace, line_of, problem
 
 __all__ = ["of_other_types"]
 
@@ -34,9 +34,9 @@ def of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
         if name in plan.facts.position_keyed:
             continue  # each key once (the loop's own position): as serially
         kind = type(ns[name])
-        line = _line_of(plan, name)
+        line = line_of(plan, name)
         out.append(
-            _problem(
+            problem(
                 line,
                 name,
                 "keyed-reduction-of-other-type",
