@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gpucell.core import writeback as w
-from gpucell.engine import checkout
+from gpucell.engine import checkout, checkout_kinds
 from gpucell.errors import NotParallelizable
 
 
@@ -152,7 +152,8 @@ def test_a_subclass_or_the_global_generator_is_not_written_back() -> None:
 
     _, cannot = _engine([Dice(1)], lambda g: g.random())
     assert cannot and "a Dice, changed in place" in cannot[0]
-    assert checkout._kind(random._inst) == checkout._kind(np.random.mtrand._rand) == ""
+    kind_of = checkout_kinds.kind_of
+    assert kind_of(random._inst) == kind_of(np.random.mtrand._rand) == ""
 
 
 def test_containers_changed_in_place_inside_an_item_keep_their_identity() -> None:
