@@ -1863,7 +1863,7 @@ for b in bufs:
 )
 
 # ------------------------------------------------ sets, deques, bytearrays, generators
-# (each written back by its own means: checkout._stdlib_kind)
+# (each written back by its own means: checkout_kinds._stdlib_kind)
 
 case(
     "wb-set-items-ior-alias",

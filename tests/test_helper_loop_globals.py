@@ -2,7 +2,7 @@
 (``def scaled(v): return v * factor`` in ``for factor in ...``): on an
 engine it runs with the chunk's namespace as its globals, so each call sees
 its own iteration's value (gpucell.engine.chunk._bind_readers); the kernel
-lets that run only where it is exact (gpucell.kernel.preflight)."""
+lets that run only where it is exact (gpucell.kernel.preflight_functions)."""
 
 from __future__ import annotations
 

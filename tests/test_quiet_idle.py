@@ -1,6 +1,6 @@
-"""``GpuCell.quiet_idle`` (off by default, on in these tests): engines leave out the "idle"
-status after a chunk that sent nothing on IOPub (engine/quietidle); the kernel
-marks that task's output complete itself.  A chunk that prints or displays
+"""``GpuCell.quiet_idle`` (off by default, on in these tests): engines leave out
+the "idle" status after a chunk that sent nothing on IOPub (engine/quietidle);
+the kernel marks that task's output complete itself.  A chunk that prints or displays
 keeps its "idle", so its output still arrives whole and in order."""
 
 from __future__ import annotations

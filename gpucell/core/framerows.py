@@ -5,7 +5,7 @@ The chunk program (``analysis/spellings.py``) gives each iteration a private
 one-row copy of its row, ``D.loc[[i]].copy()``: its reads see its own
 writes, as serially, while the shipped frame stays as it was; :func:`written`
 says what the iteration left in the columns it writes, which the kernel
-replays into the frame in iteration order (``core/merge.py``).  Pandas
+replays into the frame in iteration order (``core/merge_replays.py``).  Pandas
 decides a column's type from the column and the value stored, never from the
 other rows, so a store into the one-row copy casts as the store into the
 frame does, until a column's type changes: the dtypes come back with the

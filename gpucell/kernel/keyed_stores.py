@@ -56,7 +56,7 @@ def of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
 def _stores_what_it_is_given(target: Any) -> bool:
     """A dict or list (subclasses included), or a pandas DataFrame; a numpy
     array or torch tensor too, whose merge fails, nothing merged, where a
-    key's folded value is of another kind than the dtype (core/merge.py)."""
+    key's folded value is of another kind than the dtype (core/merge_keyed.py)."""
     from gpucell.protocol.fold import is_numpy, is_torch
 
     if isinstance(target, (dict, list)) or is_numpy(target) or is_torch(target):
