@@ -7,6 +7,8 @@ from ``/proc`` (user + system, whole process trees) and divided by the chunks:
 
 - ``gpucell``: a ``%%gpu_parallel`` cell of the same iterations, chunks of
   the same size: what a chunk costs today, gpucell's own work included.
+- ``gpucell+channel``: the same cell with ``GpuCell.chunk_channel`` on (the
+  design below, built into gpucell's dispatcher).
 - ``apply``: one ipyparallel task per chunk, each engine keeping its next
   chunk queued behind the running one: how gpucell's dispatcher sends chunks
   today (less gpucell's own work on both sides).
@@ -233,6 +235,18 @@ _SHELL: list[Any] = []
 def run_gpucell(client: Any, ids: list[int], chunks: list[tuple[int, int]]) -> int:
     """The same iterations as a ``%%gpu_parallel`` cell, ``ITERATIONS`` a chunk:
     gpucell's own work on both sides on top of ``apply``'s transport."""
+    return _gpucell_cell(chunks, channel=False)
+
+
+def run_gpucell_channel(
+    client: Any, ids: list[int], chunks: list[tuple[int, int]]
+) -> int:
+    """As :func:`run_gpucell` with ``GpuCell.chunk_channel`` on: each engine's
+    chunks after its first through /dev/shm, one serving task per engine."""
+    return _gpucell_cell(chunks, channel=True)
+
+
+def _gpucell_cell(chunks: list[tuple[int, int]], channel: bool) -> int:
     if not _SHELL:
         from IPython.testing.globalipapp import start_ipython
 
@@ -241,6 +255,7 @@ def run_gpucell(client: Any, ids: list[int], chunks: list[tuple[int, int]]) -> i
         ip.run_line_magic("config", "GpuCell.inline_below = 0")
         _SHELL.append(ip)
     ip = _SHELL[0]
+    ip.run_line_magic("config", f"GpuCell.chunk_channel = {channel}")
     n = chunks[-1][1]
     ip.run_cell_magic(
         "gpu_parallel",
@@ -253,6 +268,7 @@ def run_gpucell(client: Any, ids: list[int], chunks: list[tuple[int, int]]) -> i
 
 WAYS = {
     "gpucell": run_gpucell,
+    "gpucell+channel": run_gpucell_channel,
     "apply": run_apply,
     "datapub": run_datapub,
     "fifo": run_fifo,
@@ -290,7 +306,7 @@ def main() -> None:
                 row["all_ms_per_chunk"] = sum(row[f"{w}_ms_per_chunk"] for w in before)
                 rows.append(row)
                 print(
-                    f"round {r} {name:8s} {wall:6.2f} s  "
+                    f"round {r} {name:15s} {wall:6.2f} s  "
                     + "  ".join(f"{w} {row[f'{w}_ms_per_chunk']:.3f}" for w in before)
                     + f"  all {row['all_ms_per_chunk']:.3f} ms/chunk",
                     flush=True,

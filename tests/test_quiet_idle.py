@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import gpucell
+from gpucell import config
 from gpucell.kernel import executor
 
 
@@ -28,6 +29,8 @@ def quiet(ip, cluster, monkeypatch):
 
     monkeypatch.setattr(executor, "output_complete", counting)
     ip.run_line_magic("config", "GpuCell.quiet_idle = True")
+    # every chunk a task of its own (GpuCell.chunk_channel sends most as none)
+    monkeypatch.setattr(config.settings(), "chunk_channel", False)
     try:
         yield completed
     finally:

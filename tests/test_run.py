@@ -314,7 +314,9 @@ def test_chunk_states_move_only_as_the_table_allows() -> None:
 def test_a_first_wave_goes_as_one_message_only_when_small_and_one_per_engine():
     from types import SimpleNamespace
 
-    from gpucell.kernel.dispatch import WAVE_BYTES, _one_message, _RunArgs
+    from gpucell.kernel.sending import WAVE_BYTES
+    from gpucell.kernel.sending import one_message as _one_message
+    from gpucell.protocol.conversation import ChunkTask as _RunArgs
 
     def item(eid: int, nbytes: int = 10) -> tuple[Any, _RunArgs, bool]:
         frames = [b"x" * nbytes]
@@ -363,7 +365,7 @@ def test_a_trials_iteration_seconds_come_from_its_stamps():
     """What a trial tells the schedule of each iteration (for the provisional
     profile): the gaps between its stamps and the last one to the chunk's end;
     nothing when the chunk was not stamped throughout."""
-    from gpucell.kernel.dispatch import _iteration_seconds
+    from gpucell.core.run_state import trial_costs as _iteration_seconds
 
     timing = {"starts": [1.0, 1.5, 3.0], "end": 3.25}
     assert _iteration_seconds(timing, 3) == [0.5, 1.5, 0.25]

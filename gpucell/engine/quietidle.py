@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["begin", "finish"]
+__all__ = ["begin", "finish", "kernel", "sent_output"]
 
 #: the request being watched: [msg_id, whether it sent output], or None
 _watched: list[Any] = [None, False]
@@ -124,3 +124,17 @@ def finish() -> bool:
         return False
     _skip[0] = mid
     return True
+
+
+def kernel() -> Any:
+    """This engine's kernel (None outside an ipyparallel engine)."""
+    return _kernel()
+
+
+def sent_output() -> bool:
+    """A chunk served without a task of its own (``engine/served``) is over,
+    its output flushed: whether it sent any on IOPub or some is on its way
+    (then an "idle" must follow it).  The watch :func:`begin` set ends."""
+    mid, sent = _watched
+    _watched[0] = None
+    return mid is None or bool(sent) or _output_pending()

@@ -36,6 +36,7 @@ from gpucell.engine.failure import (
 from gpucell.engine.feedback import ShmHandBack, median_iteration
 from gpucell.engine.reseed import seeder, unreseeded_draw
 from gpucell.engine.runtime import collect
+from gpucell.engine.served import serve
 from gpucell.engine.sessions import (
     Session,
     by_kernel,
@@ -64,6 +65,7 @@ __all__ = [
     "load",
     "run",
     "answer",
+    "serve",
     "tidy",
     "warm",
 ]
@@ -469,6 +471,7 @@ def _first_chunk_paths() -> None:
 
 #: the functions the kernel sends for every chunk and cell, by name (ByName)
 RUN = ByName("run")
+SERVE = ByName("serve")
 RUN_EACH = ByName("run_each")
 TIDY = ByName("tidy")
 TIDY_EACH = ByName("tidy_each")

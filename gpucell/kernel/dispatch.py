@@ -20,7 +20,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from gpucell.cluster.lifecycle import GpuCluster
@@ -34,25 +33,24 @@ from gpucell.core.run_state import (
     HUNG_FACTOR,
     TRIAL_SECONDS,
     RunState,
-    robust_seconds,
-    trial_costs,
 )
 from gpucell.core.runstate import RunSnapshot
 from gpucell.core.schedule import Schedule
 from gpucell.core.states import RunStatus
 from gpucell.devices.host import kernel_key, process_state
 from gpucell.errors import EnginesLost
+from gpucell.kernel.chunk_channel import channel_for, channel_setting, route
 from gpucell.kernel.executor import Executor, engine_alive, live_engines, signal_engines
 from gpucell.kernel.feedback import Feedback
 from gpucell.kernel.gcpause import kernel_heap_frozen
 from gpucell.kernel.interrupts import interrupts_absorbed, interrupts_deferred
 from gpucell.kernel.relay import OutputRelay
+from gpucell.kernel.run_options import Options
 from gpucell.kernel.sending import (
     WAVE_BYTES,
     Outgoing,
     cheap_to_resend,
     one_message,
-    plain,
     send_wave,
 )
 from gpucell.kernel.shipping import InputShipping
@@ -71,29 +69,6 @@ __all__ = [
 ]
 # (also here for the callers and tests that import them from this module)
 _ALSO = (HEARING_SECONDS, HUNG_AFTER, HUNG_FACTOR, WAVE_BYTES, Flight, snapshot)
-
-#: ``worker.run``'s arguments for one chunk (the conversation's own type)
-_RunArgs = ChunkTask
-# the names tests and callers used before the run state and sending moved out
-_one_message, _plain = one_message, plain
-_iteration_seconds, _robust_seconds = trial_costs, robust_seconds
-
-
-@dataclass(frozen=True)
-class Options:
-    """The knobs of one run (from the magic line and the GpuCell settings)."""
-
-    schedule: str = "guided"
-    chunksize: int | None = None
-    seed: int | None = None
-    timeout: float | None = None
-    retries: int = 2
-    interrupt_grace: float = 2.0
-    cost_hint: float | None = None  # seconds per iteration, from an earlier run
-    uniform: bool = False  # that run's iterations all took the same time
-    profile: tuple[float, ...] | None = None  # that run's seconds per iteration
-    # --seed: the generators the loop can draw from (core/seeding); None: all
-    reseed: tuple[str, ...] | None = None
 
 
 class _Interrupted(Exception):
@@ -219,6 +194,8 @@ class Run(InputShipping, Executor):
         self.host_share: dict[int, tuple[tuple[str, ...], int]] = {}
         self.channel = self.gc.results_channel()
         self.feedback = Feedback(self.channel, self.cell)
+        self.chunk_channel: Any = None  # opened as the first chunks go
+        self._channel_wanted = self.channel is not None and channel_setting()
 
     def _run_state(self) -> RunState:
         gc, channel = self.gc, self.channel
@@ -265,12 +242,18 @@ class Run(InputShipping, Executor):
         sends = [i for i in answer if isinstance(i, ev.Send)]
         self._do([i for i in answer if not isinstance(i, ev.Send)])
         outgoing: list[Outgoing] = [(s.chunk, self._task(s), True) for s in sends]
+        if self._channel_wanted:  # (once: the engines on this host now)
+            self._channel_wanted = False
+            self.chunk_channel = channel_for(self.gc, self.alive)
+        outgoing, routed, opening = route(self.chunk_channel, outgoing)
         wave = one_message(outgoing)
         sent = send_wave(self.gc.client, wave) if wave else []
         sent += [
             (c, self.views[c.engine].apply_async(worker.RUN, *args), timed)
             for c, args, timed in outgoing[len(wave) :]
         ]
+        if self.chunk_channel is not None:  # (serving tasks behind first chunks)
+            sent += self.chunk_channel.send_all(opening, routed, self.views)
         for c, ar, _timed in sent:
             self.tasks[ar] = c.id
             self._task_of[c.id] = ar
@@ -386,6 +369,8 @@ class Run(InputShipping, Executor):
 
     def on_lost(self, eid: int) -> None:
         """Engine ``eid`` died: its chunks go back to the schedule for the others."""
+        if self.chunk_channel is not None:
+            self.chunk_channel.engine_gone(eid)
         self._check_stopping()
         restarts = self._restarts()
         batch = getattr(restarts, "batch", None)  # a job Slurm ended: no one's fault

@@ -99,6 +99,7 @@ class Executor:
     tasks: dict[Any, int]
     _task_of: dict[int, Any]
     _msg_ids: list[str]
+    chunk_channel: Any  # kernel/chunk_channel.ChunkChannel, or None
     output: Any
     options: Any
     on_chunk: Callable[[int, int, Any], None] | None
@@ -339,6 +340,7 @@ class Executor:
             return
         self._released = True
         self.output.flush(self.inflight)
+        self._close_chunk_channel()
         self._forget_tasks()
         for frames in self.mapped.values():  # every engine maps it by now
             shm.release(frames)
@@ -373,6 +375,18 @@ class Executor:
         except Exception:
             pass
 
+    def _close_chunk_channel(self) -> None:
+        """The engines' serving tasks end; the client forgets the channel's
+        chunks now and each serving task once it has ended."""
+        channel = getattr(self, "chunk_channel", None)
+        if channel is None:
+            return
+        channel.close()
+        channel.forget(self._msg_ids)
+        client = self.gc.client
+        for ar in channel.serving_tasks():
+            ar.add_done_callback(lambda f, client=client: _forget_now(client, f))
+
     def _forget_tasks(self) -> None:
         """The client keeps every task's result and metadata for ever (its
         history); this cell's are merged or dropped now, so it lets them go."""
@@ -388,6 +402,13 @@ class Executor:
         if getattr(self, "quiet_idle", False):
             settle_quiet(client, self._msg_ids)
         self._msg_ids.clear()
+
+
+def _forget_now(client: Any, ar: Any) -> None:
+    """A finished task's result and metadata, dropped from the client."""
+    for m in getattr(ar, "msg_ids", ()):
+        client.results.pop(m, None)
+        client.metadata.pop(m, None)
 
 
 def _who(info: Any) -> str:

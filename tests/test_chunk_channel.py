@@ -1,0 +1,162 @@
+"""``GpuCell.chunk_channel``: a local engine takes a cell's chunks after its
+first through /dev/shm (one serving task per engine per cell), and the cell
+leaves what the serial cell leaves, prints what it prints, in order, and fails,
+stops and loses engines as a run of one task per chunk does."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import pytest
+from helpers import children, press_stop, wait_gone
+
+import gpucell
+import gpucell.cluster.lifecycle as gc_mod
+
+pytestmark = pytest.mark.cluster
+
+
+def _answered(c) -> int:
+    """Chunks the engines answered through the channel so far."""
+
+    def count() -> int:
+        from gpucell.engine import served
+
+        return served.ANSWERED[0]
+
+    return sum(c.client[c.live_ids()].apply_sync(count))
+
+
+def _left() -> list[str]:
+    return glob.glob(f"/dev/shm/gpucell-chunks-{os.getpid()}-*")
+
+
+@pytest.fixture
+def channel_on(ip):
+    ip.run_line_magic("config", "GpuCell.chunk_channel = True")
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    yield ip
+    from gpucell import config
+
+    config.settings().chunk_channel = type(
+        config.settings()
+    ).chunk_channel.default_value
+
+
+def test_many_cheap_chunks_take_the_channel_and_equal_serial(channel_on, cluster):
+    ip = channel_on
+    before = _answered(cluster)
+    cell = "out = []\ntotal = 0\nfor i in range(400):\n    out.append(i * i)\n"
+    cell += "    total += i\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule dynamic --chunksize 4", cell)
+    assert ip.user_ns["out"] == [i * i for i in range(400)]
+    assert ip.user_ns["total"] == sum(range(400))
+    # the first chunk of each engine is a task; the other 98 or more are not
+    assert _answered(cluster) - before >= 100 - 2 * len(cluster.live_ids())
+    assert not _left()
+
+
+def test_channel_chunks_print_in_iteration_order(channel_on, cluster, capsys):
+    ip = channel_on
+    cell = "seen = []\nfor i in range(24):\n    print('line', i)\n    seen.append(i)\n"
+    ip.run_cell_magic("gpu_parallel", "--quiet --schedule dynamic --chunksize 2", cell)
+    out = capsys.readouterr().out
+    lines = [ln.split("] ", 1)[-1] for ln in out.splitlines() if "line " in ln]
+    assert lines == [f"line {i}" for i in range(24)]
+    assert ip.user_ns["seen"] == list(range(24))
+
+
+def test_an_error_in_a_channel_chunk_is_the_users_and_nothing_merges(
+    channel_on, cluster
+):
+    ip = channel_on
+    ip.user_ns["out"] = ["untouched"]
+    cell = (
+        "for i in range(80):\n"
+        "    if i == 57:\n"
+        "        raise ValueError(f'bad item {i}')\n"
+        "    out.append(i)\n"
+    )
+    with pytest.raises(ValueError, match="bad item 57"):
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet --schedule dynamic --chunksize 2", cell
+        )
+    assert ip.user_ns["out"] == ["untouched"]
+    ip.run_cell_magic("gpu_parallel", "--quiet", "sq = [i * 3 for i in range(7)]\n")
+    assert ip.user_ns["sq"] == [i * 3 for i in range(7)]
+    assert not _left()
+
+
+def test_the_stop_button_withdraws_the_queued_chunks(channel_on, private_cluster):
+    ip = channel_on
+    ip.user_ns.update({"time": time, "out": ["untouched"]})
+    cell = "for i in range(200):\n    time.sleep(0.02)\n    out.append(i)\n"
+    pressed = press_stop(0.8)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ip.run_cell_magic(
+                "gpu_parallel", "--quiet --schedule dynamic --chunksize 1", cell
+            )
+    finally:
+        pressed.set()
+    assert time.monotonic() - t0 < 0.8 + 2.5
+    assert ip.user_ns["out"] == ["untouched"]
+    assert gpucell.last_run.status == "interrupted"
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --schedule dynamic --chunksize 1",
+        "for i in range(12):\n    out.append(i)\n",
+    )
+    assert ip.user_ns["out"] == ["untouched", *range(12)]
+    assert not _left()
+
+
+def test_a_killed_engine_loses_its_channel_chunks_and_the_cell_equals_serial(
+    channel_on, no_active_cluster, capsys
+):
+    ip = channel_on
+    before = children()
+    c = gpucell.start_cluster(2, gpus="none")
+    try:
+        victim = c.engines[c.ids[1]]
+        ip.user_ns.update({"time": time, "acc": 0})
+        cell = (
+            "out = []\nfor i in range(80):\n    time.sleep(0.03)\n"
+            "    out.append(i * i)\n    acc += i\n"
+        )
+        killer = threading.Timer(0.8, os.kill, (victim.pid, signal.SIGKILL))
+        killer.start()
+        ip.run_cell_magic("gpu_parallel", "--schedule dynamic --chunksize 2", cell)
+        assert f"engine {victim.id} died" in capsys.readouterr().out
+        assert ip.user_ns["out"] == [i * i for i in range(80)]
+        assert ip.user_ns["acc"] == sum(range(80))
+        assert any(ch.state == "lost" for ch in gpucell.last_run.chunks)
+    finally:
+        gpucell.stop()
+    assert not wait_gone(children() - before), "engine processes leaked"
+    assert gc_mod._current is None
+    assert not _left()
+
+
+def test_off_every_chunk_is_a_task(ip, cluster):
+    ip.run_line_magic("config", "GpuCell.chunk_channel = False")
+    try:
+        before = _answered(cluster)
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet --schedule dynamic --chunksize 2",
+            "sq = []\nfor i in range(20):\n    sq.append(i)\n",
+        )
+        assert ip.user_ns["sq"] == list(range(20))
+        assert _answered(cluster) == before
+    finally:
+        from gpucell import config
+
+        config.settings().chunk_channel = type(
+            config.settings()
+        ).chunk_channel.default_value
