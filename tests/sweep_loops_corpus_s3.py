@@ -1624,3 +1624,78 @@ epoch_loss = running_loss / len(X)
 """,
     note="the usual epoch-loss sum: ordinary floats, agrees to rounding",
 )
+
+case(
+    "s3-torch-prune-own-models",
+    "safe",
+    TORCH,
+    """
+from torch.nn.utils import prune
+torch.manual_seed(11)
+layers = [nn.Linear(4, 3) for _ in range(3)]
+for layer in layers:
+    prune.l1_unstructured(layer, name="weight", amount=0.5)
+zeros = [int((layer.weight == 0).sum()) for layer in layers]
+outs = [layer(X[:2]).detach() for layer in layers]
+pre_hooks = [len(layer._forward_pre_hooks) for layer in layers]
+""",
+    note="pruning each layer of a list: a mask buffer, a weight_orig parameter and a forward pre-hook per layer",
+)
+
+case(
+    "s3-np-own-arrays-reshape-attr",
+    "safe",
+    NP,
+    """
+grids = [np.arange(12.0) * k for k in range(4)]
+for g_ in grids:
+    g_.shape = (3, 4)
+shapes = [g_.shape for g_ in grids]
+""",
+    note="assigning .shape reshapes each iteration's own array in place",
+)
+
+case(
+    "s3-fx-u-np-set-printoptions-in-body",
+    "unsafe",
+    NP,
+    """
+shown = []
+for prec in [2, 3, 4]:
+    np.set_printoptions(precision=prec)
+    shown.append(np.array2string(np.array([1 / 3])))
+after_loop = np.array2string(np.array([2 / 3]))
+np.set_printoptions(precision=8)
+""",
+    note="process-wide state set in the body; the epilogue reads it before putting it back",
+)
+
+case(
+    "s3-fx-u-pd-options-attr-in-body",
+    "unsafe",
+    DF,
+    """
+shown = []
+for prec in [1, 2, 3]:
+    pd.options.display.precision = prec
+    shown.append(repr(df[["price"]].head(2)))
+after_loop = pd.get_option("display.precision")
+pd.reset_option("display.precision")
+""",
+    note="pandas options by attribute (not set_option): process-wide state",
+)
+
+case(
+    "s3-fx-u-torch-backends-flag-in-body",
+    "unsafe",
+    TORCH,
+    """
+import torch.backends.cudnn
+flags_seen = []
+for bench in [False, True]:
+    torch.backends.cudnn.benchmark = bench
+    flags_seen.append(torch.backends.cudnn.benchmark)
+after_loop = torch.backends.cudnn.benchmark
+torch.backends.cudnn.benchmark = False
+""",
+)

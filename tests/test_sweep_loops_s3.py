@@ -126,6 +126,20 @@ KNOWN: dict[str, str] = {
         "iterations 0 and 2 are one object (a defaultdict) ... not `[m] * n`' "
         "(misleading: the items are tuples; pivot[s] is reached by key)"
     ),
+    "s3-torch-prune-own-models": (
+        "false refusal: `prune.l1_unstructured(layer, ...)` on the loop's own "
+        "layers stops at the merge: 'the item of iteration 0 (a Linear) "
+        "changed in place and cannot be written back: its parameters are not "
+        "the ones the engine's copy has' (pruning replaces `weight` by a "
+        "`weight_orig` parameter, a `weight_mask` buffer and a forward "
+        "pre-hook; the write-back would have to carry all three)"
+    ),
+    "s3-np-own-arrays-reshape-attr": (
+        "false refusal: `g_.shape = (3, 4)` on the loop's own arrays stops at "
+        "the merge: 'the item of iteration 0 (a ndarray) changed in place and "
+        "cannot be written back: its shape changed' (setting `.shape` on the "
+        "kernel's array, then copying, would be the serial result)"
+    ),
     "s3-fx-heappush-build-heap": (
         "false refusal: `heapq.heappush(heap, (s, name))` into a list made "
         "before the loop stops at run time (InputChanged: '`heap` changed in "
@@ -136,6 +150,15 @@ KNOWN: dict[str, str] = {
 
 #: cases whose engines may keep process-wide state: what puts it back there
 ENGINE_STATE: dict[str, str] = {
+    "s3-fx-u-np-set-printoptions-in-body": (
+        "import numpy\nnumpy.set_printoptions(precision=8)\n"
+    ),
+    "s3-fx-u-pd-options-attr-in-body": (
+        "import pandas\npandas.reset_option('display.precision')\n"
+    ),
+    "s3-fx-u-torch-backends-flag-in-body": (
+        "import torch.backends.cudnn\ntorch.backends.cudnn.benchmark = False\n"
+    ),
     "s3-fx-u-logger-levels-per-item": (
         "import logging\n"
         "for _n in ('db', 'net', 'ui'):\n"
