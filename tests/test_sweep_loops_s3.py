@@ -34,17 +34,6 @@ pytestmark = pytest.mark.cluster
 
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
-    "s3-np-float-total-cancellation": (
-        "SILENT (documented exception with a visible effect): total is 4.0, "
-        "serially 0.0: `total += v` folds a partial per chunk from 0.0 and "
-        "adds the partials, so the 1.0s a serial run loses against 1e16 are "
-        "summed exactly on the engine that does not hold 1e16"
-    ),
-    "s3-np-float32-total-order": (
-        "SILENT (documented exception with a visible effect): acc is "
-        "np.float32(16777220.0), serially 16777216.0 (2**24 + 1.0 rounds back "
-        "to 2**24 in float32; chunk partials of the 1.0s do not)"
-    ),
     "s3-torch-u-register-forward-hooks": (
         "SILENT: activations stays {} and hooked [] (serially 3 entries): "
         "`layer.register_forward_hook(...)` on the children of a kernel model "

@@ -13,8 +13,10 @@ Semantics (see ARCHITECTURE §1):
 - *indexed writes*: ``D[k] = v`` in iteration order (last write wins).
 - *reductions*: partials are folded per chunk on the engine, and here combined in
   chunk order, then applied once: ``acc op= combined``. Only associativity is
-  assumed (``@`` keeps order). ``-=`` folds its contributions with ``+`` (``|`` for
-  sets) and subtracts once: it assumes ``a - x - y == a - (x + y)``. Augmented
+  assumed (``@`` keeps order), except for a scalar's float contributions, which
+  come back one by one (``fold.InOrder``) and are applied in iteration order.
+  ``-=`` folds its contributions with ``+`` (``|`` for sets) and subtracts once:
+  it assumes ``a - x - y == a - (x + y)``. Augmented
   reductions on an object with an in-place operator (numpy array, torch tensor,
   list, set) mutate that object in commit, as serial code would; others rebind.
   ``max``/``min`` keep the first of equal values, as serial code does.

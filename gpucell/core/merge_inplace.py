@@ -15,7 +15,15 @@ from typing import Any
 
 from gpucell.core.merge_base import Merging, Mutation
 from gpucell.core.reducers import selects
-from gpucell.protocol.fold import BINARY, INPLACE, combine, is_numpy, is_torch
+from gpucell.protocol.fold import (
+    BINARY,
+    INPLACE,
+    InOrder,
+    combine,
+    is_numpy,
+    is_torch,
+    replay,
+)
 
 __all__ = ["check_array_write", "changed_in_place", "merge_reductions", "plan_inplace"]
 
@@ -32,8 +40,12 @@ def merge_reductions(m: Merging) -> None:
         partials = [r.reductions[name][1] for r in m.rs if name in r.reductions]
         if not partials:
             continue
-        c = combine(op, partials)
         v0 = m.existing(name)
+        if _scalar(v0) and any(isinstance(p, InOrder) for p in partials):
+            # scalar floats: each contribution in iteration order, as serially
+            up.assign[name] = replay(op, v0, partials)
+            continue
+        c = combine(op, partials)
         if selects(op):
             up.assign[name] = BINARY[op](v0, c)
         elif red.augmented:
@@ -170,3 +182,8 @@ def _torch_broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
     broadcast: Callable[..., Sequence[int]] = torch.broadcast_shapes
     return tuple(broadcast(*shapes))
+
+
+def _scalar(value: Any) -> bool:
+    """A Python number or a numpy scalar: rebound by ``op=``, never changed."""
+    return isinstance(value, (int, float, complex)) or _numpy_scalar(value)

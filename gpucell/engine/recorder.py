@@ -17,7 +17,15 @@ from typing import Any
 
 from gpucell.engine.where import Where
 from gpucell.protocol.chunks import ChunkResult
-from gpucell.protocol.fold import SELECTS, fold, is_numpy, is_torch, own, unordered
+from gpucell.protocol.fold import (
+    SELECTS,
+    fold,
+    is_numpy,
+    is_torch,
+    own,
+    own_in_order,
+    unordered,
+)
 from gpucell.protocol.program import (
     AS_DEVICE,
     BEGIN,
@@ -50,7 +58,7 @@ class _Start:
         self.op = op
 
     def _first(self, value: Any) -> Any:
-        return own(self.op, value)
+        return own_in_order(self.op, value)
 
     __iadd__ = __imul__ = __ior__ = __iand__ = __ixor__ = _first
 
@@ -267,7 +275,7 @@ class Recorder:
             return
         cur = self._partials.get(name, _MISSING)
         if cur is _MISSING:
-            self._partials[name] = own(op, value)
+            self._partials[name] = own_in_order(op, value)
         else:
             self._partials[name] = fold(op, cur, value)
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "BINARY",
     "INPLACE",
+    "InOrder",
     "NATIVE",
     "OPS",
     "Op",
@@ -26,6 +27,8 @@ __all__ = [
     "is_numpy",
     "is_torch",
     "own",
+    "own_in_order",
+    "replay",
     "unordered",
 ]
 
@@ -136,6 +139,83 @@ def own(op: str, value: Any) -> Any:
     return value
 
 
+#: operators whose floating-point results depend on the order of the operands
+_NOT_ASSOCIATIVE_IN_FLOATS = frozenset({"+", "-", "*"})
+
+
+def _float_scalar(value: Any) -> bool:
+    """A Python or numpy floating or complex scalar (not an array: a float
+    array's contributions stay a partial, element by element)."""
+    if type(value) in (float, complex):
+        return True
+    return (
+        is_numpy(value)
+        and type(value).__name__ != "ndarray"
+        and getattr(getattr(value, "dtype", None), "kind", "") in ("f", "c")
+    )
+
+
+class InOrder:
+    """A chunk's scalar float contributions to a reduction, kept one by one.
+
+    Floating-point ``+``, ``-`` and ``*`` are not associative: a chunk
+    partial ``(a + b) + c`` added to the kernel's ``v0`` is not serial code's
+    ``((v0 + a) + b) + c`` (``[1e16, 1.0, ..., -1e16]`` sums to 0.0 serially
+    and to 4.0 in two partials).  The kernel applies the contributions to the
+    reduction's value one by one, in iteration order (:func:`replay`).  The
+    engine appends with the operator itself (``p += e``), one list append an
+    iteration."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+
+    def _append(self, value: Any) -> InOrder:
+        self.values.append(value)
+        return self
+
+    __iadd__ = __imul__ = __add__ = __mul__ = _append
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InOrder, (self.values,))
+
+    def __repr__(self) -> str:
+        return f"InOrder({len(self.values)} values)"
+
+
+def own_in_order(op: str, value: Any) -> Any:
+    """:func:`own`, except that a scalar float contribution to ``+``, ``-`` or
+    ``*`` starts an :class:`InOrder` (plain reductions; keyed ones fold)."""
+    if op in _NOT_ASSOCIATIVE_IN_FLOATS and _float_scalar(value):
+        return InOrder([value])
+    return own(op, value)
+
+
+def replay(op: str, v0: Any, partials: Sequence[Any]) -> Any:
+    """``v0`` with every chunk's contributions applied in iteration order, as
+    serial code applies them (``-``: each subtracted in turn); a chunk's
+    ordinary partial is applied whole."""
+    apply = BINARY[op]
+    acc = v0
+    for p in partials:
+        for v in p.values if isinstance(p, InOrder) else (p,):
+            acc = apply(acc, v)
+    return acc
+
+
+def collapse(op: str, partial: Any) -> Any:
+    """An :class:`InOrder` folded into an ordinary partial (where the value it
+    goes to is not a scalar and takes the combined partial in place)."""
+    if not isinstance(partial, InOrder):
+        return partial
+    values = partial.values
+    acc = own(op, values[0])
+    for v in values[1:]:
+        acc = fold(op, acc, v)
+    return acc
+
+
 def fold(op: str, acc: Any, value: Any) -> Any:
     """Fold one more contribution into a partial that this code owns.
 
@@ -156,7 +236,7 @@ def fold(op: str, acc: Any, value: Any) -> Any:
 
 def combine(op: str, partials: Sequence[Any]) -> Any:
     """Combine chunk partials in chunk order (associativity only)."""
-    it = iter(partials)
+    it = iter(collapse(op, p) for p in partials)
     acc = own(op, next(it))
     for p in it:
         acc = fold(op, acc, p)
