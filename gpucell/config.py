@@ -163,13 +163,13 @@ class GpuCell(Configurable):
         "is sent, as ipyparallel does.",
     )
     chunk_channel = Bool(
-        False,
+        True,
         config=True,
         help="Engines on the kernel's host take a cell's chunks after their first "
         "through /dev/shm, one ipyparallel task per engine per cell instead of one "
         "per chunk: a cheap chunk's transport costs ~0.05 ms of CPU instead of "
-        "~2.5 ms (bench/bench_stream_proto.py). Off by default until it has run "
-        "longer. Engines on other hosts take every chunk as a task either way.",
+        "~2.5 ms (bench/bench_stream_proto.py). False: every chunk is a task. "
+        "Engines on other hosts take every chunk as a task either way.",
     )
     inline_below = Float(
         0.005,
