@@ -160,3 +160,58 @@ def test_off_every_chunk_is_a_task(ip, cluster):
         config.settings().chunk_channel = type(
             config.settings()
         ).chunk_channel.default_value
+
+
+FULL_SHM = r"""
+import resource, signal, sys
+import gpucell
+from IPython.testing.globalipapp import start_ipython
+gc = gpucell.start_cluster(2, gpus="none")
+try:
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "gpucell")
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    ip.run_line_magic("config", "GpuCell.chunk_channel = True")
+    ip.user_ns["words"] = ["w%d" % i + "x" * 3000 for i in range(40)]
+    # a write past 2 KiB fails (EFBIG), as one into a full /dev/shm (ENOSPC)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+    try:
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet --schedule dynamic --chunksize 1",
+            "sizes = []\nfor w in words:\n    sizes.append(len(w))\n",
+        )
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert ip.user_ns["sizes"] == [len(w) for w in ip.user_ns["words"]]
+    def count():
+        from gpucell.engine import served
+
+        return served.ANSWERED[0]
+
+    answered = sum(gc.client[:].apply_sync(count))
+    print("ANSWERED", answered, gpucell.last_run.status)
+finally:
+    gpucell.stop()
+"""
+
+
+def test_a_full_dev_shm_sends_the_rest_as_tasks(tmp_path):
+    """Writing a chunk's request fails (a full /dev/shm, stood in for by a file
+    size limit on the kernel): that engine's serving task ends after what it
+    was sent, and its chunks go as tasks; the cell equals serial."""
+    import subprocess
+    import sys
+
+    before, folders = children(), set(glob.glob("/dev/shm/gpucell-chunks-*"))
+    script = tmp_path / "full_shm.py"
+    script.write_text(FULL_SHM)
+    p = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "ANSWERED 0 ok" in p.stdout, p.stdout
+    assert not wait_gone(children() - before)
+    assert set(glob.glob("/dev/shm/gpucell-chunks-*")) <= folders

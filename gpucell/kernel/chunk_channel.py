@@ -82,6 +82,7 @@ class ChunkChannel:
         self._pending: dict[int, ChannelTask] = {}  # request number -> task
         self._serving: dict[int, Any] = {}  # engine -> its serve task
         self._next = 0
+        self._given_up: set[int] = set()  # engines whose chunks went back to tasks
         self._lock = threading.Lock()
         self._closed = False
         for eid in engines:
@@ -105,8 +106,8 @@ class ChunkChannel:
     # -- sending -------------------------------------------------------------------
 
     def reaches(self, eid: int) -> bool:
-        """Whether ``eid`` is one of the channel's engines."""
-        return eid in self._to
+        """Whether ``eid`` is one of the channel's engines (and may still be)."""
+        return eid in self._to and eid not in self._given_up
 
     def serves(self, eid: int) -> bool:
         """Whether ``eid``'s chunks go through the channel now."""
@@ -129,7 +130,25 @@ class ChunkChannel:
         chunk's task), then send ``routed``; each chunk with its task."""
         for eid in opening:
             self.open(eid, views[eid])
-        return [(c, self.send(c.engine, task), timed) for c, task, timed in routed]
+        sent: list[tuple[Any, Any, bool]] = []
+        for c, task, timed in routed:
+            if c.engine not in self._given_up:
+                try:
+                    sent.append((c, self.send(c.engine, task), timed))
+                    continue
+                except OSError:  # /dev/shm full (a container's 64 MiB default)
+                    self._give_up(c.engine)
+            # a task, queued behind the serving task, which END lets finish
+            sent.append((c, views[c.engine].apply_async(_run(), *task), timed))
+        return sent
+
+    def _give_up(self, eid: int) -> None:
+        """``eid`` takes its chunks as tasks from now on: its serving task
+        answers what is queued in the channel, then ends."""
+        self._given_up.add(eid)
+        self._serving.pop(eid, None)
+        with contextlib.suppress(OSError):
+            os.write(self._to[eid], cc.pack(cc.END))
 
     def send(self, eid: int, task: ChunkTask) -> ChannelTask:
         header = self.client.session.msg_header("apply_request")
@@ -138,19 +157,25 @@ class ChunkChannel:
             input_frames=cc.plain_frames(task.input_frames),
             quiet_idle=False,
         )
-        out = ChannelTask(self.client, header, eid)
         with self._lock:
             n = self._next
             self._next += 1
-            self._pending[n] = out
         path = cc.request_path(self.folder, n)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(
-                cc.ChannelRequest(plain, dict(header)),
-                f,
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(
+                    cc.ChannelRequest(plain, dict(header)),
+                    f,
+                    protocol=pickle.HIGHEST_PROTOCOL,
+                )
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        out = ChannelTask(self.client, header, eid)
+        with self._lock:
+            self._pending[n] = out
         os.write(self._to[eid], cc.pack(n))
         return out
 
@@ -333,3 +358,10 @@ def route(
             if channel.reaches(eid):
                 opening.append(eid)
     return tasks, routed, opening
+
+
+def _run() -> Any:
+    """``worker.RUN``: a chunk as a task of its own."""
+    from gpucell.engine import worker
+
+    return worker.RUN
