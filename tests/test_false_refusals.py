@@ -768,3 +768,54 @@ def test_keyed_reduction_over_slices_fails_unmerged(ip, cluster) -> None:
             "gpu_parallel", "--quiet", "for i in range(3):\n    y[i:i + 2] += 1\n"
         )
     assert ip.user_ns["y"] is y and y.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "cell",
+    [
+        # each group writes its own rows: the groups were split from the frame
+        # as it was when the loop began, serially as on the engines
+        "df['share'] = 0.0\nfor name, g in df.groupby('g'):\n"
+        "    df.loc[g.index, 'share'] = g['x'] / g['x'].sum()\n",
+        # a later group would not see an earlier one's write even if it overlapped
+        "for name, s in df.groupby('g')['x']:\n    df.loc[:, 'y'] = s.sum()\n",
+    ],
+    ids=["own-rows", "whole-column"],
+)
+def test_a_frame_written_while_iterating_its_groups_matches_the_serial_run(
+    ip, cluster, cell
+) -> None:
+    """``df.groupby(..)`` splits its groups (a copy of the rows in group order)
+    when iteration starts: writes to ``df`` in the body never reach a later
+    group, so the frame is not a changed iterable."""
+    df = pd.DataFrame({"g": list("abcab"), "x": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    df["y"] = 0.0
+    assert_serial_equivalent(ip, cell, {"df": df})
+
+
+def test_a_lazy_groupby_of_a_changed_list_stays_refused() -> None:
+    """``itertools.groupby(queue)`` reads ``queue`` as the loop runs."""
+    r = refused(
+        "import itertools\nfor k, grp in itertools.groupby(queue):\n"
+        "    queue.append(k)\n"
+    )
+    assert "iterates over `queue`" in r[("queue", "iterable-mutated")]
+
+
+@pytest.mark.cluster
+def test_a_key_that_is_not_one_position_is_named_by_its_source(ip, cluster) -> None:
+    """The merge's refusal names the statement as written and the key by its
+    source (`votes[va]`, rebinding `=` and `+`), never the key's value."""
+    votes = np.zeros(6)
+    ip.user_ns.update(votes=votes, splits=[np.arange(0, 6, 2), np.array([1, 2])])
+    with pytest.raises(NotParallelizable) as e:
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet",
+            "for va in splits:\n    votes[va] = votes[va] + 1\n",
+        )
+    said = str(e.value)
+    assert "`votes[va] = votes[va] + 1` (line 3): the key `va` is a `ndarray`" in said
+    assert "array(" not in said and "+=" not in said
+    assert ip.user_ns["votes"] is votes and not votes.any()

@@ -54,6 +54,9 @@ def noise(n):
 def own_rng(n):
     rng = np.random.default_rng(0)
     return rng.random(n)
+
+def given(g, n):
+    return torch.randn(n, generator=g) + np.random.default_rng(n).normal()
 """
 
 
@@ -236,3 +239,22 @@ def test_a_finished_generator_makes_no_more_items():
     gen = ns["counts"]()
     list(gen)
     assert generator_reads(gen, ns, {"out"}) == []
+
+
+def test_a_draw_given_its_own_generator_is_not_a_global_draw():
+    """``torch.randn(3, generator=g)`` draws from ``g``, and a method of a
+    call's result from that result: neither is a process-wide draw, in the
+    loop's text or in a notebook function; ``generator=None`` is one."""
+    from gpucell.core.analysis import analyse
+
+    cell = (
+        "for s in range(4):\n"
+        "    g = torch.Generator().manual_seed(s)\n"
+        "    a.append(torch.randn(3, generator=g))\n"
+        "    b.append(np.random.default_rng(s).normal(size=2))\n"
+        "    c.append(torch.rand(2, generator=None))\n"
+    )
+    plan = analyse(cell, known_names={"torch", "np", "a", "b", "c"})
+    assert plan.random_calls == ((5, "torch.rand"),)
+    ns = _notebook()
+    assert global_random_calls({"given": ns["given"]}, ns) == []

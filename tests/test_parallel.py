@@ -936,7 +936,9 @@ def test_pandas_writes_to_other_rows_or_duplicate_labels_are_refused(ip, cluster
             "for idx, row in df.iterrows():\n    df.at[idx, 'c'] = row['a']\n",
         )
     ip.user_ns["df"] = df.reset_index(drop=True)
-    with pytest.raises(NotParallelizable, match="iterates over `df`"):
+    with pytest.raises(
+        NotParallelizable, match=r"iterates over `df.iterrows\(\)`, made from `df`"
+    ):
         ip.run_cell_magic(
             "gpu_parallel",
             "--quiet",

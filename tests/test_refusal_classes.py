@@ -83,3 +83,56 @@ def test_the_message_and_advice_are_the_templates_over_the_arguments() -> None:
     plain = Diagnostic(3, 4, "total", "global", d.text)
     assert d == plain and hash(d) == hash(plain)
     assert sorted([d, Diagnostic(1, 0, "x", "other", "t")])[0].line == 1
+
+
+@pytest.mark.parametrize(
+    ("cell", "line"),
+    [
+        ("x = 3.0\nwhile abs(x * x - 2) > 1e-12:\n    x = (x + 2 / x) / 2\n", 2),
+        ("x = 0\nwith torch.no_grad():\n    while x < 3:\n        x += 1\n", 3),
+    ],
+)
+def test_a_while_loop_is_named_as_one_with_a_for_to_rewrite_it(
+    cell: str, line: int
+) -> None:
+    """A top-level ``while`` is at the top level: the refusal says why a
+    ``while`` cannot be split and to write a ``for`` over the items, not
+    to move the loop to the top level."""
+    (d,) = _diagnostics(cell)
+    assert (type(d), d.kind, d.line) == (REFUSALS["while-loop"], "while-loop", line)
+    assert "`while` loop" in d.message and "cannot be known in advance" in d.message
+    assert "`for` over the items" in d.advice and "top level" not in d.text
+
+
+@pytest.mark.parametrize(
+    ("cell", "iterated", "copy"),
+    [
+        (
+            "df['s'] = 0.0\nfor i in df.index[1:]:\n"
+            "    df.loc[i, 's'] = df.loc[i - 1, 's'] + df.loc[i, 'u']\n",
+            "df.index[1:]",
+            "A copy (`list(df.index[1:])`) is not enough here",
+        ),
+        (
+            "for r, job in enumerate(queue):\n    queue.append(job + r)\n",
+            "queue",
+            "`for x in list(queue):`",
+        ),
+        (
+            "for k, row in df.iterrows():\n    df.at[k + 1, 'c'] = row['a']\n",
+            "df.iterrows()",
+            "`for x in list(df.iterrows()):`",
+        ),
+    ],
+)
+def test_a_changed_iterable_is_named_as_the_loop_iterates_it(
+    cell: str, iterated: str, copy: str
+) -> None:
+    """The loop iterates over an expression made from a name the body
+    changes: the refusal names that expression (and the copy to iterate),
+    not the bare name (`list(df)` would be the frame's column names)."""
+    d = next(d for d in _diagnostics(cell) if d.kind == "iterable-mutated")
+    assert f"iterates over `{iterated}`" in d.message
+    root = iterated.split(".")[0].split("[")[0]
+    assert (f"made from `{root}`" in d.message) == (iterated != root)
+    assert copy in d.advice

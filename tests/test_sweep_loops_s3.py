@@ -67,13 +67,6 @@ KNOWN: dict[str, str] = {
         "`setLevel` is not among core/lastitem.process_state_calls"
     ),
     # ------------------------------------------------ false refusals
-    "s3-pd-groupby-loc-write-group-index": (
-        "false refusal + misleading: 'the loop iterates over `df`, which the "
-        "body also changes (line 4) ... Iterate over a copy (`for x in "
-        'list(df):`)\': the iterable is `df.groupby("store")` (its groups are '
-        "split once, when the loop starts) and `list(df)` would be the column "
-        "names; each group writes only its own rows (`df.loc[g.index, c]`)"
-    ),
     "s3-np-append-rebind": (
         "false refusal + misleading: `collected = np.append(collected, ...)` "
         "is an ordered concatenation (like `acc = acc + [..]`, accepted), "
@@ -199,13 +192,6 @@ MESSAGES = [
         "    it += 1\n",
         "while",
         id="while-loop-is-named",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: a top-level `while` is refused with 'the cell has "
-            "no top-level `for` loop ... Put the loop at the top level of the "
-            "cell', though it is at the top level: the message never says a "
-            "`while` loop's iterations cannot be split",
-        ),
     ),
     pytest.param(
         "import torch\n",
@@ -214,13 +200,6 @@ MESSAGES = [
         "    inits.append(torch.randn(3, generator=g))\n",
         "!global random generator",
         id="explicit-torch-generator-is-not-global",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: `torch.randn(3, generator=g)` with `g` made and "
-            "seeded in the body warns '`torch.randn` (line N) draw(s) from a "
-            "global random generator ... `--seed S`' (the numbers are the "
-            "serial ones: the warning ignores the generator= argument)",
-        ),
     ),
     pytest.param(
         "import numpy as np\n"
@@ -228,13 +207,6 @@ MESSAGES = [
         "votes = np.zeros(6)\nfor va in splits:\n    votes[va] = votes[va] + 1\n",
         "votes[va]",
         id="overlapping-index-key-by-its-source",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: the run-time refusal of an index-array key names "
-            "it by the array's repr (`votes[array([0, 2, 4])] += ...`, 36 "
-            "numbers in the sweep's case) instead of its source `votes[va]`, "
-            "and says `+=` for a `votes[va] = votes[va] + ...`",
-        ),
     ),
     pytest.param(
         "import pandas as pd\ndf = pd.DataFrame({'u': [1.0, 2.0, 3.0, 4.0]})\n",
@@ -242,13 +214,6 @@ MESSAGES = [
         "    df.loc[i, 's'] = df.loc[i - 1, 's'] + df.loc[i, 'u']\n",
         "!iterates over `df`",
         id="index-slice-is-not-the-frame",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: `for i in df.index[1:]` is refused (rightly: row "
-            "i reads row i-1) first with 'the loop iterates over `df`, which the "
-            "body also changes ... A copy (`list(df)`) is not enough': the "
-            "iterable is an Index the body never changes",
-        ),
     ),
 ]
 

@@ -250,8 +250,7 @@ def global_random_calls(
     import inspect
     import textwrap
 
-    from gpucell.core.analysis.scope import is_global_random
-    from gpucell.core.lastitem import dotted_name
+    from gpucell.core.analysis.scope import global_draw
 
     out: list[tuple[str, str, str]] = []
     for via, fn in notebook_functions(inputs, ns):
@@ -261,8 +260,8 @@ def global_random_calls(
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
-                text = dotted_name(node.func)
-                if text is not None and is_global_random(text):
+                text = global_draw(node)
+                if text is not None:
                     out.append((via, fn.__qualname__, text))
     return out
 

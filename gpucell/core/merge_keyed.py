@@ -42,8 +42,16 @@ def merge_keyed(m: Merging) -> None:
         m.claim(name, target)
         facts = getattr(m.plan, "facts", None)
         once = name in getattr(facts, "stored_once", ())
+        stores = [st for st in getattr(facts, "subscript_stores", ()) if st[0] == name]
+        keys = "` or `".join(dict.fromkeys(key for *_s, key in stores))
+        written = " and ".join(
+            f"`{text}` (line {line})" for _n, line, text, _k in stores
+        )
+        written += f": the key `{keys}`" if stores else ""
         m.up.mutations.extend(
-            _prepare_keyed(name, target, op, entries, m.spelled, once, first_nan)
+            _prepare_keyed(
+                name, target, op, entries, m.spelled, once, first_nan, written
+            )
         )
 
 
@@ -102,6 +110,7 @@ def _prepare_keyed(
     spelled: Any = None,
     once: bool = False,
     first_nan: Sequence[Any] = (),
+    written: str = "",
 ) -> list[Mutation]:
     """``spelled`` (``analysis.spellings.Spelled``): a missing key's starting
     value (``D.get(k, 0) + e``), and whether the statements rebind
@@ -111,7 +120,7 @@ def _prepare_keyed(
     muts: list[Mutation] = []
     is_array = is_numpy(target) or is_torch(target)
     if is_array or isinstance(target, list):
-        entries = _one_entry_per_position(name, op, target, entries)
+        entries = _one_entry_per_position(name, op, target, entries, written)
     defaults = getattr(spelled, "defaults", {})
     rebinding = name in getattr(spelled, "rebinding", ())
     mixed = name in getattr(spelled, "mixed", ())
@@ -172,7 +181,7 @@ def _prepare_keyed(
 
 
 def _one_entry_per_position(
-    name: str, op: str, target: Any, entries: list[list[Any]]
+    name: str, op: str, target: Any, entries: list[list[Any]], written: str = ""
 ) -> list[list[Any]]:
     """A sequence's keys as positions: ``y[-1]`` and ``y[2]`` of a 3-element
     list are one element, which serially gets both contributions, so their
@@ -197,8 +206,11 @@ def _one_entry_per_position(
                 f"{shape}, as serially. Nothing was merged."
             ) from None
         except TypeError:
+            # named as the cell writes it (`written`: the statements), not by
+            # the key's value, which may be a long array
+            what = written or f"`{name}[...] {op}= ...`: a key"
             raise NotParallelizable(
-                f"`{name}[{k!r}] {op}= ...`: the key is not one position of "
+                f"{what} is a `{type(k).__name__}`, not one position of "
                 f"`{name}` (a slice, a mask or an index array may cover elements "
                 "another iteration's key covers, which serially get both "
                 "contributions). Key it by single positions, or gather the "

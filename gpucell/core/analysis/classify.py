@@ -99,23 +99,35 @@ def _refuse_mutated_iterable(
             # (the write-once advice is there)
             and not (node.id in several_writes and node.id in ctx.sink_reads)
         ):
-            fix = (
-                f"A copy (`list({node.id})`) is not enough here: the body "
-                f"also reads `{node.id}` (see line "
-                f"{ctx.sink_reads[node.id]})."
-                if node.id in ctx.sink_reads
-                else f"Iterate over a copy (`for x in list({node.id}):`) "
-                f"or collect into another name."
-            )
             diag.report(
                 IterableMutated(
                     node.lineno,
                     node.col_offset,
                     node.id,
-                    changed_at=str(sinks[node.id].stmt.lineno),
-                    fix=fix,
+                    iterated=ast.unparse(_iterated_part(loop_iter, node)),
+                    changed_at=sinks[node.id].stmt.lineno,
+                    read_at=ctx.sink_reads.get(node.id),
                 )
             )
+
+
+def _iterated_part(loop_iter: ast.expr, name: ast.Name) -> ast.expr:
+    """The part of the loop's iterable that is iterated and reads ``name``:
+    ``name`` with the attributes, items and method calls taken from it
+    (``df.index[1:]``, ``df.iterrows()``), not the builtin around it
+    (``enumerate(queue)``: ``queue``)."""
+    parents = {
+        id(child): node
+        for node in ast.walk(loop_iter)
+        for child in ast.iter_child_nodes(node)
+    }
+    part: ast.expr = name
+    while (up := parents.get(id(part))) is not None and (
+        (isinstance(up, (ast.Attribute, ast.Subscript)) and up.value is part)
+        or (isinstance(up, ast.Call) and up.func is part)
+    ):
+        part = up
+    return part
 
 
 def _resolve_sinks(

@@ -16,7 +16,7 @@ from gpucell.core.analysis.cellscope import (
 )
 from gpucell.core.analysis.classify import classify_body
 from gpucell.core.analysis.cudarewrite import rewrite_cuda
-from gpucell.core.analysis.diagnostics import DiagnosticSink, raise_if_any
+from gpucell.core.analysis.diagnostics import Diagnostic, DiagnosticSink, raise_if_any
 from gpucell.core.analysis.facts import loop_facts
 from gpucell.core.analysis.iterspace import describe_iterable, with_own_items
 from gpucell.core.analysis.ownsubscripts import (
@@ -27,7 +27,6 @@ from gpucell.core.analysis.ownsubscripts import (
 from gpucell.core.analysis.plan import LoopPlan, NameInfo, Reduction
 from gpucell.core.analysis.refusals import (
     Await,
-    NoLoop,
     ShortCircuitWalrus,
     WithTarget,
 )
@@ -57,6 +56,7 @@ from gpucell.core.analysis.split import (
     comprehension_kind,
     comprehension_of,
     line_span,
+    no_loop_refusal,
     parse_cell,
     source_of,
     split_cell,
@@ -218,10 +218,10 @@ def _choice(loop: ast.stmt, others: tuple[ast.stmt, ...]) -> str:
 
 
 def _no_loop(
-    common: dict[str, Any], diag: DiagnosticSink, raise_errors: bool
+    common: dict[str, Any], diag: DiagnosticSink, raise_errors: bool, why: Diagnostic
 ) -> LoopPlan:
-    """The plan of a cell without a loop gpucell can run (a refusal)."""
-    diag.report(NoLoop())
+    """The plan of a cell without a loop gpucell can run (refused: ``why``)."""
+    diag.report(why)
     if raise_errors:
         raise_if_any(diag.sorted())
     return LoopPlan(
@@ -530,7 +530,7 @@ def analyse(
         layers=split.layers,
     )
     if loop is None:
-        return _no_loop(common, diag, raise_errors)
+        return _no_loop(common, diag, raise_errors, no_loop_refusal(module))
 
     loop_lines = (loop.lineno, loop.end_lineno or loop.lineno)
     parts = _loop_parts(loop, diag)

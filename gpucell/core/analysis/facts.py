@@ -12,9 +12,8 @@ import ast
 from dataclasses import dataclass
 from types import CodeType
 
-from gpucell.core.analysis.scope import is_global_random
+from gpucell.core.analysis.scope import global_draw
 from gpucell.core.lastitem import (
-    dotted_name,
     last_item_binding,
     loop_node,
     process_state_calls,
@@ -52,6 +51,10 @@ class LoopFacts:
     # most once per iteration: each key gets exactly one store, so the merge
     # can replay it as serially, cast to the dtype included (`y[i] += 0.5`)
     stored_once: frozenset[str] = frozenset()
+    # (name, line, statement, key) of each `name[key] = ..` / `name[key] += ..`
+    # in the body, as the cell spells them: a merge that refuses a key names
+    # it by its source, not by its value (`votes[va]`, not an array's repr)
+    subscript_stores: tuple[tuple[str, int, str, str], ...] = ()
 
 
 def loop_facts(
@@ -82,7 +85,40 @@ def loop_facts(
         uses_autograd=uses_autograd(source, loop_line),
         position_keyed=keyed,
         stored_once=_stored_once(loop, keyed) if loop is not None else frozenset(),
+        subscript_stores=_subscript_stores(source, loop) if loop is not None else (),
     )
+
+
+def _subscript_stores(
+    source: str, loop: ast.For
+) -> tuple[tuple[str, int, str, str], ...]:
+    """``(name, line, statement, key)`` of each store into ``name[key]`` in the
+    body, the statement and key as the cell writes them (one line)."""
+    out = []
+    for st in ast.walk(ast.Module(body=loop.body, type_ignores=[])):
+        if isinstance(st, ast.Assign):
+            targets = st.targets
+        elif isinstance(st, (ast.AugAssign, ast.AnnAssign)):
+            targets = [st.target]
+        else:
+            continue
+        for t in targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                out.append(
+                    (
+                        t.value.id,
+                        st.lineno,
+                        _spelled(source, st),
+                        _spelled(source, t.slice),
+                    )
+                )
+    return tuple(out)
+
+
+def _spelled(source: str, node: ast.AST) -> str:
+    """``node`` as the cell writes it, on one line (else as ``ast`` prints it)."""
+    text = ast.get_source_segment(source, node)
+    return text if text is not None and "\n" not in text else ast.unparse(node)
 
 
 def _position_keyed(loop: ast.For) -> frozenset[str]:
@@ -202,7 +238,7 @@ def _first_draw(source: str, lines: tuple[int, int] | None) -> tuple[int, str] |
     first, last = lines
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and first <= node.lineno <= last:
-            text = dotted_name(node.func)
-            if text is not None and is_global_random(text):
+            text = global_draw(node)
+            if text is not None:
                 return node.lineno, text
     return None

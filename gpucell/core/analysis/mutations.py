@@ -12,7 +12,7 @@ from gpucell.core.analysis.refusals import OuterMutation, Refusal
 from gpucell.core.analysis.scope import (
     ENGINE_PROVIDED,
     SAFE_BUILTINS,
-    is_global_random,
+    global_draw,
     is_inplace_method,
     is_mutating_method,
     root_name,
@@ -187,8 +187,8 @@ class _Mutations(_FlowBase):
         elif isinstance(f, ast.Attribute):
             root = root_name(f.value)
             if root is not None and root.id in self.c.module_names:
-                text = ast.unparse(f)
-                if is_global_random(text):
+                text = global_draw(call)
+                if text is not None:
                     self.c.random_calls.append((line, text))
             else:
                 self.watch(f.value, line)

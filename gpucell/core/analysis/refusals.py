@@ -184,11 +184,47 @@ class LoopTarget(Refusal):
 
 
 class IterableMutated(Refusal):
+    """The loop's iterable (``iterated``, its source text) reads ``name``
+    lazily, and the body changes ``name``; ``read_at``: a line that also reads
+    it, which a copy of the iterable would not help."""
+
     KIND = "iterable-mutated"
     MESSAGE = (
-        "the loop iterates over `{name}`, which the body also changes "
-        "(line {changed_at}); serially the loop would see its own changes. "
+        "the loop iterates over `{iterated}`{made_from}, which the body also "
+        "changes (line {changed_at}); serially the loop could see its own changes. "
     )
+    ADVICE = "{fix}"
+
+    def __init__(
+        self,
+        line: int,
+        col: int,
+        name: str,
+        *,
+        iterated: str,
+        changed_at: int,
+        read_at: int | None,
+    ) -> None:
+        made_from = "" if iterated == name else f", made from `{name}`"
+        if read_at is not None:
+            fix = (
+                f"A copy (`list({iterated})`) is not enough here: the body "
+                f"also reads `{name}` (see line {read_at})."
+            )
+        else:
+            fix = (
+                f"Iterate over a copy (`for x in list({iterated}):`) "
+                "or collect into another name."
+            )
+        super().__init__(
+            line,
+            col,
+            name,
+            iterated=iterated,
+            made_from=made_from,
+            changed_at=str(changed_at),
+            fix=fix,
+        )
 
 
 class WithTarget(Refusal):
@@ -236,6 +272,27 @@ class NoLoop(Refusal):
         super().__init__(1, 0, "")
 
 
+class WhileLoop(Refusal):
+    """A top-level ``while``: its iterations are not known until they run."""
+
+    KIND = "while-loop"
+    MESSAGE = (
+        "the loop is a `while` loop: %%gpu_parallel splits a `for` loop's items "
+        "among the engines, and a `while` loop's iterations cannot be known in "
+        "advance (each one runs only if the condition, after the iterations "
+        "before it, still holds). "
+    )
+    ADVICE = (
+        "If the iterations are independent, rewrite it as a `for` over the "
+        "items (`for x in items:`, `for i in range(n):`); a loop that runs until "
+        "a condition holds (convergence, a search) runs as written without "
+        "%%gpu_parallel."
+    )
+
+    def __init__(self, line: int, col: int) -> None:
+        super().__init__(line, col, "")
+
+
 class UndefinedInput(Refusal):
     """A warning: an input neither the namespace nor the prelude defines."""
 
@@ -273,6 +330,7 @@ REFUSALS: dict[str, type[Refusal]] = {
         WithTarget,
         ShortCircuitWalrus,
         NoLoop,
+        WhileLoop,
         UndefinedInput,
     )
 }

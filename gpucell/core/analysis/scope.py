@@ -22,6 +22,7 @@ __all__ = [
     "WELL_KNOWN_MODULES",
     "SAFE_BUILTINS",
     "indexer_write",
+    "global_draw",
     "is_global_random",
     "is_mutating_method",
     "is_inplace_method",
@@ -146,6 +147,30 @@ def is_global_random(call: str) -> bool:
     if call.startswith(_GLOBAL_RANDOM_PREFIXES):
         return True
     return call.startswith("torch.") and call.count(".") == 1 and last in _TORCH_RANDOM
+
+
+def global_draw(call: ast.Call) -> str | None:
+    """The dotted text of a call that draws from a process-wide generator
+    (:func:`is_global_random`), or ``None``: a call on an object a call made
+    (``np.random.default_rng(0).normal()``) or one given its own generator
+    (``torch.randn(3, generator=g)``; ``generator=None`` is the global one)
+    draws from that object, the same numbers on an engine as serially."""
+    parts: list[str] = []
+    f: ast.expr = call.func
+    while isinstance(f, ast.Attribute):
+        parts.append(f.attr)
+        f = f.value
+    if not isinstance(f, ast.Name):
+        return None
+    text = ".".join([f.id, *reversed(parts)])
+    if not is_global_random(text):
+        return None
+    for kw in call.keywords:
+        if kw.arg == "generator" and not (
+            isinstance(kw.value, ast.Constant) and kw.value.value is None
+        ):
+            return None
+    return text
 
 
 def indexer_write(stmt: ast.Assign) -> tuple[ast.Name, str, ast.expr] | None:

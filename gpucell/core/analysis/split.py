@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpucell.core.analysis.refusals import NoLoop, WhileLoop
+
 __all__ = ["CellSplit", "Layer", "parse_cell", "split_cell"]
 
 
@@ -157,6 +159,20 @@ def _loops_in(node: ast.stmt, shadowed: Callable[[str], bool]) -> list[ast.stmt]
     if isinstance(node, ast.With):
         return [loop for inner in node.body for loop in _loops_in(inner, shadowed)]
     return []
+
+
+def no_loop_refusal(module: ast.Module) -> NoLoop | WhileLoop:
+    """Why a cell has no loop to run: a cell whose loop is a ``while`` where
+    the parallel loop could be (the top level of the cell or of ``with``
+    blocks) is told so, not to move its loop to the top level."""
+    todo = list(module.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.While):
+            return WhileLoop(node.lineno, node.col_offset)
+        if isinstance(node, ast.With):
+            todo[:0] = node.body
+    return NoLoop()
 
 
 def _find_loop(

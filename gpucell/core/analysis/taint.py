@@ -66,6 +66,16 @@ def _lazy_names(e: ast.AST, is_builtin: Callable[[str], bool]) -> Iterator[ast.N
     if isinstance(e, ast.Name):
         yield e
         return
+    if (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Attribute)
+        and e.func.attr in _SNAPSHOT_ITERATORS
+    ):
+        # the receiver is split when iteration starts, before the first
+        # iteration runs; its arguments (`itertools.groupby(xs)`) are read lazily
+        for arg in [*e.args, *(kw.value for kw in e.keywords)]:
+            yield from _lazy_names(arg, is_builtin)
+        return
     for child in ast.iter_child_nodes(e):
         yield from _lazy_names(child, is_builtin)
 
@@ -86,6 +96,15 @@ _COPYING_METHODS = frozenset(
         "nsmallest",
     }
 )
+
+
+#: methods whose result, iterated, splits its receiver into new objects when
+#: iteration starts: pandas' ``GroupBy.__iter__`` takes the frame's rows in
+#: group order (``DataSplitter._sorted_data``, a copy, on the first ``next``)
+#: and yields slices of that copy, so writes to the frame in the body are not
+#: seen by later groups, serially as on the engines (the kernel lists the
+#: groups before the loop)
+_SNAPSHOT_ITERATORS = frozenset({"groupby"})
 
 
 def _is_range(e: ast.AST, is_builtin: Callable[[str], bool]) -> bool:
