@@ -84,6 +84,7 @@ def before_drawing(
     reads)."""
     out: list[Diagnostic] = []
     out += _interleaved_generators(plan, values, ns)
+    out += _iterated_objects_read(plan, values, inputs)
     out += preflight_sinks.duplicate_labels(plan, ns)
     out += preflight_functions.helpers_reading_what_the_loop_changes(plan, ns, inputs)
     out += preflight_process.one_file_written_by_every_iteration(plan, ns)
@@ -97,6 +98,44 @@ def before_drawing(
     out += preflight_sinks.rows_that_are_not_own(plan, ns)
     out += preflight_functions.helpers_changing_own_rows(plan, ns)
     return out
+
+
+def _iterated_objects_read(
+    plan: LoopPlan, values: list[Any], inputs: Namespace
+) -> list[Diagnostic]:
+    """The body reads the object the loop iterates, and that object keeps where
+    its iteration is (an iterator, a progress bar): serially the body sees it
+    one item along each iteration; here every item is drawn before any
+    iteration runs, and each engine would get a copy of it."""
+    out = []
+    for name, value in inputs.items():
+        if not any(value is v for v in values) or not _keeps_its_position(value):
+            continue
+        out.append(
+            problem(
+                line_of(plan, name),
+                name,
+                "iterated-object-read",
+                f"the body uses `{name}` (line {line_of(plan, name)}), the object "
+                "the loop iterates, which keeps where its iteration is (a "
+                f"`{type(value).__name__}`): serially the body sees it one item "
+                "along each iteration; here every item is drawn before any "
+                "iteration runs, so it would be used exhausted, as a copy on each "
+                f"engine. Iterate over the items themselves and use `{name}` after "
+                "the loop (a progress bar: wrap the items, `for x in tqdm(items):`, "
+                "and call nothing on the bar in the body).",
+            )
+        )
+    return out
+
+
+def _keeps_its_position(value: Any) -> bool:
+    """An iterator (its ``__next__`` moves it), or a progress bar that counts
+    the items drawn through it (tqdm's, whose ``__iter__`` advances ``n``)."""
+    kind = type(value)
+    if isinstance(value, type) or kind in (list, tuple, dict, set, frozenset, str):
+        return False
+    return hasattr(kind, "__next__") or (kind.__module__ or "").startswith("tqdm")
 
 
 def _interleaved_generators(
