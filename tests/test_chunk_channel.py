@@ -60,6 +60,30 @@ def test_many_cheap_chunks_take_the_channel_and_equal_serial(channel_on, cluster
     assert not _left()
 
 
+def _started(c) -> int:
+    def count() -> int:
+        from gpucell.engine import served
+
+        return served.STARTED[0]
+
+    return sum(c.client[c.live_ids()].apply_sync(count))
+
+
+def test_one_chunk_an_engine_starts_no_serving_task(channel_on, cluster):
+    """The serving task starts with an engine's second chunk: a loop split
+    once per engine would pay for it (a task each) and never use it."""
+    ip = channel_on
+    before = _started(cluster)
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet --schedule static",
+        "halves = []\nfor i in range(10):\n    halves.append(i / 2)\n",
+    )
+    assert ip.user_ns["halves"] == [i / 2 for i in range(10)]
+    assert len(gpucell.last_run.chunks) == len(cluster.live_ids())
+    assert _started(cluster) == before
+
+
 def test_channel_chunks_print_in_iteration_order(channel_on, cluster, capsys):
     ip = channel_on
     cell = "seen = []\nfor i in range(24):\n    print('line', i)\n    seen.append(i)\n"

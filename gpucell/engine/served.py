@@ -26,10 +26,12 @@ from typing import Any
 from gpucell.engine import quietidle
 from gpucell.protocol import chunk_channel as cc
 
-__all__ = ["ANSWERED", "serve"]
+__all__ = ["ANSWERED", "STARTED", "serve"]
 
-#: chunks this engine answered through the channel (tests read it)
+#: chunks this engine answered through the channel, serving tasks it ran (tests
+#: read them)
 ANSWERED = [0]
+STARTED = [0]
 
 
 def serve(folder: str, engine: int) -> int:
@@ -37,6 +39,7 @@ def serve(folder: str, engine: int) -> int:
     number answered."""
     from gpucell.engine.worker import answer
 
+    STARTED[0] += 1
     to_me = os.open(cc.to_engine(folder, engine), os.O_RDONLY)
     back = os.open(cc.from_engine(folder, engine), os.O_WRONLY)
     kernel = quietidle.kernel()

@@ -83,6 +83,7 @@ class ChunkChannel:
         self._serving: dict[int, Any] = {}  # engine -> its serve task
         self._next = 0
         self._given_up: set[int] = set()  # engines whose chunks went back to tasks
+        self.tasked: set[int] = set()  # engines that had a chunk as a task
         self._lock = threading.Lock()
         self._closed = False
         for eid in engines:
@@ -343,7 +344,8 @@ def route(
 ) -> tuple[list[Outgoing], list[Outgoing], list[int]]:
     """Which chunks go as tasks and which through ``channel``: an engine's
     first chunk of the cell is a task (it carries the program and inputs), its
-    later ones take the channel; and the engines whose serving task starts now."""
+    later ones take the channel, whose serving task starts with the second;
+    and the engines whose serving task starts now."""
     if channel is None:
         return outgoing, [], []
     tasks: list[Outgoing] = []
@@ -353,10 +355,14 @@ def route(
         eid = item[0].engine
         if channel.serves(eid) or eid in opening:
             routed.append(item)
+        elif channel.reaches(eid) and eid in channel.tasked:
+            # its second chunk: a serving task is worth starting only now (a
+            # loop of one chunk an engine would pay for it and use it never)
+            opening.append(eid)
+            routed.append(item)
         else:
             tasks.append(item)
-            if channel.reaches(eid):
-                opening.append(eid)
+            channel.tasked.add(eid)
     return tasks, routed, opening
 
 
