@@ -438,3 +438,94 @@ def test_an_attribute_a_notebook_function_keeps_state_in_fails(nb):
     )
     assert "`calls`" in str(err)
     assert nb.user_ns["step"].calls == 0
+
+
+# -- changes that bump no counter and change no byte --------------------------------
+
+
+def test_hooks_on_an_input_module_or_its_tensors_are_a_change() -> None:
+    """``register_forward_hook``, ``p.register_hook``... bump no version
+    counter and set no public attribute: the tokens hold the hooks."""
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    for register in (
+        lambda: net[1].register_forward_hook(lambda *a: None),
+        lambda: net.register_forward_pre_hook(lambda *a: None),
+        lambda: net[0].register_full_backward_hook(lambda *a: None),
+        lambda: net.register_load_state_dict_post_hook(lambda *a: None),
+        lambda: net[0].weight.register_hook(lambda g: g),
+        lambda: net[0].bias.register_post_accumulate_grad_hook(lambda p: None),
+    ):
+        before = checkin.snapshot({"net": net}, ["net"], None)
+        handle = register()
+        [(name, what)] = checkin.changes(before, {"net": net}, None)
+        assert name == "net" and "hooks were added" in what, what
+        assert "register hooks before the loop" in what
+        before = checkin.snapshot({"net": net}, ["net"], None)
+        handle.remove()
+        assert "hooks were removed" in checkin.changes(before, {"net": net}, None)[0][1]
+    t = torch.zeros(2, requires_grad=True)
+    before = checkin.snapshot({"t": t}, ["t"], None)
+    t.register_hook(lambda g: g)
+    assert "hooks were added" in checkin.changes(before, {"t": t}, None)[0][1]
+
+
+def test_a_logger_s_configuration_is_its_token() -> None:
+    """A logger pickles by name (the engine's copy is the engine's logger):
+    its pickled state never changes, its configuration does."""
+    import logging
+
+    lg = logging.getLogger("test_checkin.configured")
+    changes = (
+        lambda: lg.setLevel(logging.WARNING),
+        lambda: lg.addHandler(logging.NullHandler()),
+        lambda: lg.addFilter(lambda r: True),
+        lambda: setattr(lg, "disabled", True),
+        lambda: setattr(lg, "propagate", False),
+    )
+    try:
+        for change in changes:
+            before = checkin.snapshot({"lg": lg}, ["lg"], None)
+            lg.info("records change nothing")
+            assert checkin.changes(before, {"lg": lg}, None) == []
+            change()
+            [(name, what)] = checkin.changes(before, {"lg": lg}, None)
+            assert name == "lg" and "configure loggers before the loop" in what
+    finally:
+        lg.setLevel(logging.NOTSET)
+        lg.handlers.clear()
+        lg.filters.clear()
+        lg.disabled, lg.propagate = False, True
+
+
+def test_an_array_s_writeable_flag_is_part_of_its_token() -> None:
+    """An input made read-only by the check is not changed by that; made
+    writable again by the loop it is (beyond the checksum's budget too).
+    An item's flag is its own: made read-only, it changed."""
+    a = np.zeros(3)
+    for _chunk in range(2):  # (the first chunk's freezing, then a later one's)
+        before = checkin.snapshot({"a": a}, ["a"], None)
+        assert checkin.changes(before, {"a": a}, None) == []
+    a.flags.writeable = True
+    [(_name, what)] = checkin.changes(before, {"a": a}, None)
+    assert "made writable" in what
+    arrays = [np.zeros(2), np.zeros(2)]
+    before = checkin.snapshot({}, [], lambda: arrays)
+    arrays[1].flags.writeable = False
+    assert [n for n, _ in checkin.changes(before, {}, lambda: arrays)] == [""]
+
+
+def test_a_helper_that_hooks_an_input_model_fails_naming_it(nb):
+    nb.run_cell(
+        "model = torch.nn.Linear(2, 1)\nseen = []\n"
+        "def watched(m):\n"
+        "    m.register_forward_hook(lambda *a: seen.append(1))\n"
+        "    return m\n"
+    )
+    _fails_atomically(
+        nb,
+        "outs = []\nfor i in range(4):\n"
+        "    outs.append(watched(model)(torch.ones(2)).item())\n",
+        ["model"],
+        r"`model` changed in place .*hooks were added",
+    )
+    assert not nb.user_ns["model"]._forward_hooks

@@ -34,38 +34,6 @@ pytestmark = pytest.mark.cluster
 
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
-    "s3-torch-u-register-forward-hooks": (
-        "SILENT: activations stays {} and hooked [] (serially 3 entries): "
-        "`layer.register_forward_hook(...)` on the children of a kernel model "
-        "changes each layer's private `_forward_hooks`, which the engines' "
-        "module token (engine/checkin._torch_module: parameters, buffers, "
-        "training flags, public attributes) does not cover: not refused, the "
-        "kernel's layers keep no hook"
-    ),
-    "s3-torch-u-hooks-on-own-models": (
-        "SILENT: outputs {} and seen [] (serially both models' outputs): "
-        "`m.register_forward_hook(...)` on the loop's own items is neither "
-        "written back nor refused (same blind spot: `_forward_hooks` is not "
-        "in the module token)"
-    ),
-    "s3-torch-u-tensor-hooks-on-params": (
-        "SILENT: grad_max 5.27 (serially 0.0100) and p's .grad unclipped: "
-        "`p.register_hook(...)` on a kernel model's parameters (the loop's "
-        "items) adds a tensor hook without bumping the version counter the "
-        "checkin reads (engine/checkin._tensor): not refused, not written back"
-    ),
-    "s3-np-own-arrays-set-readonly": (
-        "SILENT: flags [True]*5 (serially [False]*5): `a.flags.writeable = "
-        "False` on the loop's own arrays changes no byte, so neither the "
-        "write-back nor the checkin sees it (the checkin's own read-only "
-        "freezing is put back on the engine's copy only)"
-    ),
-    "s3-fx-u-logger-levels-per-item": (
-        "SILENT: levels [0, 0, 0] (serially [30, 30, 30]): loggers travel by "
-        "name, so `lg.setLevel(...)` on the loop's items changes the engines' "
-        "loggers (left at WARNING there for later cells) and not the kernel's; "
-        "`setLevel` is not among core/lastitem.process_state_calls"
-    ),
     # ------------------------------------------------ false refusals
     "s3-np-append-rebind": (
         "false refusal + misleading: `collected = np.append(collected, ...)` "

@@ -47,7 +47,7 @@ def _written(
     kept = list(items)
     w.apply(w.resolve(updates, lambda i: items[i], {}, len(items)))
     assert all(a is b for a, b in zip(items, kept, strict=True))
-    assert items == serial or not by_value
+    assert not by_value or items == serial
     return serial
 
 
@@ -293,3 +293,67 @@ def test_a_module_attribute_trained_in_place_keeps_its_identity() -> None:
     updates, _ = _engine(twins, fit)
     with pytest.raises(NotParallelizable, match="hold one object"):
         w.resolve(updates, lambda i: twins[i], {}, 2)
+
+
+def _noop(*args: Any) -> None:
+    return None
+
+
+def test_hooks_added_to_an_own_module_or_tensor_are_refused_not_dropped() -> None:
+    """A hook is code registered on the engine's copy: written back by its
+    parameters alone, the kernel's model would silently lack it."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    cases: list[tuple[list[Any], Callable[[Any], Any]]] = [
+        ([torch.nn.Linear(2, 1)], lambda m: m.register_forward_hook(_noop)),
+        (
+            [torch.nn.Sequential(torch.nn.Linear(2, 1))],
+            lambda m: m[0].register_full_backward_hook(_noop),
+        ),
+        ([torch.nn.Parameter(torch.zeros(2))], lambda p: p.register_hook(_noop)),
+        (
+            [types.SimpleNamespace(model=torch.nn.Linear(2, 1))],
+            lambda o: o.model.weight.register_post_accumulate_grad_hook(_noop),
+        ),
+    ]
+    for items, step in cases:
+        updates, cannot = _engine(items, step)
+        assert not updates
+        assert cannot and "cannot be written back: hooks were added" in cannot[0]
+        assert "register hooks before the loop" in cannot[0]
+
+
+def test_an_own_array_made_read_only_is_written_back_with_its_flag() -> None:
+    arrs = [np.arange(3.0), np.arange(3.0)]
+    _written(arrs, lambda a: a.setflags(write=False), by_value=False)
+    assert [a.flags.writeable for a in arrs] == [False, False]
+    assert all(np.array_equal(a, np.arange(3.0)) for a in arrs)
+
+    def scale_then_freeze(a: Any) -> None:
+        a *= 2
+        a.flags.writeable = False
+
+    arrs = [np.arange(3.0)]
+    _written(arrs, scale_then_freeze, by_value=False)
+    assert not arrs[0].flags.writeable and np.array_equal(arrs[0], [0.0, 2.0, 4.0])
+    # a read-only kernel array takes a flag alone, not new bytes, nor a
+    # writable flag its memory does not allow
+    ro = np.frombuffer(bytes(24), dtype="f8")
+    updates, _ = _engine([np.zeros(3)], lambda a: a.setflags(write=False))
+    w.apply(w.resolve(updates, lambda i: ro, {}, 1))
+    assert not ro.flags.writeable
+    updates, _ = _engine([np.ones(3)], scale_then_freeze)
+    with pytest.raises(NotParallelizable, match="read-only"):
+        w.resolve(updates, lambda i: ro, {}, 1)
+    copies = [np.zeros(3)]  # (an engine's copy it may make writable)
+    copies[0].flags.writeable = False
+    was = checkout.before(copies, 0)
+    copies[0].flags.writeable = True
+    updates, _ = checkout.changes(was, copies, 0)
+    with pytest.raises(NotParallelizable, match="cannot be made writable"):
+        w.resolve(updates, lambda i: ro, {}, 1)
+    own = np.zeros(3)
+    own.flags.writeable = False
+    w.apply(w.resolve(updates, lambda i: own, {}, 1))
+    assert own.flags.writeable

@@ -385,7 +385,9 @@ def process_state_calls(
     ``resolve`` (the kernel's names) says the ``with``'s function comes from
     its library (:data:`RESTORING_LIBRARY`): a notebook ``catch_warnings``
     of its own restores nothing.  Without ``resolve`` (the analysis, which
-    sees no values), by name only."""
+    sees no values), by name only.  A logger configured in the body
+    (``lg.setLevel``, ``lg.disabled = True``: ``core/loggerconfig.py``) is
+    process-wide too: loggers travel by name."""
     loop = loop_node(source, line)
     if loop is None:
         return []
@@ -427,7 +429,9 @@ def process_state_calls(
 
     for st in loop.body:
         visit(st)
-    return sorted(out)
+    from gpucell.core.loggerconfig import logger_configuration
+
+    return sorted(set(out) | set(logger_configuration(loop, resolve)))
 
 
 def _a_set(e: ast.expr) -> bool:

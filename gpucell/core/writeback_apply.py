@@ -26,8 +26,14 @@ def apply(targets: Sequence[Target]) -> None:
             _grad(obj, t.update[2])
             if obj.is_leaf and len(t.update) > 3:
                 obj.requires_grad_(t.update[3])
-        elif kind == "array":
-            obj[...] = t.update[1]
+        elif kind == "array":  # (its flag: made writable first, read-only last)
+            flag = t.update[2] if len(t.update) > 2 else None
+            if flag:
+                obj.flags.writeable = True
+            if len(t.update) < 4 or t.update[3]:
+                obj[...] = t.update[1]
+            if flag is False:
+                obj.flags.writeable = False
         elif kind == "frame":
             obj._update_inplace(t.update[1])
         elif kind in ("dict", "list", "deque"):

@@ -42,8 +42,8 @@ def check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
             problem = "its shape changed, or it is not the array the engine had"
         elif obj.dtype != new.dtype:
             problem = "its dtype changed"
-        elif not obj.flags.writeable:
-            problem = "the kernel's array is read-only"
+        else:
+            problem = _check_array_flag(obj, update)
     elif kind in ("dict", "list", "deque"):
         if kind == "dict" and not (
             isinstance(obj, dict) and list(obj.keys()) == update[1]
@@ -81,6 +81,25 @@ def check_shape(obj: Any, update: tuple[Any, ...], iteration: int) -> None:
             "merged. Build the object inside the loop and collect it "
             "(`results.append(m)`), or run the cell serially."
         )
+
+
+def _check_array_flag(obj: Any, update: tuple[Any, ...]) -> str:
+    """The kernel's array takes the update: writable where its bytes change,
+    and able to be made writable where the engine's copy was made so
+    (``update``: ``("array", values, new writeable flag or None, whether the
+    bytes changed)``)."""
+    flag = update[2] if len(update) > 2 else None
+    changed = len(update) < 4 or bool(update[3])
+    if obj.flags.writeable or not (changed or flag):
+        return ""
+    if not flag:
+        return "the kernel's array is read-only"
+    try:  # (numpy's own rule: only an array whose memory may be written)
+        obj.setflags(write=True)
+    except ValueError:
+        return "the kernel's array cannot be made writable, as the engine's copy was"
+    obj.setflags(write=False)
+    return ""
 
 
 def _check_state(obj: Any, update: tuple[Any, ...]) -> str:

@@ -10,8 +10,13 @@ calls, and the chunk's items when they are), and compares after it:
 
 * numpy arrays are made read-only, so an in-place write fails at its own line,
   and (up to a budget) checksummed, for the writers that ignore the flag;
-* torch tensors by their version counter (every in-place op bumps it), a module
-  by its parameters' and buffers' (and their ``.grad``'s) and its training flags;
+* torch tensors by their version counter (every in-place op bumps it) and their
+  hooks (``p.register_hook`` bumps no counter), a module by its parameters' and
+  buffers' (and their ``.grad``'s), its training flags and every submodule's
+  hooks (``register_forward_hook``...: private dicts no other part shows);
+* a ``logging.Logger`` by its configuration (level, handlers, filters,
+  ``disabled``, ``propagate``): it pickles by name, so the engine's copy is the
+  engine's own logger, and its pickled state would never change;
 * builtin containers item by item; a notebook function by the globals it uses
   (cloudpickle ships them with it) and its closure;
 * anything else by a hash of its pickled state.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import pickle
 import types
 import zlib
@@ -63,9 +69,12 @@ class Changed(Exception):
 
 
 class _Budget:
-    def __init__(self) -> None:
+    def __init__(self, after: bool = False) -> None:
         self.items = MAX_ITEMS
         self.content_bytes = MAX_CONTENT_BYTES
+        #: the token after the chunk: an array's writeable flag is read before
+        #: it is made read-only again (before the chunk, after: it is ours)
+        self.after = after
 
 
 def _contents(a: Any, budget: _Budget) -> Hashable:
@@ -103,7 +112,8 @@ def _is_module(obj: Any) -> bool:
 
 def _tensor(t: Any) -> Hashable:
     """Where its data is and its version counter (bumped by every in-place op,
-    shared by views): a view made anew by iterating has the same token."""
+    shared by views): a view made anew by iterating has the same token; and
+    its hooks, by their handles' ids (``p.register_hook(fn)`` bumps nothing)."""
     grad = getattr(t, "grad", None) if getattr(t, "is_leaf", False) else None
     g = None if grad is None else (grad.data_ptr(), grad._version)
     try:
@@ -112,7 +122,33 @@ def _tensor(t: Any) -> Hashable:
         where = (id(t),)
     # requires_grad too: `bb.requires_grad_(False)` bumps no version counter
     flag = bool(getattr(t, "requires_grad", False))
-    return ("tensor", where, t._version, g, str(t.device), str(t.dtype), flag)
+    hooks = _tensor_hooks(t)
+    return ("tensor", where, t._version, g, str(t.device), str(t.dtype), flag, hooks)
+
+
+def _tensor_hooks(t: Any) -> Hashable:
+    """A tensor's gradient hooks and post-accumulate hooks (handle ids)."""
+    pre = getattr(t, "_backward_hooks", None)
+    post = getattr(t, "_post_accumulate_grad_hooks", None)
+    if not pre and not post:
+        return None
+    return (tuple(pre or ()), tuple(post or ()))
+
+
+#: a module's hook dicts (``register_forward_hook`` and the like), each keyed
+#: by its handles' ids, taken by submodule position (torch 2's names;
+#: ``_forward_hooks_with_kwargs`` and ``_forward_hooks_always_called`` share
+#: ``_forward_hooks``'s keys)
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
 
 
 def _same(was: Hashable, now: Hashable) -> bool:
@@ -126,7 +162,7 @@ def _same(was: Hashable, now: Hashable) -> bool:
         return False
     if len(was) != len(now):
         return False
-    if was and was[0] == "tensor" and now[0] == "tensor" and len(was) == 7:
+    if was and was[0] == "tensor" and now[0] == "tensor" and len(was) == 8:
         moved = was[4] != now[4]
         return moved and was[1][1:] == now[1][1:] and was[5:] == now[5:]
     return all(_same(a, b) for a, b in zip(was, now, strict=True))
@@ -135,9 +171,45 @@ def _same(was: Hashable, now: Hashable) -> bool:
 def _torch_module(m: Any, budget: _Budget) -> Hashable:
     params = tuple((n, _tensor(p)) for n, p in m.named_parameters())
     buffers = tuple((n, _tensor(b)) for n, b in m.named_buffers())
-    training = tuple(bool(getattr(s, "training", False)) for s in m.modules())
+    training, hooks = [], []
+    for i, s in enumerate(m.modules()):  # (one walk: this runs every chunk)
+        training.append(bool(getattr(s, "training", False)))
+        d = getattr(s, "__dict__", None) or {}
+        if any(map(d.get, _MODULE_HOOKS)):  # (most have none: ~0.3 us to see it)
+            hooks.append(
+                (i, tuple((n, tuple(d[n])) for n in _MODULE_HOOKS if d.get(n)))
+            )
     budget.items -= len(params) + len(buffers)
-    return ("module", id(m), params, buffers, training, module_attributes(m))
+    attrs = module_attributes(m)
+    return ("module", id(m), params, buffers, tuple(training), attrs, tuple(hooks))
+
+
+def _logger(lg: Any) -> Hashable:
+    """A logger's configuration: what ``setLevel``, ``addHandler``,
+    ``addFilter``, ``disabled`` and ``propagate`` change."""
+    return (
+        "logger",
+        lg.name,
+        lg.level,
+        bool(lg.disabled),
+        bool(lg.propagate),
+        tuple(map(id, lg.handlers)),
+        tuple(map(id, lg.filters)),
+    )
+
+
+def hooks_of(tok: Hashable) -> Hashable:
+    """The hooks in a module's or tensor's token (its own and its tensors'):
+    what the write-back cannot carry (a hook is code that would run in the
+    notebook's object)."""
+    if not isinstance(tok, tuple) or not tok:
+        return None
+    if tok[0] == "tensor" and len(tok) == 8:
+        return tok[7]
+    if tok[0] == "module" and len(tok) == 7:
+        tensors = tuple((n, t[7]) for n, t in (*tok[2], *tok[3]) if t[7] is not None)
+        return (tok[6], tensors)
+    return None
 
 
 def module_attributes(m: Any) -> Hashable:
@@ -257,19 +329,25 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         # made anew each time (an address that moves means nothing)
         return ("=", type(obj).__name__, bytes(obj.tobytes()))
     if is_numpy(obj):
-        if obj.flags.writeable:
+        left = bool(obj.flags.writeable)  # (after the chunk: what the loop left)
+        if left:
             try:
                 obj.setflags(write=False)
             except ValueError:
                 return _pickled(obj)
+        # (made writable again, `a.flags.writeable = True`: a change, whatever
+        # the loop wrote next, beyond the checksum's budget included)
+        flag = left if budget.after else bool(obj.flags.writeable)
         where = (obj.__array_interface__["data"][0], obj.shape, obj.dtype.str)
         if obj.dtype.hasobject:  # its items are objects that may change
-            return ("ndarray", where, _pickled(obj))
-        return ("ndarray", where, _contents(obj, budget))
+            return ("ndarray", where, _pickled(obj), flag)
+        return ("ndarray", where, _contents(obj, budget), flag)
     if _is_tensor(obj):
         return _tensor(obj)
     if _is_module(obj):
         return _torch_module(obj, budget)
+    if isinstance(obj, logging.Logger):
+        return _logger(obj)
     t = type(obj)
     if t in (list, tuple, set, frozenset) or isinstance(obj, (list, tuple)):
         items: Iterable[Any] = sorted(obj, key=id) if t in (set, frozenset) else obj
@@ -298,9 +376,10 @@ def freeze(chunk_obj: Any) -> None:
     and written back (``checkout``) or fails the chunk, never lost."""
 
 
-def token(obj: Any) -> Hashable:
-    """What must not change while a chunk runs (arrays are made read-only)."""
-    return _token(obj, _Budget(), set())
+def token(obj: Any, after: bool = False) -> Hashable:
+    """What must not change while a chunk runs (arrays are made read-only);
+    ``after``: the token after the chunk (:class:`_Budget`)."""
+    return _token(obj, _Budget(after), set())
 
 
 def snapshot(
@@ -313,8 +392,8 @@ def snapshot(
     return out
 
 
-def _items(items: Callable[[], Any]) -> Hashable:
-    budget, seen = _Budget(), set[int]()
+def _items(items: Callable[[], Any], after: bool = False) -> Hashable:
+    budget, seen = _Budget(after), set[int]()
     classes: dict[int, Hashable] = {}
     return (
         "items",
@@ -333,7 +412,9 @@ def _item_token(
             tuple(_item_token(p, budget, seen, depth + 1, classes) for p in x),
         )
     if is_numpy(x) and not _is_numpy_scalar(x) and not x.dtype.hasobject:
-        return ("ndarray", x.shape, x.dtype.str, array_digest(x))
+        # (its writeable flag too: `a.flags.writeable = False` changes no byte)
+        flag = bool(x.flags.writeable)
+        return ("ndarray", x.shape, x.dtype.str, array_digest(x), flag)
     cls = type(x)
     if getattr(cls, "__module__", None) == "__main__" and not isinstance(x, type):
         # what every instance of a notebook class shares (`self.seen.append`
@@ -392,10 +473,53 @@ def changes(
     for name, was in before.items():
         if _unchecked(was):
             continue
-        now = _items(items) if name == "" and items else token(inputs[name])
+        now = _items(items, True) if name == "" and items else token(inputs[name], True)
         if not _same(was, now) and not _unchecked(now):
             out.append((name, _what(was, now)))
     return out
+
+
+#: why a hook cannot come back from an engine, and the rewrite
+HOOKS_ADVICE = (
+    "a hook stays on the engine's copy (serially it would be on your object); "
+    "register hooks before the loop, in a loop of its own without %%gpu_parallel"
+)
+
+
+def hooks_changed(was: Hashable, now: Hashable) -> str:
+    """``"added"``, ``"removed"`` or ``"added and removed"``: what happened
+    to the hooks in two tokens of a module or tensor (``""``: nothing)."""
+    before, after = _hook_ids(hooks_of(was), was), _hook_ids(hooks_of(now), now)
+    if before == after:
+        return ""
+    added, removed = bool(after - before), bool(before - after)
+    return " and ".join(w for w, f in (("added", added), ("removed", removed)) if f)
+
+
+def _hook_ids(hooks: Any, tok: Hashable) -> set[tuple[Any, ...]]:
+    """Each hook in :func:`hooks_of`'s form, by where it is and its handle."""
+    if hooks is None:
+        return set()
+    if isinstance(tok, tuple) and tok[0] == "tensor":
+        return {(j, k) for j, ks in enumerate(hooks) for k in ks}
+    mine, tensors = hooks
+    out = {(i, n, k) for i, hs in mine for n, ks in hs for k in ks}
+    out |= {(n, j, k) for n, h in tensors for j, ks in enumerate(h) for k in ks}
+    return out
+
+
+def _hooked(was: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    """What an iteration did to a module's or tensor's hooks, and the rewrite;
+    ``""`` if they are as they were."""
+    how = hooks_changed(was, now)
+    if not how:
+        return ""
+    if was[0] == "tensor":
+        return f"hooks were {how} (`register_hook`...): {HOOKS_ADVICE}"
+    return (
+        f"hooks were {how} (on it, a submodule or a parameter: "
+        f"`register_forward_hook`, `p.register_hook`...): {HOOKS_ADVICE}"
+    )
 
 
 def _unchecked(t: Hashable) -> bool:
@@ -412,6 +536,9 @@ def _what(was: Hashable, now: Hashable) -> str:
     kind = was[0] if isinstance(was, tuple) and was else ""
     if kind == "module":
         assert isinstance(was, tuple) and isinstance(now, tuple)
+        hooked = _hooked(was, now)
+        if hooked:
+            return hooked
         if was[2] != now[2]:
             grads = [
                 n
@@ -431,12 +558,23 @@ def _what(was: Hashable, now: Hashable) -> str:
             return "an attribute set on it changed"
     if kind == "tensor":
         assert isinstance(was, tuple) and isinstance(now, tuple)
+        hooked = _hooked(was, now)
+        if hooked:
+            return hooked
         if was[:6] == now[:6] and was[6:] != now[6:]:
             return "its requires_grad changed"
         if was[:3] == now[:3] and was[3] != now[3]:
             return "its .grad changed (a backward() reached it)"
         return "it was changed in place"
     if kind == "ndarray":
+        assert isinstance(was, tuple) and isinstance(now, tuple)
+        if was[:-1] == now[:-1]:
+            return (
+                "it was made writable (`a.flags.writeable = True`, "
+                "`a.setflags(write=True)`)"
+                if now[-1]
+                else "it was made read-only (`a.flags.writeable = False`)"
+            )
         return (
             "its contents changed in place (by a writer that ignores read-only: "
             "a ufunc's `.at`, `torch.from_numpy`, ctypes)"
@@ -465,4 +603,11 @@ def _what(was: Hashable, now: Hashable) -> str:
         return "its class attributes changed"
     if kind == "pickled":
         return "its state changed"
+    if kind == "logger":
+        return (
+            "its configuration changed (`setLevel`, `addHandler`, `addFilter`, "
+            "`disabled`, `propagate`): a logger travels by name, so each engine "
+            "changed its own logger of that name, not yours; configure loggers "
+            "before the loop"
+        )
     return "its contents changed"

@@ -199,8 +199,9 @@ def state_of(
         return checkin._pickled(obj.state_dict())
     if kind == "frame":
         return checkin._pickled(obj)
-    if kind == "array":
-        return (obj.shape, obj.dtype.str, checkin.array_digest(obj))
+    if kind == "array":  # (its flag: `a.flags.writeable = False` changes no byte)
+        flags = bool(obj.flags.writeable)
+        return (obj.shape, obj.dtype.str, checkin.array_digest(obj), flags)
     return checkin.token(obj)
 
 

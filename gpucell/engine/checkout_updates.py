@@ -72,6 +72,14 @@ def _update_one(
 ) -> tuple[tuple[Any, ...], str]:
     if kind in ("optimizer", "scheduler"):
         return ("torchstate", leaf.state_dict()), ""
+    if kind in ("module", "tensor"):
+        token_then, token_now = (then[0], now[0]) if kind == "module" else (then, now)
+        how = checkin.hooks_changed(token_then, token_now)
+        if how:  # (a hook is code: it would have to run on the kernel's object)
+            return (), (
+                f"it cannot be written back: hooks were {how} "
+                f"(`register_forward_hook`, `register_hook`...); {checkin.HOOKS_ADVICE}"
+            )
     if kind == "module":
         state = _module_state(leaf)
         state["attrs"] = _attrs_update(then[1], now[1], attributes_of(kind, leaf))
@@ -93,7 +101,10 @@ def _update_one(
         return ("iterator", then[0], then[1], now[2]), ""
     if kind == "frame":  # a copy: the item itself would travel as a reference
         return ("frame", leaf.copy(deep=True)), ""
-    return ("array", leaf.copy()), ""
+    # (its new writeable flag, None if the same, and whether its bytes changed:
+    # a read-only kernel array can take a flag alone)
+    flag = now[3] if then[3] != now[3] else None
+    return ("array", leaf.copy(), flag, then[:3] != now[:3]), ""
 
 
 def _module_state(m: Any) -> dict[str, Any]:
@@ -122,7 +133,9 @@ def _object_update(kind: str, leaf: Any, then: Any, now: Any) -> tuple[_Ups, str
     nested: _Ups = []
     for n in list(inplace):
         if len(then[n]) == 3 and len(now[n]) == 3:
-            update, _why = _update_one("module", set_[n], then[n][2], now[n][2])
+            update, why = _update_one("module", set_[n], then[n][2], now[n][2])
+            if why:
+                return [], f"its attribute `{n}` (a {type(set_[n]).__name__}): {why}"
             nested.append(((("attr", n),), update))
             inplace.remove(n)
             del set_[n]

@@ -80,6 +80,11 @@ def process_state_changes(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
     if not calls:
         return []
     line, call = calls[0]
+    from gpucell.core.loggerconfig import logger_message
+
+    logger = logger_message(line, call)
+    if logger is not None:
+        return [problem(line, call, "process-state", logger)]
     return [
         problem(
             line,
