@@ -357,3 +357,16 @@ def test_an_own_array_made_read_only_is_written_back_with_its_flag() -> None:
     own.flags.writeable = False
     w.apply(w.resolve(updates, lambda i: own, {}, 1))
     assert own.flags.writeable
+
+
+def test_a_logger_item_configured_by_a_helper_is_refused_saying_why() -> None:
+    """A helper the analysis cannot read configures each item: a logger
+    travels by name (the engine's copy is its own), so it is refused."""
+    import logging
+
+    lg = logging.getLogger("test_writeback_kinds.item")
+    try:
+        updates, cannot = _engine([lg], lambda x: x.setLevel(logging.ERROR))
+    finally:
+        lg.setLevel(logging.NOTSET)
+    assert not updates and "configure loggers before the loop" in cannot[0]

@@ -198,6 +198,22 @@ def _logger(lg: Any) -> Hashable:
     )
 
 
+#: what a logger's changed token means, and the rewrite
+LOGGER_CHANGED = (
+    "its configuration changed (`setLevel`, `addHandler`, `addFilter`, "
+    "`disabled`, `propagate`): a logger travels by name, so each engine "
+    "changed its own logger of that name, not yours; configure loggers "
+    "before the loop"
+)
+
+
+def logger_why(was: Hashable, now: Hashable) -> str:
+    """:data:`LOGGER_CHANGED` where two tokens are a logger's and differ."""
+    if isinstance(was, tuple) and was[:1] == ("logger",) and was != now:
+        return LOGGER_CHANGED
+    return ""
+
+
 def hooks_of(tok: Hashable) -> Hashable:
     """The hooks in a module's or tensor's token (its own and its tensors'):
     what the write-back cannot carry (a hook is code that would run in the
@@ -604,10 +620,5 @@ def _what(was: Hashable, now: Hashable) -> str:
     if kind == "pickled":
         return "its state changed"
     if kind == "logger":
-        return (
-            "its configuration changed (`setLevel`, `addHandler`, `addFilter`, "
-            "`disabled`, `propagate`): a logger travels by name, so each engine "
-            "changed its own logger of that name, not yours; configure loggers "
-            "before the loop"
-        )
+        return LOGGER_CHANGED
     return "its contents changed"

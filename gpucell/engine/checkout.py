@@ -204,7 +204,8 @@ def _changes(
             if now_kind == kind and same_state(kind, then, now):
                 continue
             if kind != now_kind or kind == "":
-                cannot.append(f"{where}, a {type(leaf).__name__}, changed in place")
+                what = checkin.logger_why(then, now) or "changed in place"
+                cannot.append(f"{where}, a {type(leaf).__name__}, {what}")
                 continue
             why = torch_state_why(kind, leaf, item)
             ups, why = ([], why) if why else leaf_update(kind, leaf, then, now)
