@@ -51,7 +51,9 @@ def _work(start: int, stop: int) -> list[int]:
 
 def serve_datapub(fifo: str) -> int:
     """On an engine: chunk bounds from ``fifo`` until the stop mark, each
-    result published as data on IOPub (one message per chunk)."""
+    result published as data on IOPub (one message per chunk).  (It and
+    :func:`serve_fifo` read the bounds with the same lines: ipyparallel sends
+    a function by its code alone, without the ``__main__`` functions it calls.)"""
     import os
     import struct
 
