@@ -186,9 +186,14 @@ def test_timeout_cancels_and_says_so(ip, cluster):
     assert ip.user_ns["out"] == ["untouched", 0, 1, 2]
 
 
+@pytest.mark.parametrize("channel", [True, False], ids=["chunk-channel", "tasks"])
 def test_sigkilled_engine_mid_cell_still_gives_the_serial_result(
-    ip, no_active_cluster, capsys
+    ip, no_active_cluster, capsys, monkeypatch, channel
 ):
+    from gpucell import config
+
+    # the chunks after an engine's first through /dev/shm, or each a task
+    monkeypatch.setattr(config.settings(), "chunk_channel", channel)
     before = children()
     c = gpucell.start_cluster(2, gpus="none")
     try:
