@@ -323,13 +323,36 @@ def _always_send(ip):
         ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report():
-    yield
-    path = os.environ.get("SWEEP_REPORT")
-    if path:
-        with open(path, "w") as f:
-            json.dump([dataclasses.asdict(o) for o in OUTCOMES.values()], f, indent=1)
+def report_to(variable: str, outcomes: dict[str, Outcome]):
+    """A module fixture that writes every case's outcome to the file the
+    environment variable ``variable`` names, if it does (each corpus's own)."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _report():
+        yield
+        path = os.environ.get(variable)
+        if path:
+            with open(path, "w") as f:
+                json.dump(
+                    [dataclasses.asdict(o) for o in outcomes.values()], f, indent=1
+                )
+
+    return _report
+
+
+def corpus_params(cases, known: dict[str, str], flaky: dict[str, str] | None = None):
+    """Each case as a test parameter, a strict xfail where ``known`` says why
+    it fails (a loose one where ``flaky`` does)."""
+    for c in cases:
+        marks = []
+        if c.id in known:
+            marks.append(pytest.mark.xfail(strict=True, reason=known[c.id]))
+        elif flaky and c.id in flaky:
+            marks.append(pytest.mark.xfail(strict=False, reason=flaky[c.id]))
+        yield pytest.param(c, id=c.id, marks=marks)
+
+
+_report = report_to("SWEEP_REPORT", OUTCOMES)
 
 
 @pytest.fixture
@@ -342,17 +365,7 @@ def sweep(ip, tmp_path):
         clear(ip)
 
 
-def _params():
-    for c in CASES:
-        marks = []
-        if c.id in KNOWN:
-            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[c.id]))
-        elif c.id in FLAKY:
-            marks.append(pytest.mark.xfail(strict=False, reason=FLAKY[c.id]))
-        yield pytest.param(c, id=c.id, marks=marks)
-
-
-@pytest.mark.parametrize("c", list(_params()))
+@pytest.mark.parametrize("c", list(corpus_params(CASES, KNOWN, FLAKY)))
 def test_loop(sweep, private_cluster, c: Case):
     try:
         o = sweep.check(c)

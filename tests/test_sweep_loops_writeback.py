@@ -12,16 +12,14 @@ Known false refusals and silent differences are ``xfail(strict=True)`` in
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-
 import pytest
 from sweep_loops_corpus_writeback import CASES, Case
 from test_sweep_loops import (  # noqa: F401 - fixtures, used by name
     Outcome,
     _always_send,
+    corpus_params,
     judge,
+    report_to,
     sweep,
 )
 
@@ -55,24 +53,10 @@ KNOWN: dict[str, str] = {
 OUTCOMES: dict[str, Outcome] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report():
-    yield
-    path = os.environ.get("SWEEP_REPORT_WB")
-    if path:
-        with open(path, "w") as f:
-            json.dump([dataclasses.asdict(o) for o in OUTCOMES.values()], f, indent=1)
+_report = report_to("SWEEP_REPORT_WB", OUTCOMES)
 
 
-def _params():
-    for c in CASES:
-        marks = []
-        if c.id in KNOWN:
-            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[c.id]))
-        yield pytest.param(c, id=c.id, marks=marks)
-
-
-@pytest.mark.parametrize("c", list(_params()))
+@pytest.mark.parametrize("c", list(corpus_params(CASES, KNOWN)))
 def test_loop(sweep, private_cluster, c: Case):  # noqa: F811 - sweep is a fixture
     o = sweep.check(c)
     OUTCOMES[c.id] = o
