@@ -92,6 +92,26 @@ def test_channel_chunks_print_in_iteration_order(channel_on, cluster, capsys):
     assert ip.user_ns["seen"] == list(range(24))
 
 
+def test_no_output_stays_awaited_after_channel_cells(channel_on, cluster):
+    """Every task and channel chunk of a cell has its output complete, or is
+    forgotten, once the cell is over: the serving task's "idle" comes after
+    its reply, and the client reads it only while it has the task's record."""
+    import concurrent.futures
+
+    ip = channel_on
+    for body in ("print('it', i)\n    got.append(i)\n", "got.append(i)\n"):
+        ip.run_cell_magic(
+            "gpu_parallel",
+            "--quiet --schedule dynamic --chunksize 2",
+            "got = []\nfor i in range(12):\n    " + body,
+        )
+        assert ip.user_ns["got"] == list(range(12))
+    client = cluster.client
+    waiting = [f for f in list(client._output_futures.values()) if not f.done()]
+    concurrent.futures.wait(waiting, timeout=2.0)
+    assert not [m for m, f in list(client._output_futures.items()) if not f.done()]
+
+
 def test_an_error_in_a_channel_chunk_is_the_users_and_nothing_merges(
     channel_on, cluster
 ):

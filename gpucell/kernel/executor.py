@@ -377,7 +377,9 @@ class Executor:
 
     def _close_chunk_channel(self) -> None:
         """The engines' serving tasks end; the client forgets the channel's
-        chunks now and each serving task once it has ended."""
+        chunks now and each serving task once its output is complete (its
+        "idle", which the client reads only while it has the task's metadata:
+        forgotten at its reply, the task's output stayed awaited for ever)."""
         channel = getattr(self, "chunk_channel", None)
         if channel is None:
             return
@@ -385,7 +387,10 @@ class Executor:
         channel.forget(self._msg_ids)
         client = self.gc.client
         for ar in channel.serving_tasks():
-            ar.add_done_callback(lambda f, client=client: _forget_now(client, f))
+            output = getattr(ar, "_output_future", None) or ar
+            output.add_done_callback(
+                lambda _f, ar=ar, client=client: _forget_now(client, ar)
+            )
 
     def _forget_tasks(self) -> None:
         """The client keeps every task's result and metadata for ever (its
