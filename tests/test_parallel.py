@@ -1434,6 +1434,8 @@ def test_draws_inside_library_calls_are_warned(ip, cluster, capsys):
         "pd.set_option('display.width', 100)",
         "np.seterr(all='ignore')",
         "torch.set_default_dtype(torch.float64)",
+        "torch.set_float32_matmul_precision('medium')",
+        "torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: None)",
         "os.environ['X'] = str(i)",
     ],
 )

@@ -227,6 +227,25 @@ PROCESS_STATE_SETTERS = frozenset(
         "torch.set_grad_enabled",
         "torch.set_printoptions",
         "torch.use_deterministic_algorithms",
+        "torch.set_float32_matmul_precision",
+        "torch.set_flush_denormal",
+        "torch.set_num_interop_threads",
+        "torch.autograd.set_detect_anomaly",
+        # hooks every module of the process runs (not one module's own)
+        *(
+            f"{prefix}.modules.module.register_module_{hook}"
+            for prefix in ("torch.nn", "nn")
+            for hook in (
+                "forward_hook",
+                "forward_pre_hook",
+                "backward_hook",
+                "full_backward_hook",
+                "full_backward_pre_hook",
+                "buffer_registration_hook",
+                "module_registration_hook",
+                "parameter_registration_hook",
+            )
+        ),
         "sys.setrecursionlimit",
         "locale.setlocale",
         "warnings.filterwarnings",
