@@ -112,7 +112,7 @@ class ChunkChannel:
 
     def serves(self, eid: int) -> bool:
         """Whether ``eid``'s chunks go through the channel now."""
-        return eid in self._serving
+        return eid in self._serving and eid not in self._given_up
 
     def open(self, eid: int, view: Any) -> None:
         """Queue ``eid``'s serving task (behind its first chunk's task)."""
@@ -147,7 +147,6 @@ class ChunkChannel:
         """``eid`` takes its chunks as tasks from now on: its serving task
         answers what is queued in the channel, then ends."""
         self._given_up.add(eid)
-        self._serving.pop(eid, None)
         with contextlib.suppress(OSError):
             os.write(self._to[eid], cc.pack(cc.END))
 
@@ -243,16 +242,14 @@ class ChunkChannel:
         self._fail(eid, EngineError(f"engine {eid} died"))
 
     def _served(self, eid: int, ar: Any) -> None:
-        """``eid``'s serving task ended: chunks still waiting for it are lost
-        (with its error, where it raised one)."""
-        from ipyparallel.error import EngineError
-
+        """``eid``'s serving task ended.  It ends by itself only at ``END``
+        (the run's end, or the engine given up), having answered every chunk
+        queued before it, whose replies the reader may not have read yet: they
+        stay pending.  One that raised loses them, with its error."""
         try:
             ar.get(0)
-            error: BaseException = EngineError(f"engine {eid} stopped serving chunks")
         except BaseException as e:  # noqa: BLE001 - what ended it ends its chunks
-            error = e
-        self._fail(eid, error)
+            self._fail(eid, e)
 
     def _fail(self, eid: int, error: BaseException) -> None:
         with self._lock:
