@@ -183,12 +183,12 @@ class LabServer:
         except psutil.NoSuchProcess:
             family = []
         if proc.poll() is None:
-            # SIGINT twice is how jupyter_server shuts down cleanly (it shuts its
-            # kernels down, and the kernels take their engines with them)
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.3)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+            # SIGTERM is jupyter_server's clean stop (it shuts its kernels
+            # down, and the kernels take their engines with them).  Not two
+            # SIGINTs: on a loaded host the second can arrive before the first
+            # is handled, and the pair then reads as one, which asks "Shut down
+            # this Jupyter server (y/[n])?" and waits for the timeout.
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
