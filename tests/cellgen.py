@@ -81,6 +81,9 @@ def fresh_namespace() -> dict[str, Any]:
         "tracker": Tracker(),
         "trackers": [Tracker(), Tracker()],
         "bump_all": bump_all,
+        "np": np,
+        "arr": np.array([]),
+        "rows": np.zeros((0, 2)),
     }
 
 
@@ -346,7 +349,7 @@ class _Gen:
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
                     "walrus", "continue", "refused", "call", "mutate", "own",
-                    "kgather", "best", "kmax",
+                    "kgather", "best", "kmax", "concat",
                 ]
             )
         )  # fmt: skip
@@ -397,6 +400,11 @@ class _Gen:
             ]  # fmt: skip
         if kind == "union":
             return [d(st.sampled_from([f"s.add(({e}) % 7)", f"s.update([{e}, 1])"]))]
+        if kind == "concat":  # a name rebound by a concatenation of itself
+            return [
+                d(st.sampled_from([f"arr = np.append(arr, {e})",
+                                   f"rows = np.vstack([rows, [{e}, 0.5]])"]))
+            ]  # fmt: skip
         if kind == "if":
             body = self.block(avail, depth + 1, top, d(st.integers(1, 3)))
             out = [f"if ({e}) % 2 == 0:", *("    " + b for b in body)]

@@ -33,27 +33,6 @@ pytestmark = pytest.mark.cluster
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
     # ------------------------------------------------ false refusals
-    "s3-np-append-rebind": (
-        "false refusal + misleading: `collected = np.append(collected, ...)` "
-        "is an ordered concatenation (like `acc = acc + [..]`, accepted), "
-        "refused as 'read before the iteration assigns it', whose advice "
-        "`collected += ...` would add elementwise, not append"
-    ),
-    "s3-np-vstack-rows-rebind": (
-        "false refusal + misleading: `feats = np.vstack([feats, row])` is an "
-        "ordered concatenation, refused as a loop-carried read with the "
-        "advice `feats += ...` (elementwise addition)"
-    ),
-    "s3-torch-cat-accumulate-rebind": (
-        "false refusal + misleading: `embeddings = torch.cat([embeddings, "
-        "enc(xb)])` is an ordered concatenation, refused as a loop-carried "
-        "read with the advice `embeddings += ...`"
-    ),
-    "s3-pd-concat-grow-rebind": (
-        "false refusal + misleading: `all_parts = pd.concat([all_parts, part])` "
-        "is an ordered concatenation, refused as a loop-carried read with the "
-        "advice `all_parts += ...` (a frame's += adds elementwise)"
-    ),
     "s3-fx-counter-subtract": (
         "false refusal: `budget.subtract(...)` on a Counter made before the "
         "loop stops at run time (InputChanged: '`budget` changed in place ... "

@@ -58,6 +58,7 @@ from gpucell.core.analysis.sinks import (
     LocalSink,
     OwnFrameRowsSink,
     ReductionSink,
+    ReplayedConcatSink,
     ReplayedUfuncSink,
     RunningBestSink,
     SinkKind,
@@ -68,7 +69,12 @@ from gpucell.core.merge_base import ChunkResultLike, Merging, Mutation, Prepared
 from gpucell.core.merge_inplace import merge_reductions
 from gpucell.core.merge_keyed import merge_keyed, merge_keyed_gathers
 from gpucell.core.merge_ordered import merge_bests, merge_gathers, merge_locals
-from gpucell.core.merge_replays import merge_frame_rows, merge_ufunc_at, merge_unions
+from gpucell.core.merge_replays import (
+    merge_concats,
+    merge_frame_rows,
+    merge_ufunc_at,
+    merge_unions,
+)
 from gpucell.core.merge_writes import merge_writes
 from gpucell.errors import NotParallelizable
 
@@ -176,6 +182,7 @@ def check_exactly_once(results: Iterable[ChunkResultLike], count: int) -> None:
 #: whose ``MERGE_ORDER`` is the order they run in)
 SINK_MERGES: dict[type[SinkKind], Callable[[Merging], None]] = {
     ReplayedUfuncSink: merge_ufunc_at,
+    ReplayedConcatSink: merge_concats,
     OwnFrameRowsSink: merge_frame_rows,
     GatherSink: merge_gathers,
     WriteSink: merge_writes,

@@ -127,4 +127,5 @@ class Merging:
         return {
             **getattr(self.spelled, "ufunc_at", {}),
             **getattr(self.spelled, "frame_rows", {}),
+            **getattr(self.spelled, "concats", {}),
         }

@@ -12,9 +12,10 @@ from typing import Any
 
 from gpucell.core.merge_base import Merging, Mutation
 from gpucell.errors import NotParallelizable
+from gpucell.protocol.concat import ConcatCall, known_concatenation, replay
 from gpucell.protocol.fold import is_numpy
 
-__all__ = ["merge_frame_rows", "merge_ufunc_at", "merge_unions"]
+__all__ = ["merge_concats", "merge_frame_rows", "merge_ufunc_at", "merge_unions"]
 
 
 def _merge_replayed(m: Merging, kind: str, prepare: Callable[..., Any]) -> None:
@@ -37,6 +38,32 @@ def merge_ufunc_at(m: Merging) -> None:
 def merge_frame_rows(m: Merging) -> None:
     """A frame's own rows read back: each iteration's written cells replayed."""
     _merge_replayed(m, "frame_rows", _prepare_frame_rows)
+
+
+def merge_concats(m: Merging) -> None:
+    """``x = np.append(x, e)`` and the like: the recorded calls made here, in
+    iteration order, from ``x``'s value before the loop; ``x`` rebound to
+    the result (the value before is not changed, as serially)."""
+    for hidden, name in getattr(m.spelled, "concats", {}).items():
+        calls = [ConcatCall(*c) for c in m.concat("gathers", hidden)]
+        if not calls:
+            continue
+        start = m.existing(name)
+        for c in calls:
+            if known_concatenation(c.function) is None:
+                raise NotParallelizable(
+                    f"gpucell: `{name} = {_spelled(c.function)}(... {name} ...)` "
+                    "was taken for a numpy, torch or pandas concatenation, but "
+                    f"`{_spelled(c.function)}` is {c.function!r}: what it does "
+                    "cannot be made on the kernel afterwards. Nothing was merged; "
+                    f"gather the pieces in the loop (`pieces.append(...)`) and "
+                    f"combine them after it."
+                )
+        m.up.assign[name] = replay(start, calls)
+
+
+def _spelled(function: Any) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
 
 
 def _prepare_ufunc_at(

@@ -21,6 +21,7 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from gpucell.core.analysis.concats import _concatenated
 from gpucell.core.analysis.diagnostics import DiagnosticSink
 from gpucell.core.analysis.flow import State, _Ctx, _Flow, _loop_bindings
 from gpucell.core.analysis.keys import (
@@ -308,6 +309,7 @@ def _flow_context(
     ctx.literal_keys = _literal_keys(loop_target, loop_iter, body)
     ctx.loop_stored = _loop_bindings(stmts)
     ctx.selections = _selections(stmts)
+    ctx.concatenated = _concatenated(stmts)
     ctx.bests, ctx.best_reads = running_bests(body, is_builtin, ctx.target_names)
     own_key = _own_key(loop_target, loop_iter, is_builtin)
     if (

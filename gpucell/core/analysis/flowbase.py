@@ -95,6 +95,9 @@ class _Ctx:
         self.refits: dict[str, ast.Call] = {}
         # names kept as a running best or first match: "best" / "first"
         self.selections: dict[str, _Selection] = {}
+        # names rebound by a concatenation of themselves (`x = np.append(x,
+        # e)`) -> its line: `x += e` would add elementwise, not append
+        self.concatenated: dict[str, tuple[int, str]] = {}
         # running bests merged exactly (sinks.RunningBest), and the reads of
         # `best` in their tests: inputs, each chunk starting from the kernel's
         self.bests: dict[str, RunningBest] = {}
@@ -214,6 +217,15 @@ class _FlowBase:
                 f"(`pairs.append(({score}, params))`) and pick after the loop "
                 f"(`{pick_fn}(pairs, key=lambda t: t[0])`{either}), or write "
                 f"`{n} = {pick_fn}({n}, {score})` when only the value is needed."
+            )
+        cat = c.concatenated.get(n)
+        if cat is not None:
+            return why, (
+                f"`{n}` grows by a concatenation of itself (line {cat[0]}), "
+                f"which gpucell replays in order only where the body uses `{n}` "
+                f"nowhere else: read it after the loop, or gather the pieces "
+                f"(`pieces.append(...)`) and concatenate them once after the "
+                f"loop (`{n} = {cat[1]}([{n}, *pieces])`)."
             )
         fix = f"Assign `{n}` before reading it on every path of the iteration"
         if loop_line is not None:

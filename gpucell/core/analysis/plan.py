@@ -211,6 +211,7 @@ class LoopPlan:
             *(b.name for b in self.bests),
             *self.spelled.ufunc_at.values(),
             *self.spelled.frame_rows.values(),
+            *self.spelled.concats.values(),
         ]
         return tuple(n for n in names if not n.startswith("__gpucell_"))
 

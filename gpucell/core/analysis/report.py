@@ -106,6 +106,10 @@ def format_plan(plan: LoopPlan) -> str:
         back += [f"{n} (gather)" for n in plan.gathers if n not in plan.hidden]
         back += [f"{n} (ufunc.at calls, replayed)" for n in _at(plan)]
         back += [f"{n} (own rows' written cells)" for n in _rows(plan)]
+        back += [
+            f"{n} (concatenation, replayed from its value before the loop)"
+            for n in plan.spelled.concats.values()
+        ]
         back += [f"{n} (writes)" for n in plan.writes]
         back += [f"{r.name} ({r.op} reduction)" for r in plan.reductions]
         back += [f"{n} (keyed {op})" for n, op in plan.keyed]

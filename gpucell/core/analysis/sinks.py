@@ -35,6 +35,7 @@ __all__ = [
     "MERGE_ORDER",
     "OwnFrameRowsSink",
     "ReductionSink",
+    "ReplayedConcatSink",
     "ReplayedUfuncSink",
     "RunningBest",
     "RunningBestSink",
@@ -544,6 +545,14 @@ class ReplayedUfuncSink(SinkKind):
     kind = "replayed ufunc calls"
 
 
+class ReplayedConcatSink(SinkKind):
+    """``x = np.append(x, e)``, ``x = torch.cat([x, t])``: each iteration's
+    call made on the kernel, in order, from ``x`` before the loop
+    (concats.py, matched and rewritten by spellings.py)."""
+
+    kind = "replayed concatenations"
+
+
 class OwnFrameRowsSink(SinkKind):
     """A frame's own row: each iteration's written cells replayed (ownrows.py)."""
 
@@ -568,6 +577,7 @@ class LocalSink(SinkKind):
 #: best's names are locals too)
 MERGE_ORDER: tuple[type[SinkKind], ...] = (
     ReplayedUfuncSink,
+    ReplayedConcatSink,
     OwnFrameRowsSink,
     GatherSink,
     WriteSink,

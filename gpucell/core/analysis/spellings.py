@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucell.core.analysis.concats import _concat, _concat_targets
 from gpucell.core.analysis.keyedselect import _keyed_select
 from gpucell.core.analysis.replays import _frame_rows, _ufunc_at, _ufunc_at_targets
 from gpucell.core.analysis.spellbase import FIRST, _get_call, _number, _pure, _same
@@ -62,6 +63,10 @@ class Spelled:
     # arguments are gathered into, in iteration order -> D; the merge replays
     # the calls into D in that order (exact, floats included)
     ufunc_at: dict[str, str] = field(default_factory=dict)
+    # `x = np.append(x, e)`, `x = torch.cat([x, t])`, `df = pd.concat([df,
+    # p])`: the hidden list each call is recorded into -> x; the merge makes
+    # the calls on the kernel, in order, from x's value before the loop
+    concats: dict[str, str] = field(default_factory=dict)
 
 
 def _keyed(
@@ -223,8 +228,20 @@ def respell(
         if isinstance(n, ast.Name)
     }
     at_targets = _ufunc_at_targets(body) - iterated
+    own = {
+        n.id
+        for n in ast.walk(loop[0] if loop else ast.Pass())
+        if isinstance(n, ast.Name)
+    }
+    cat_targets = _concat_targets(body, iterated | own)
 
     def rewrite(s: ast.stmt) -> list[ast.stmt] | None:
+        cat = _concat(s, cat_targets)
+        if cat is not None:
+            out.concats[cat[1]] = cat[2]
+            out.hidden.add(cat[1])
+            out.names[cat[2]] = out.names.get(cat[2], 0) + 1
+            return [cat[0]]
         at = _ufunc_at(s, at_targets)
         if at is not None:
             hidden, target = at[1], at[2]
