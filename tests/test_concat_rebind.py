@@ -147,6 +147,14 @@ CASES = {
             "batches": [torch.arange(12.0).reshape(3, 4) * k for k in range(6)],
         },
     ),
+    "torch.cat with autograd history (no no_grad)": (
+        "for xb in batches:\n    out = torch.cat([out, enc(xb)], dim=0)\n",
+        {
+            "out": torch.empty(0, 2),
+            "enc": torch.nn.Linear(4, 2),
+            "batches": [torch.arange(8.0).reshape(2, 4) * k for k in range(4)],
+        },
+    ),
     "torch.cat onto a legacy empty 1-d tensor": (
         "for k in range(5):\n    t = torch.cat((t, torch.ones(2, 3) * k))\n",
         {"t": torch.tensor([])},

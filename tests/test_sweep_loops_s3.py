@@ -39,20 +39,6 @@ KNOWN: dict[str, str] = {
         "Inputs are read-only'), while `budget.update(...)` is merged as a "
         "keyed reduction: subtract is its negation"
     ),
-    "s3-fx-setdefault-set-index": (
-        "false refusal + misleading: `inverted.setdefault(w, set()).add(i)` is "
-        "refused ('changes an object in place; `inverted` exists before the "
-        "loop') while `.setdefault(k, []).append(v)` is a keyed gather; for a "
-        "key `w[0]` the advice reads `for w[0], value in pairs:`"
-    ),
-    "s3-fx-nested-defaultdict-counts": (
-        "false refusal: `pivot[row.store][row.band] += row.units` on a "
-        "`defaultdict(lambda: defaultdict(int))` is refused by analysis "
-        "('changes an object in place; `pivot` exists before the loop'); with "
-        "`for s, b, u in rows:` it runs and stops with 'the items of "
-        "iterations 0 and 2 are one object (a defaultdict) ... not `[m] * n`' "
-        "(misleading: the items are tuples; pivot[s] is reached by key)"
-    ),
     "s3-torch-prune-own-models": (
         "false refusal: `prune.l1_unstructured(layer, ...)` on the loop's own "
         "layers stops at the merge: 'the item of iteration 0 (a Linear) "
@@ -66,12 +52,6 @@ KNOWN: dict[str, str] = {
         "the merge: 'the item of iteration 0 (a ndarray) changed in place and "
         "cannot be written back: its shape changed' (setting `.shape` on the "
         "kernel's array, then copying, would be the serial result)"
-    ),
-    "s3-fx-heappush-build-heap": (
-        "false refusal: `heapq.heappush(heap, (s, name))` into a list made "
-        "before the loop stops at run time (InputChanged: '`heap` changed in "
-        "place ... Inputs are read-only'); pushes replayed in iteration order "
-        "would give the serial heap layout"
     ),
 }
 

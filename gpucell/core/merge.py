@@ -59,6 +59,7 @@ from gpucell.core.analysis.sinks import (
     OwnFrameRowsSink,
     ReductionSink,
     ReplayedConcatSink,
+    ReplayedStatementsSink,
     ReplayedUfuncSink,
     RunningBestSink,
     SinkKind,
@@ -72,6 +73,7 @@ from gpucell.core.merge_ordered import merge_bests, merge_gathers, merge_locals
 from gpucell.core.merge_replays import (
     merge_concats,
     merge_frame_rows,
+    merge_replayed_statements,
     merge_ufunc_at,
     merge_unions,
 )
@@ -183,6 +185,7 @@ def check_exactly_once(results: Iterable[ChunkResultLike], count: int) -> None:
 SINK_MERGES: dict[type[SinkKind], Callable[[Merging], None]] = {
     ReplayedUfuncSink: merge_ufunc_at,
     ReplayedConcatSink: merge_concats,
+    ReplayedStatementsSink: merge_replayed_statements,
     OwnFrameRowsSink: merge_frame_rows,
     GatherSink: merge_gathers,
     WriteSink: merge_writes,

@@ -128,4 +128,5 @@ class Merging:
             **getattr(self.spelled, "ufunc_at", {}),
             **getattr(self.spelled, "frame_rows", {}),
             **getattr(self.spelled, "concats", {}),
+            **{h: r.target for h, r in getattr(self.spelled, "replayed", {}).items()},
         }

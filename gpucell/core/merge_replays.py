@@ -7,15 +7,27 @@ on a copy first so what fails, fails before anything changes.  Pure.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from gpucell.core.merge_base import Merging, Mutation
 from gpucell.errors import NotParallelizable
-from gpucell.protocol.concat import ConcatCall, known_concatenation, replay
+from gpucell.protocol.concat import (
+    ConcatCall,
+    add_note,
+    known_concatenation,
+    replay,
+)
 from gpucell.protocol.fold import is_numpy
 
-__all__ = ["merge_concats", "merge_frame_rows", "merge_ufunc_at", "merge_unions"]
+__all__ = [
+    "merge_concats",
+    "merge_frame_rows",
+    "merge_replayed_statements",
+    "merge_ufunc_at",
+    "merge_unions",
+]
 
 
 def _merge_replayed(m: Merging, kind: str, prepare: Callable[..., Any]) -> None:
@@ -60,6 +72,79 @@ def merge_concats(m: Merging) -> None:
                     f"combine them after it."
                 )
         m.up.assign[name] = replay(start, calls)
+
+
+#: the functions a replayed statement may call on its container
+_REPLAYED_FUNCTIONS = (
+    ("heapq", ("heappush", "heappushpop", "heapreplace")),
+    ("bisect", ("insort", "insort_left", "insort_right")),
+)
+
+
+def _known_function(fn: Any) -> bool:
+    import sys
+
+    return any(
+        getattr(sys.modules.get(mod), name, None) is fn
+        for mod, names in _REPLAYED_FUNCTIONS
+        for name in names
+    )
+
+
+def merge_replayed_statements(m: Merging) -> None:
+    """``index.setdefault(w, set()).add(i)``, ``heapq.heappush(heap, x)``:
+    each recorded statement run on the kernel's container in iteration
+    order, on a copy first (what fails, fails before anything changes)."""
+    for hidden, rep in getattr(m.spelled, "replayed", {}).items():
+        entries = m.concat("gathers", hidden)
+        if not entries:
+            continue
+        target = m.existing(rep.target)
+        m.claim(rep.target, target)
+        fns = {k: _compiled(src) for k, src in rep.templates.items()}
+        for k, values in entries:
+            if k in rep.function_first and not _known_function(values[0]):
+                raise NotParallelizable(
+                    f"gpucell: line {rep.lines[k]} calls {values[0]!r} on "
+                    f"`{rep.target}`, taken for heapq's or bisect's function: "
+                    "what it does cannot be made on the kernel afterwards. "
+                    "Nothing was merged."
+                )
+
+        def run(
+            obj: Any, entries: list[Any] = entries, rep: Any = rep, fns: Any = fns
+        ) -> None:
+            for n, (k, values) in enumerate(entries):
+                try:
+                    fns[k](obj, *values)
+                except Exception as e:
+                    add_note(
+                        e,
+                        f"gpucell: raised by line {rep.lines[k]}, the change "
+                        f"number {n + 1} of {len(entries)} to `{rep.target}` (in "
+                        "iteration order), replayed on the kernel after the "
+                        "engines ran. Nothing was merged.",
+                    )
+                    raise
+
+        try:
+            # (one copy of both: a value the replay puts into the container,
+            # `set()` in `setdefault(w, set())`, must not be shared with it)
+            trial = copy.deepcopy((target, entries))
+        except Exception:
+            trial = None  # (validated as it is applied: see the module's note)
+        if trial is not None:
+            run(trial[0], trial[1])
+        m.up.mutations.append(
+            Mutation(rep.target, "replayed", functools.partial(run, target))
+        )
+
+
+def _compiled(source: str) -> Callable[..., None]:
+    scope: dict[str, Any] = {}
+    exec(compile(source, "<gpucell-replay>", "exec"), scope)
+    fn: Callable[..., None] = scope["__gpucell_replay__"]
+    return fn
 
 
 def _spelled(function: Any) -> str:

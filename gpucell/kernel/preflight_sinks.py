@@ -16,6 +16,7 @@ __all__ = [
     "duplicate_labels",
     "inputs_shared_with_sinks",
     "rows_that_are_not_own",
+    "replayed_on_other_types",
     "unions_of_other_types",
 ]
 
@@ -47,6 +48,40 @@ def unions_of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
                 "method would run on each engine's copy. Collect the arguments in "
                 f"a list in the loop (`args.append(...)`) and call `{name}.update` "
                 "on each after the loop, or run the cell without %%gpu_parallel.",
+            )
+        )
+    return out
+
+
+def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
+    """``T.subtract(c)``, ``T[k].add(v)``, ``heapq.heappush(T, x)`` are replayed
+    on the kernel after the engines ran: right for the standard containers,
+    whose methods change only themselves; another object's method (a progress
+    bar's ``update``, a session's ``add``) may do more, at the wrong time."""
+    from collections import deque
+
+    out = []
+    for rep in plan.spelled.replayed.values():
+        name = rep.target
+        calls = sorted(rep.method_calls)
+        if name not in ns or not calls:
+            continue
+        value = ns[name]
+        if isinstance(value, (set, dict, list, deque)):
+            continue  # (Counter, defaultdict, OrderedDict included)
+        line = rep.lines[calls[0]]
+        out.append(
+            problem(
+                line,
+                name,
+                "replayed-on-other-type",
+                f"line {line} changes `{name}`, a `{type(value).__name__}`, by a "
+                "method call that gpucell would make on the kernel after the "
+                "engines ran (in iteration order), which it does only for sets, "
+                "dicts, lists and deques: another object's method may do more "
+                f"than change `{name}`. Collect the arguments in a list in the "
+                f"loop (`args.append(...)`) and make the calls on `{name}` after "
+                "the loop, or run the cell without %%gpu_parallel.",
             )
         )
     return out

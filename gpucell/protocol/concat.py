@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "ATTRIBUTES",
+    "add_note",
     "MODULES",
     "ConcatCall",
     "known_concatenation",
@@ -227,6 +228,13 @@ def _plain_array(x: Any, lib: str) -> bool:
     return type(x) is getattr(mod, "Tensor", None) and not x.requires_grad
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` where Python has it (3.11 and later)."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        add(note)
+
+
 def replay(x: Any, calls: Sequence[ConcatCall]) -> Any:
     """``x`` after the recorded calls, made in order as the serial loop made
     them.  A call that raises raises as it would have serially, with a note
@@ -241,10 +249,11 @@ def replay(x: Any, calls: Sequence[ConcatCall]) -> Any:
         try:
             x = call.function(*args, **call.kwargs)
         except Exception as e:
-            e.add_note(
+            add_note(
+                e,
                 f"gpucell: raised by the loop's concatenation number {k + 1} of "
                 f"{len(calls)} (in iteration order), replayed on the kernel after "
-                "the engines ran. Nothing was merged."
+                "the engines ran. Nothing was merged.",
             )
             raise
     return x

@@ -30,6 +30,7 @@ from gpucell.core.analysis.refusals import (
     ShortCircuitWalrus,
     WithTarget,
 )
+from gpucell.core.analysis.replaystmts import replay_statements
 from gpucell.core.analysis.rewrite import ProgramPlan, build_program
 from gpucell.core.analysis.scope import scope_bindings, target_names
 from gpucell.core.analysis.sinks import (
@@ -537,12 +538,21 @@ def analyse(
     target, iterable, body = parts.target, parts.iterable, parts.body
     kind, result_name = parts.kind, parts.result_name
 
+    # `index[w].add(i)`, `heapq.heappush(heap, x)`: replayed on the kernel
+    replayed = replay_statements(
+        body,
+        {n.id for n in ast.walk(ast.Tuple([target, iterable], ast.Load()))
+         if isinstance(n, ast.Name)},
+        scope_bindings(list(body)),
+    )  # fmt: skip
     own = _own_subscripts(parts, scope, diag)  # `models[i]`: an own item
     if own is not None:
         target, iterable, body = own.target, own.iterable, own.body
     cl, spelled = _classify(
         body, target, iterable, is_builtin, scope.prelude_modules, diag
     )
+    spelled.replayed = {**replayed, **spelled.replayed}
+    spelled.hidden |= set(replayed)
     hidden = parts.hidden | spelled.hidden | set(own.names.values() if own else ())
     nonempty, unless_nonempty = _nonempty_checks(
         cl, diag, body, target, iterable, scope

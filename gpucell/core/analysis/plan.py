@@ -212,6 +212,7 @@ class LoopPlan:
             *self.spelled.ufunc_at.values(),
             *self.spelled.frame_rows.values(),
             *self.spelled.concats.values(),
+            *(r.target for r in self.spelled.replayed.values()),
         ]
         return tuple(n for n in names if not n.startswith("__gpucell_"))
 

@@ -110,6 +110,10 @@ def format_plan(plan: LoopPlan) -> str:
             f"{n} (concatenation, replayed from its value before the loop)"
             for n in plan.spelled.concats.values()
         ]
+        back += [
+            f"{r.target} (its changes, replayed in iteration order)"
+            for r in plan.spelled.replayed.values()
+        ]
         back += [f"{n} (writes)" for n in plan.writes]
         back += [f"{r.name} ({r.op} reduction)" for r in plan.reductions]
         back += [f"{n} (keyed {op})" for n, op in plan.keyed]

@@ -36,6 +36,7 @@ __all__ = [
     "OwnFrameRowsSink",
     "ReductionSink",
     "ReplayedConcatSink",
+    "ReplayedStatementsSink",
     "ReplayedUfuncSink",
     "RunningBest",
     "RunningBestSink",
@@ -553,6 +554,14 @@ class ReplayedConcatSink(SinkKind):
     kind = "replayed concatenations"
 
 
+class ReplayedStatementsSink(SinkKind):
+    """``index.setdefault(w, set()).add(i)``, ``heapq.heappush(heap, x)``:
+    each iteration's change to a container made on the kernel, in order
+    (replaystmts.py)."""
+
+    kind = "replayed changes"
+
+
 class OwnFrameRowsSink(SinkKind):
     """A frame's own row: each iteration's written cells replayed (ownrows.py)."""
 
@@ -578,6 +587,7 @@ class LocalSink(SinkKind):
 MERGE_ORDER: tuple[type[SinkKind], ...] = (
     ReplayedUfuncSink,
     ReplayedConcatSink,
+    ReplayedStatementsSink,
     OwnFrameRowsSink,
     GatherSink,
     WriteSink,

@@ -27,6 +27,8 @@ from typing import Any
 from gpucell.core.analysis.concats import _concat, _concat_targets
 from gpucell.core.analysis.keyedselect import _keyed_select
 from gpucell.core.analysis.replays import _frame_rows, _ufunc_at, _ufunc_at_targets
+from gpucell.core.analysis.replaystmts import Replayed, replay_statements
+from gpucell.core.analysis.scope import scope_bindings
 from gpucell.core.analysis.spellbase import FIRST, _get_call, _number, _pure, _same
 
 __all__ = ["FIRST", "Spelled", "respell"]
@@ -67,6 +69,10 @@ class Spelled:
     # p])`: the hidden list each call is recorded into -> x; the merge makes
     # the calls on the kernel, in order, from x's value before the loop
     concats: dict[str, str] = field(default_factory=dict)
+    # statements that only change a container from before the loop
+    # (`index.setdefault(w, set()).add(i)`, `heapq.heappush(heap, x)`): the
+    # hidden list of (statement, its values) -> what the merge replays
+    replayed: dict[str, Replayed] = field(default_factory=dict)
 
 
 def _keyed(
@@ -273,6 +279,11 @@ def respell(
 
     _walk(body, is_builtin, rewrite)
     _blocks(body, lambda stmts: _last_reads(stmts, out))
+    if loop is not None:
+        out.replayed = replay_statements(
+            body, iterated | own, scope_bindings(list(body)), nested_items=True
+        )
+        out.hidden |= set(out.replayed)
     if loop is not None:
         from gpucell.core.analysis.keys import _own_index
 

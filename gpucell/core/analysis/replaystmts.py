@@ -1,0 +1,274 @@
+"""Statements that only change a container from before the loop, replayed
+on the kernel in iteration order: ``index.setdefault(w, set()).add(i)``,
+``index[w].add(i)`` (keys that may repeat), ``pivot[s][b] += u``,
+``grid[r][c] = v``, ``budget.subtract(c)``, ``heapq.heappush(heap, item)``,
+``bisect.insort(xs, v)``.
+
+Each such statement reads the container's state so far, so no engine can run
+it; but its effect depends only on that state and on values the iteration
+computes.  Where the body uses the container ``T`` in such statements only
+(never reads it otherwise), an engine evaluates the values (the statement's
+parts that do not involve ``T``: the "holes"), snapshots them and gathers
+``(statement number, values)`` under a hidden name; the merge runs each
+statement's template (``T`` and the holes as parameters) on the kernel's
+``T`` in iteration order (``core/merge_replays.merge_replayed_statements``).
+
+Tried before the own-item and sink readings (driver.analyse): the forms the
+sinks already merge (``S.add(e)``, ``L.append(e)``, ``D[k] += e``,
+``D[k].append(e)``) are left to them.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+__all__ = ["Replayed", "replay_statements"]
+
+#: methods that change their object and return nothing the body uses
+MUTATORS = frozenset(
+    {
+        "add", "update", "discard", "subtract", "append", "extend", "insert",
+        "appendleft", "extendleft",
+    }
+)  # fmt: skip
+#: a list's growth, whose keyed forms (`D[k].append(e)`, through
+#: `setdefault(k, [])` too) are keyed gathers: replayed only where the loop
+#: is refused otherwise
+_GROWTH = frozenset({"append", "extend"})
+#: functions that change their first argument (checked by identity at merge)
+FUNCTIONS = frozenset(
+    {"heappush", "heappushpop", "heapreplace", "insort", "insort_left", "insort_right"}
+)
+#: what the sinks already merge on ``T`` itself
+_SINK_METHODS = frozenset({"add", "update", "append", "extend"})
+
+
+@dataclass(eq=False)
+class Replayed:
+    """One container's replayed statements."""
+
+    target: str
+    # statement number -> the template, a function of (T, *holes), as source
+    templates: dict[int, str] = field(default_factory=dict)
+    # statement numbers whose first hole is a function (heapq.heappush)
+    function_first: set[int] = field(default_factory=set)
+    # statement numbers that call a method of T or of its items
+    method_calls: set[int] = field(default_factory=set)
+    lines: dict[int, int] = field(default_factory=dict)
+
+
+class _NotReplayable(Exception):
+    pass
+
+
+def _has(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+class _Template:
+    """Builds a statement's template, the holes replaced by parameters."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.holes: list[ast.expr] = []
+
+    def hole(self, e: ast.expr) -> ast.expr:
+        if _has(e, self.target) or isinstance(e, ast.Starred):
+            raise _NotReplayable
+        self.holes.append(e)
+        return ast.Name(f"__h{len(self.holes) - 1}__", ast.Load())
+
+    def spine(self, e: ast.expr) -> tuple[ast.expr, int]:
+        """``e`` (which holds ``T``) as a template, and how deep below ``T``."""
+        if isinstance(e, ast.Name) and e.id == self.target:
+            return ast.Name("__T__", ast.Load()), 0
+        if isinstance(e, ast.Subscript) and isinstance(e.ctx, ast.Load):
+            inner, depth = self.spine(e.value)
+            return ast.Subscript(inner, self.hole(e.slice), ast.Load()), depth + 1
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Attribute)
+            and e.func.attr == "setdefault"
+            and len(e.args) == 2
+            and not e.keywords
+        ):
+            inner, depth = self.spine(e.func.value)
+            args = [self.hole(a) for a in e.args]
+            return ast.Call(ast.Attribute(inner, "setdefault", ast.Load()), args, []), (
+                depth + 1
+            )
+        raise _NotReplayable
+
+
+def _template(
+    s: ast.stmt, target: str, nested_items: bool
+) -> tuple[ast.stmt, list[ast.expr], bool]:
+    """The statement's template over ``__T__`` and ``__hN__``, its holes, and
+    whether the first hole is the function called; raises _NotReplayable.
+    ``nested_items``: also ``T[a][b] op= e`` and ``T[a][b] = e``."""
+    t = _Template(target)
+    if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
+        call = s.value
+        f = call.func
+        if call.keywords and any(k.arg is None for k in call.keywords):
+            raise _NotReplayable
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr in MUTATORS
+            and _has(f.value, target)
+        ):
+            inner, depth = t.spine(f.value)
+            if depth == 0 and f.attr in _SINK_METHODS:
+                raise _NotReplayable  # a gather or a union
+            if not nested_items and f.attr in _GROWTH:
+                raise _NotReplayable
+            if (
+                depth == 1
+                and f.attr in ("append", "extend")
+                and isinstance(f.value, ast.Subscript)
+            ):
+                raise _NotReplayable  # a keyed gather
+            args = [t.hole(a) for a in call.args]
+            kws = [ast.keyword(k.arg, t.hole(k.value)) for k in call.keywords]
+            new = ast.Call(ast.Attribute(inner, f.attr, ast.Load()), args, kws)
+            return ast.Expr(new), t.holes, False
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+        if name in FUNCTIONS and call.args and _has(call.args[0], target):
+            fn = t.hole(f)
+            inner, _depth = t.spine(call.args[0])
+            rest = [t.hole(a) for a in call.args[1:]]
+            if call.keywords:
+                raise _NotReplayable
+            return ast.Expr(ast.Call(fn, [inner, *rest], [])), t.holes, True
+        raise _NotReplayable
+    if nested_items and isinstance(s, (ast.AugAssign, ast.Assign)):
+        tgt: ast.expr | None = s.target if isinstance(s, ast.AugAssign) else None
+        if isinstance(s, ast.Assign) and len(s.targets) == 1:
+            tgt = s.targets[0]
+        if not (isinstance(tgt, ast.Subscript) and _has(tgt, target)):
+            raise _NotReplayable
+        inner, depth = t.spine(tgt.value)
+        if depth == 0:
+            raise _NotReplayable  # `D[k] op= e`, `D[k] = e`: the sinks' own
+        key = t.hole(tgt.slice)
+        value = t.hole(s.value)
+        store = ast.Subscript(inner, key, ast.Store())
+        if isinstance(s, ast.AugAssign):
+            return ast.AugAssign(store, s.op, value), t.holes, False
+        return ast.Assign([store], value), t.holes, False
+    raise _NotReplayable
+
+
+def _candidates(body: list[ast.stmt]) -> dict[str, int]:
+    """Names used anywhere in the body -> how many times."""
+    uses: dict[str, int] = {}
+    for st in body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name):
+                uses[node.id] = uses.get(node.id, 0) + 1
+    return uses
+
+
+def _statements(stmts: list[ast.stmt]) -> list[tuple[list[ast.stmt], int]]:
+    """Every statement of the body's blocks (not nested definitions), as
+    (its block, its index)."""
+    out: list[tuple[list[ast.stmt], int]] = []
+    for i, s in enumerate(stmts):
+        out.append((stmts, i))
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(s, name, None)
+            if isinstance(inner, list):
+                out.extend(_statements(inner))
+        for h in getattr(s, "handlers", ()):
+            out.extend(_statements(h.body))
+        for c in getattr(s, "cases", ()):
+            out.extend(_statements(c.body))
+    return out
+
+
+def replay_statements(
+    body: list[ast.stmt],
+    excluded: set[str],
+    bound: set[str],
+    nested_items: bool = False,
+) -> dict[str, Replayed]:
+    """Rewrite, in place, the statements of each container the body only
+    changes by replayable statements; return hidden name -> what the merge
+    replays.  ``excluded``: the loop's variables and its iterable's names;
+    ``bound``: names the body binds (not containers from before the loop).
+    ``nested_items`` (tried only where the loop is refused otherwise: a
+    nested own row is written back in place, numpy arrays included): also
+    ``T[a][b] op= e`` and ``T[a][b] = e``."""
+    uses = _candidates(body)
+    found: dict[str, list[tuple[list[ast.stmt], int, ast.stmt, list[ast.expr], bool]]]
+    found = {}
+    for block, i in _statements(body):
+        s = block[i]
+        names = {
+            n.id
+            for n in ast.walk(s)
+            if isinstance(n, ast.Name) and n.id not in excluded and n.id not in bound
+        }
+        for name in names:
+            try:
+                tpl, holes, fn_first = _template(s, name, nested_items)
+            except _NotReplayable:
+                continue
+            found.setdefault(name, []).append((block, i, tpl, holes, fn_first))
+    out: dict[str, Replayed] = {}
+    for name, stmts in sorted(found.items()):
+        if sum(_count(s[0][s[1]], name) for s in stmts) != uses.get(name):
+            continue  # read elsewhere too: the state so far would be seen
+        hidden = f"__gpucell_rp_{name}__"
+        rep = Replayed(name)
+        for k, (block, i, tpl, holes, fn_first) in enumerate(stmts):
+            old = block[i]
+            rep.templates[k] = _function_source(tpl, len(holes))
+            rep.lines[k] = old.lineno
+            if fn_first:
+                rep.function_first.add(k)
+            elif isinstance(tpl, ast.Expr):
+                rep.method_calls.add(k)
+            block[i] = _recording(old, hidden, k, holes)
+        out[hidden] = rep
+    return out
+
+
+def _count(s: ast.stmt, name: str) -> int:
+    return sum(isinstance(n, ast.Name) and n.id == name for n in ast.walk(s))
+
+
+def _function_source(tpl: ast.stmt, holes: int) -> str:
+    params = ["__T__", *(f"__h{j}__" for j in range(holes))]
+    fn = ast.FunctionDef(
+        name="__gpucell_replay__",
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(p) for p in params],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=[tpl],
+        decorator_list=[],
+    )
+    return ast.unparse(ast.fix_missing_locations(ast.Module([fn], [])))
+
+
+def _recording(old: ast.stmt, hidden: str, k: int, holes: list[ast.expr]) -> ast.stmt:
+    """``__gpucell_rp_T__.append((k, snapshot((h0, h1, ...))))``."""
+    snap = ast.parse(
+        "__import__('gpucell.protocol.concat', fromlist=['snapshot']).snapshot",
+        mode="eval",
+    ).body
+    values = ast.Call(snap, [ast.Tuple(elts=list(holes), ctx=ast.Load())], [])
+    entry = ast.Tuple(elts=[ast.Constant(k), values], ctx=ast.Load())
+    append = ast.Attribute(ast.Name(hidden, ast.Load()), "append", ast.Load())
+    new = ast.Expr(ast.Call(append, [entry], []))
+    for node in ast.walk(new):
+        if not hasattr(node, "lineno"):
+            ast.copy_location(node, old)
+    return new

@@ -1,0 +1,168 @@
+"""Statements that only change a container from before the loop, replayed
+on the kernel in iteration order (``core/analysis/replaystmts.py``):
+``index.setdefault(w, set()).add(i)``, ``index[w].add(i)`` with keys that
+repeat, ``pivot[a][b] += u`` on nested defaultdicts, ``grid[r][c] = v``,
+``budget.subtract(c)``, ``heapq.heappush(heap, x)``, ``bisect.insort``.
+Each cell is compared with its serial run; a replayed change that fails
+serially fails here with nothing merged; another object's method is refused
+before anything runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import textwrap
+from collections import Counter, defaultdict, deque
+
+import pytest
+from test_concat_rebind import identical
+
+from gpucell.core.analysis import analyse
+from gpucell.errors import NotParallelizable
+
+pytestmark = pytest.mark.cluster
+
+WORDS = "the cat sat on the mat and the dog sat on the cat".split()
+
+
+def _nested():
+    return defaultdict(lambda: defaultdict(int))
+
+
+CASES = {
+    "setdefault(k, set()).add: an inverted index": (
+        "for i, w in enumerate(words):\n    inverted.setdefault(w, set()).add(i)\n",
+        lambda: {"words": WORDS, "inverted": {}},
+    ),
+    "defaultdict(set)[k].add with repeated keys": (
+        "for i, w in enumerate(words):\n    index[w].add(i)\n    n_seen = i\n",
+        lambda: {"words": WORDS, "index": defaultdict(set)},
+    ),
+    "a dict of lists, insert at the front": (
+        "for i, w in enumerate(words):\n    recent[w[0]].insert(0, i)\n",
+        lambda: {"words": WORDS, "recent": defaultdict(list)},
+    ),
+    "nested defaultdict counts": (
+        "for s, b, u in rows:\n    pivot[s][b] += u\n",
+        lambda: {
+            "rows": [("n", "lo", 3), ("s", "hi", 1), ("n", "lo", 2), ("n", "hi", 5)],
+            "pivot": _nested(),
+        },
+    ),
+    "nested writes, the last one wins": (
+        "for r in recs:\n    table[r[0]][r[1]] = r[2]\n",
+        lambda: {
+            "recs": [(0, "a", 1), (1, "b", 2), (0, "a", 3), (1, "c", 4)],
+            "table": {0: {}, 1: {}},
+        },
+    ),
+    "Counter.subtract": (
+        "for c in spent:\n    budget.subtract({c: 1})\n",
+        lambda: {"spent": list("abcabca"), "budget": Counter(a=5, b=5, c=1)},
+    ),
+    "heapq.heappush builds the serial heap layout": (
+        "for name, s in scores:\n    heapq.heappush(heap, (s, name))\n",
+        lambda: {
+            "heapq": heapq,
+            "scores": [(f"m{k}", (k * 7) % 11) for k in range(15)],
+            "heap": [],
+        },
+    ),
+    "bisect.insort and a deque's appendleft": (
+        "for x in xs:\n    bisect.insort(ordered, x)\n    dq.appendleft(x * 2)\n",
+        lambda: {
+            "bisect": bisect,
+            "xs": [5, 1, 4, 1, 5, 9, 2, 6],
+            "ordered": [3],
+            "dq": deque([0]),
+        },
+    ),
+}
+
+
+@pytest.fixture
+def run(ip, cluster):
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+
+    def both(cell: str, make) -> None:
+        serial = make()
+        exec(compile(cell, "<serial>", "exec"), serial)
+        for k in [k for k in ip.user_ns if not k.startswith("_")]:
+            if k not in ("In", "Out", "exit", "quit", "get_ipython"):
+                ip.user_ns.pop(k)
+        ip.user_ns.update(make())
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        for k, v in serial.items():
+            if k.startswith("__") or k in ("heapq", "bisect"):
+                continue
+            got = ip.user_ns[k]
+            if isinstance(v, (dict, deque, Counter)):
+                assert type(got) is type(v), k
+                assert _plain(v) == _plain(got), f"{k}: {v!r} != {got!r}"
+                assert list(v) == list(got), f"{k}: key order"
+            else:
+                assert identical(v, got), f"{k}: {v!r} != {got!r}"
+
+    yield both
+    ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, deque):
+        return list(v)
+    return v
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_replayed_change_equals_the_serial_run(run, case):
+    cell, make = CASES[case]
+    assert not analyse(cell, known_names=make().keys(), raise_errors=False).diagnostics
+    run(textwrap.dedent(cell), make)
+
+
+def test_a_replayed_change_that_fails_serially_fails_with_nothing_merged(
+    ip, cluster
+) -> None:
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        index = {"the": set()}
+        ip.user_ns.update(words=WORDS, index=index, out=[])
+        cell = "for i, w in enumerate(words):\n    out.append(i)\n    index[w].add(i)\n"
+        with pytest.raises(KeyError) as err:
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert "replayed on the kernel" in "\n".join(err.value.__notes__)
+        assert ip.user_ns["index"] == {"the": set()} and ip.user_ns["out"] == []
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+
+
+def test_another_objects_method_is_refused_before_anything_runs(ip, cluster) -> None:
+    class Meter:
+        def __init__(self):
+            self.calls = 0
+
+        def subtract(self, v):
+            self.calls += 1
+
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        meter = Meter()
+        ip.user_ns.update(meter=meter, out=[])
+        cell = "for i in range(4):\n    out.append(i)\n    meter.subtract(i)\n"
+        with pytest.raises(NotParallelizable, match="only for sets, dicts"):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert meter.calls == 0 and ip.user_ns["out"] == []
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+
+
+def test_a_container_read_elsewhere_is_not_replayed() -> None:
+    plan = analyse(
+        "for i, w in enumerate(words):\n    index[w].add(i)\n    k = len(index)\n",
+        known_names={"words", "index"},
+        raise_errors=False,
+    )
+    assert not plan.spelled.replayed
