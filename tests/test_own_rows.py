@@ -150,7 +150,6 @@ def test_rows_changed_through_the_container_are_written_back(ip, cluster, cell):
     "cell",
     [
         "for i in range(4):\n    grid[i].append(i)\n",
-        "for i in range(4):\n    deep[i][0][0] = i\n",
         "for i, row in enumerate(grid):\n    grid[i][0] = i\n    out.append(row[0])\n",
     ],
 )
@@ -170,6 +169,23 @@ def test_rows_one_object_under_several_indices_are_refused(ip, cluster, cell):
         ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
     assert ip.user_ns["grid"] == [[0, 0]] * 4 and ip.user_ns["d0"] == [0]
     assert ip.user_ns["out"] == []
+
+
+def test_a_store_three_levels_deep_into_one_shared_object_is_replayed(ip, cluster):
+    """``deep[i][0][0] = i`` with every ``deep[i][0]`` one list: the stores are
+    replayed on the kernel in iteration order (replaystmts.py), so the shared
+    list ends as serially, the last store winning."""
+    ip.run_cell("d0 = [0]\ndeep = [[d0] for _ in range(4)]\n").raise_error()
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        ip.run_cell_magic(
+            "gpu_parallel", "--quiet", "for i in range(4):\n    deep[i][0][0] = i\n"
+        )
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+    assert ip.user_ns["d0"] == [3] and all(
+        r[0] is ip.user_ns["d0"] for r in ip.user_ns["deep"]
+    )
 
 
 def test_whole_elements_that_are_lists_are_refused(ip, cluster):
