@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 
+from gpucell.core.analysis.replays import _used_only_by
 from gpucell.protocol.concat import ATTRIBUTES, MODULES
 
 __all__: list[str] = []
@@ -88,17 +89,12 @@ def _concatenated(stmts: list[ast.stmt]) -> dict[str, tuple[int, str]]:
 def _concat_targets(body: list[ast.stmt], iterated: set[str]) -> set[str]:
     """The names the body uses only as ``x = concatenation(.. x ..)``: any
     other use would read the value so far (the loop's own iterable too)."""
-    calls: dict[str, int] = {}
-    uses: dict[str, int] = {}
-    for st in body:
-        for node in ast.walk(st):
-            if isinstance(node, ast.Name):
-                uses[node.id] = uses.get(node.id, 0) + 1
-            if isinstance(node, ast.stmt):
-                found = _concat_call(node)
-                if found is not None:
-                    calls[found[0]] = calls.get(found[0], 0) + 1
-    return {x for x, n in calls.items() if uses.get(x) == 2 * n} - iterated
+
+    def target(s: ast.stmt) -> str | None:
+        found = _concat_call(s)
+        return None if found is None else found[0]
+
+    return _used_only_by(body, target, 2) - iterated
 
 
 def _concat(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:

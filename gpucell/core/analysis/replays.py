@@ -7,6 +7,7 @@ private one-row copy: core/framerows.py)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 __all__: list[str] = []
 
@@ -31,9 +32,11 @@ def _ufunc_at_call(s: ast.stmt) -> tuple[ast.Call, str] | None:
     return None
 
 
-def _ufunc_at_targets(body: list[ast.stmt]) -> set[str]:
-    """The arrays only ever given to ``m.ufunc.at`` as its first argument in
-    the body: any other use would see the calls' effects so far."""
+def _used_only_by(
+    body: list[ast.stmt], match: Callable[[ast.stmt], str | None], per_call: int
+) -> set[str]:
+    """The names the body uses only in statements ``match`` finds for them
+    (``per_call`` uses each): any other use would see the effects so far."""
     calls: dict[str, int] = {}
     uses: dict[str, int] = {}
     for st in body:
@@ -41,10 +44,21 @@ def _ufunc_at_targets(body: list[ast.stmt]) -> set[str]:
             if isinstance(node, ast.Name):
                 uses[node.id] = uses.get(node.id, 0) + 1
             if isinstance(node, ast.stmt):
-                found = _ufunc_at_call(node)
-                if found is not None:
-                    calls[found[1]] = calls.get(found[1], 0) + 1
-    return {d for d, n in calls.items() if uses.get(d) == n}
+                name = match(node)
+                if name is not None:
+                    calls[name] = calls.get(name, 0) + 1
+    return {d for d, n in calls.items() if uses.get(d) == per_call * n}
+
+
+def _ufunc_at_targets(body: list[ast.stmt]) -> set[str]:
+    """The arrays only ever given to ``m.ufunc.at`` as its first argument in
+    the body: any other use would see the calls' effects so far."""
+
+    def target(s: ast.stmt) -> str | None:
+        found = _ufunc_at_call(s)
+        return None if found is None else found[1]
+
+    return _used_only_by(body, target, 1)
 
 
 def _ufunc_at(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:
