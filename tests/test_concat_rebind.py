@@ -159,6 +159,37 @@ CASES = {
         "for k in range(5):\n    t = torch.cat((t, torch.ones(2, 3) * k))\n",
         {"t": torch.tensor([])},
     ),
+    "if x is None: x = e, else torch.cat: model outputs gathered": (
+        "all_preds = None\n"
+        "with torch.no_grad():\n"
+        "    for xb in batches:\n"
+        "        preds = enc(xb)\n"
+        "        if all_preds is None:\n"
+        "            all_preds = preds\n"
+        "        else:\n"
+        "            all_preds = torch.cat([all_preds, preds])\n",
+        {
+            "enc": torch.nn.Linear(4, 2),
+            "batches": [torch.arange(12.0).reshape(3, 4) * k for k in range(6)],
+        },
+    ),
+    "is not None, branches the other way round, the call evaluated once": (
+        "for k in range(7):\n"
+        "    if acc is not None:\n"
+        "        acc = np.concatenate((acc, np.full(k, k)), 0)\n"
+        "    else:\n"
+        "        acc = np.full(k, k)\n",
+        {"acc": None},
+    ),
+    "the first iteration binds, the others stack (no value before the loop)": (
+        "for i, s in enumerate(series):\n"
+        "    f = s[:3] * 2\n"
+        "    if i == 0:\n"
+        "        X = f\n"
+        "    else:\n"
+        "        X = np.vstack([X, f])\n",
+        {"series": [np.arange(k, k + 5.0) for k in range(9)]},
+    ),
     "pd.concat onto an empty frame, ignore_index": (
         "for k in range(7):\n"
         "    part = pd.DataFrame({'k': [k, k], 'v': [k * 0.5, k * 1.5]})\n"
@@ -224,6 +255,19 @@ def test_reading_the_name_elsewhere_is_refused_without_elementwise_advice() -> N
     assert texts, plan.diagnostics
     assert "x += " not in texts
     assert "after the loop" in texts
+
+
+def test_an_if_none_whose_branches_have_different_effects_is_refused() -> None:
+    # serially one of the two calls runs an iteration; both would run here
+    cell = (
+        "for k in range(5):\n"
+        "    if x is None:\n"
+        "        x = load(k)\n"
+        "    else:\n"
+        "        x = np.append(x, score(k))\n"
+    )
+    plan = analyse(cell, known_names={"np", "x", "load", "score"}, raise_errors=False)
+    assert plan.diagnostics and not plan.spelled.concats
 
 
 def test_one_concatenation_stands_for_the_chain_only_where_it_is_the_same() -> None:

@@ -14,10 +14,11 @@ from typing import Any
 from gpucell.core.merge_base import Merging, Mutation
 from gpucell.errors import NotParallelizable
 from gpucell.protocol.concat import (
-    ConcatCall,
+    BIND,
     add_note,
+    calls_of,
     known_concatenation,
-    replay,
+    replay_recorded,
 )
 from gpucell.protocol.fold import is_numpy
 
@@ -57,11 +58,16 @@ def merge_concats(m: Merging) -> None:
     iteration order, from ``x``'s value before the loop; ``x`` rebound to
     the result (the value before is not changed, as serially)."""
     for hidden, name in getattr(m.spelled, "concats", {}).items():
-        calls = [ConcatCall(*c) for c in m.concat("gathers", hidden)]
-        if not calls:
+        entries = m.concat("gathers", hidden)
+        if not entries:
             continue
-        start = m.existing(name)
-        for c in calls:
+        if name in m.current or not (
+            isinstance(entries[0][0], str) and entries[0][0] == BIND
+        ):
+            start = m.existing(name)
+        else:
+            start = None  # (bound by the first iteration, as serially)
+        for c in calls_of(entries):
             if known_concatenation(c.function) is None:
                 raise NotParallelizable(
                     f"gpucell: `{name} = {_spelled(c.function)}(... {name} ...)` "
@@ -71,7 +77,7 @@ def merge_concats(m: Merging) -> None:
                     f"gather the pieces in the loop (`pieces.append(...)`) and "
                     f"combine them after it."
                 )
-        m.up.assign[name] = replay(start, calls)
+        m.up.assign[name] = replay_recorded(start, entries)
 
 
 #: the functions a replayed statement may call on its container

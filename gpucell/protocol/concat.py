@@ -26,7 +26,11 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "ATTRIBUTES",
+    "BIND",
+    "IF_NONE",
     "add_note",
+    "calls_of",
+    "replay_recorded",
     "MODULES",
     "ConcatCall",
     "known_concatenation",
@@ -235,10 +239,13 @@ def add_note(error: BaseException, note: str) -> None:
         add(note)
 
 
-def replay(x: Any, calls: Sequence[ConcatCall]) -> Any:
+def replay(
+    x: Any, calls: Sequence[ConcatCall], first: int = 0, total: int | None = None
+) -> Any:
     """``x`` after the recorded calls, made in order as the serial loop made
     them.  A call that raises raises as it would have serially, with a note
-    saying which of the loop's calls it was."""
+    saying which of the loop's calls it was (``first`` calls came before
+    these, of ``total``)."""
     if not calls:
         return x
     flat = _flat(x, calls)
@@ -251,9 +258,56 @@ def replay(x: Any, calls: Sequence[ConcatCall]) -> Any:
         except Exception as e:
             add_note(
                 e,
-                f"gpucell: raised by the loop's concatenation number {k + 1} of "
-                f"{len(calls)} (in iteration order), replayed on the kernel after "
-                "the engines ran. Nothing was merged.",
+                f"gpucell: raised by the loop's concatenation number "
+                f"{first + k + 1} of {total or len(calls)} (in iteration order), "
+                "replayed on the kernel after the engines ran. Nothing was merged.",
             )
             raise
     return x
+
+
+def calls_of(entries: Sequence[Any]) -> list[ConcatCall]:
+    """Every call among what the engines recorded (see :func:`replay_recorded`)."""
+    out = []
+    for e in entries:
+        if not isinstance(e[0], str):
+            out.append(ConcatCall(*e))
+        elif e[0] == IF_NONE:
+            out.append(ConcatCall(*e[2]))
+    return out
+
+
+#: recorded for ``x = e`` (``(BIND, e)``) and for ``if x is None: x = e
+#: else: x = f([x, e])`` (``(IF_NONE, e, the call)``); a call is recorded as
+#: the fields of its :class:`ConcatCall`
+BIND = "bind"
+IF_NONE = "if None"
+
+
+def replay_recorded(x: Any, entries: Sequence[Any]) -> Any:
+    """``x`` after what the engines recorded, in iteration order: a call
+    concatenates, a bind rebinds, an ``if None`` binds where ``x`` is None
+    and concatenates otherwise.  Runs of calls go to :func:`replay` (one
+    concatenation where it is the chain's result)."""
+    total = len(calls_of(entries))
+    pending: list[ConcatCall] = []
+    done = 0
+
+    def flush(x: Any) -> Any:
+        nonlocal done
+        x = replay(x, pending, done, total)
+        done += len(pending)
+        pending.clear()
+        return x
+
+    for e in entries:
+        if not isinstance(e[0], str):
+            pending.append(ConcatCall(*e))
+        elif e[0] == BIND:
+            x = flush(x)
+            x = e[1]
+        elif not pending and x is None:  # (a call never gives None)
+            x = e[1]
+        else:
+            pending.append(ConcatCall(*e[2]))
+    return flush(x)

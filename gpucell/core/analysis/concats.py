@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 
 from gpucell.core.analysis.replays import _used_only_by
-from gpucell.protocol.concat import ATTRIBUTES, MODULES
+from gpucell.core.analysis.spellbase import _pure
+from gpucell.protocol.concat import ATTRIBUTES, BIND, IF_NONE, MODULES
 
 __all__: list[str] = []
 
@@ -86,25 +87,102 @@ def _concatenated(stmts: list[ast.stmt]) -> dict[str, tuple[int, str]]:
     return out
 
 
-def _concat_targets(body: list[ast.stmt], iterated: set[str]) -> set[str]:
-    """The names the body uses only as ``x = concatenation(.. x ..)``: any
-    other use would read the value so far (the loop's own iterable too)."""
+def _bind(s: ast.stmt) -> tuple[str, ast.expr] | None:
+    """``x = e``, ``e`` not reading ``x``: ``(x, e)``."""
+    if (
+        isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Name)
+    ):
+        x = s.targets[0].id
+        if not any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(s.value)):
+            return x, s.value
+    return None
 
-    def target(s: ast.stmt) -> str | None:
-        found = _concat_call(s)
-        return None if found is None else found[0]
 
-    return _used_only_by(body, target, 2) - iterated
-
-
-def _concat(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:
-    """``x = m.f(a, [x, e], k=v)`` as ``__gpucell_cat_x__.append((m.f,
-    snapshot((a, [None, e])), snapshot({'k': v}), (1, 0)))``: the statement
-    replaced, its hidden gather and ``x``."""
-    found = _concat_call(s)
-    if found is None or found[0] not in targets:
+def _if_none(s: ast.stmt) -> tuple[str, ast.expr, ast.Assign] | None:
+    """``if x is None: x = e`` ``else: x = concatenation(.. x ..)`` (or the
+    test ``x is not None`` with the branches the other way round): ``(x, e,
+    the concatenation)``."""
+    if not (
+        isinstance(s, ast.If)
+        and isinstance(s.test, ast.Compare)
+        and isinstance(s.test.left, ast.Name)
+        and len(s.test.ops) == 1
+        and isinstance(s.test.ops[0], (ast.Is, ast.IsNot))
+        and isinstance(s.test.comparators[0], ast.Constant)
+        and s.test.comparators[0].value is None
+        and len(s.body) == 1
+        and len(s.orelse) == 1
+    ):
         return None
-    x, call, at = found
+    x = s.test.left.id
+    first, then = s.body[0], s.orelse[0]
+    if isinstance(s.test.ops[0], ast.IsNot):
+        first, then = then, first
+    bound, cat = _bind(first), _concat_call(then)
+    if bound is None or cat is None or bound[0] != x or cat[0] != x:
+        return None
+    assert isinstance(then, ast.Assign)
+    # serially one branch runs; here the first value and the call's other
+    # arguments are all evaluated: only the one expression both share (once)
+    # may have effects
+    temp = ast.Name("__gpucell_none__", ast.Load())
+    swapped = _with_temp(cat[1], bound[1], temp.id)
+    others = [
+        n
+        for a in (*swapped.args, *(k.value for k in swapped.keywords))
+        for n in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])
+        if not (isinstance(n, ast.Name) and n.id in (x, temp.id))
+    ]
+    if not all(_pure(n, lambda _name: False) for n in others):
+        return None
+    if not _same_somewhere(swapped, temp.id) and not _pure(bound[1], lambda _n: False):
+        return None
+    return x, bound[1], then
+
+
+def _same_somewhere(call: ast.Call, temp: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == temp for n in ast.walk(call))
+
+
+def _form(s: ast.stmt) -> tuple[str, int] | None:
+    """A statement of the forms a concatenated name may appear in, and how
+    many uses of it the statement accounts for."""
+    found = _if_none(s)
+    if found is not None:
+        return found[0], 4
+    cat = _concat_call(s)
+    if cat is not None:
+        return cat[0], 2
+    bound = _bind(s)
+    return None if bound is None else (bound[0], 1)
+
+
+def _concat_targets(body: list[ast.stmt], iterated: set[str]) -> set[str]:
+    """The names the body uses only as ``x = concatenation(.. x ..)`` (also
+    ``x = e``, and ``if x is None: x = e`` ``else: x = concatenation(..)``),
+    with at least one concatenation: any other use would read the value so
+    far (the loop's own iterable too)."""
+    grows = set()
+    for st in body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.stmt):
+                if (found := _concat_call(node)) is not None:
+                    grows.add(found[0])
+    return (_used_only_by(body, _form) & grows) - iterated
+
+
+_SNAPSHOT = "__import__('gpucell.protocol.concat', fromlist=['snapshot']).snapshot"
+
+
+def _snapshot(e: ast.expr) -> ast.expr:
+    snap = ast.parse(_SNAPSHOT, mode="eval").body
+    return ast.Call(snap, [e], [])
+
+
+def _call_entry(x: str, call: ast.Call, at: tuple[int, ...]) -> ast.expr:
+    """``(m.f, snapshot((a, [None, e])), snapshot({'k': v}), (1, 0))``."""
     args: list[ast.expr] = []
     for i, a in enumerate(call.args):
         if at == (i,):
@@ -121,23 +199,69 @@ def _concat(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:
         keys=[ast.Constant(k.arg) for k in call.keywords],
         values=[k.value for k in call.keywords],
     )
-    snap = ast.parse(
-        "__import__('gpucell.protocol.concat', fromlist=['snapshot']).snapshot",
-        mode="eval",
-    ).body
-    entry = ast.Tuple(
+    return ast.Tuple(
         elts=[
             call.func,
-            ast.Call(snap, [ast.Tuple(elts=args, ctx=ast.Load())], []),
-            ast.Call(snap, [kwargs], []),
+            _snapshot(ast.Tuple(elts=args, ctx=ast.Load())),
+            _snapshot(kwargs),
             ast.Tuple(elts=[ast.Constant(k) for k in at], ctx=ast.Load()),
         ],
         ctx=ast.Load(),
     )
+
+
+def _tagged(tag: str, *parts: ast.expr) -> ast.expr:
+    return ast.Tuple(elts=[ast.Constant(tag), *parts], ctx=ast.Load())
+
+
+def _concat(s: ast.stmt, targets: set[str]) -> tuple[list[ast.stmt], str, str] | None:
+    """A statement of a concatenated name as what records it under the
+    hidden ``__gpucell_cat_x__``: ``x = m.f(a, [x, e], k=v)`` as
+    ``__gpucell_cat_x__.append((m.f, snapshot((a, [None, e])),
+    snapshot({'k': v}), (1, 0)))``; ``x = e`` as ``("bind", snapshot(e))``;
+    ``if x is None: x = e else: x = m.f([x, e])`` as ``("if None",
+    snapshot(e), the call's entry)``, ``e`` evaluated once where the call
+    concatenates the same expression.  Returns (the statements, the hidden
+    name, ``x``)."""
+    pre: list[ast.stmt] = []
+    none = _if_none(s)
+    if none is not None and none[0] in targets:
+        x, first, then = none
+        cat = _concat_call(then)
+        assert cat is not None
+        temp = f"__gpucell_cat_first_{x}__"
+        pre.append(ast.Assign([ast.Name(temp, ast.Store())], first))
+        call = _with_temp(cat[1], first, temp)
+        first_value = _snapshot(ast.Name(temp, ast.Load()))
+        entry = _tagged(IF_NONE, first_value, _call_entry(x, call, cat[2]))
+    elif (cat := _concat_call(s)) is not None and cat[0] in targets:
+        x = cat[0]
+        entry = _call_entry(x, cat[1], cat[2])
+    elif (bound := _bind(s)) is not None and bound[0] in targets:
+        x = bound[0]
+        entry = _tagged(BIND, _snapshot(bound[1]))
+    else:
+        return None
     hidden = f"__gpucell_cat_{x}__"
     append = ast.Attribute(ast.Name(hidden, ast.Load()), "append", ast.Load())
-    new = ast.Expr(ast.Call(append, [entry], []))
-    for node in ast.walk(new):
-        if not hasattr(node, "lineno"):
-            ast.copy_location(node, s)
-    return new, hidden, x
+    out = [*pre, ast.Expr(ast.Call(append, [entry], []))]
+    for new in out:
+        for node in ast.walk(new):
+            if not hasattr(node, "lineno"):
+                ast.copy_location(node, s)
+    return out, hidden, x
+
+
+def _with_temp(call: ast.Call, e: ast.expr, temp: str) -> ast.Call:
+    """``call`` with each argument (or list item) that is ``e`` itself, as
+    written, replaced by the name ``temp`` (evaluated once)."""
+    want = ast.dump(e)
+
+    def swap(a: ast.expr) -> ast.expr:
+        if ast.dump(a) == want:
+            return ast.Name(temp, ast.Load())
+        if isinstance(a, (ast.List, ast.Tuple)):
+            return type(a)(elts=[swap(v) for v in a.elts], ctx=ast.Load())
+        return a
+
+    return ast.Call(call.func, [swap(a) for a in call.args], call.keywords)

@@ -33,32 +33,41 @@ def _ufunc_at_call(s: ast.stmt) -> tuple[ast.Call, str] | None:
 
 
 def _used_only_by(
-    body: list[ast.stmt], match: Callable[[ast.stmt], str | None], per_call: int
+    body: list[ast.stmt], match: Callable[[ast.stmt], tuple[str, int] | None]
 ) -> set[str]:
     """The names the body uses only in statements ``match`` finds for them
-    (``per_call`` uses each): any other use would see the effects so far."""
-    calls: dict[str, int] = {}
+    (it says how many uses of the name each accounts for; a matched statement
+    is not looked into): any other use would see the effects so far."""
+    covered: dict[str, int] = {}
     uses: dict[str, int] = {}
     for st in body:
         for node in ast.walk(st):
             if isinstance(node, ast.Name):
                 uses[node.id] = uses.get(node.id, 0) + 1
-            if isinstance(node, ast.stmt):
-                name = match(node)
-                if name is not None:
-                    calls[name] = calls.get(name, 0) + 1
-    return {d for d, n in calls.items() if uses.get(d) == per_call * n}
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.stmt):
+            found = match(node)
+            if found is not None:
+                covered[found[0]] = covered.get(found[0], 0) + found[1]
+                return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for st in body:
+        visit(st)
+    return {d for d, n in covered.items() if uses.get(d) == n}
 
 
 def _ufunc_at_targets(body: list[ast.stmt]) -> set[str]:
     """The arrays only ever given to ``m.ufunc.at`` as its first argument in
     the body: any other use would see the calls' effects so far."""
 
-    def target(s: ast.stmt) -> str | None:
+    def target(s: ast.stmt) -> tuple[str, int] | None:
         found = _ufunc_at_call(s)
-        return None if found is None else found[1]
+        return None if found is None else (found[1], 1)
 
-    return _used_only_by(body, target, 1)
+    return _used_only_by(body, target)
 
 
 def _ufunc_at(s: ast.stmt, targets: set[str]) -> tuple[ast.stmt, str, str] | None:

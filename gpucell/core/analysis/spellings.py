@@ -246,8 +246,9 @@ def respell(
         if cat is not None:
             out.concats[cat[1]] = cat[2]
             out.hidden.add(cat[1])
+            out.hidden.add(f"__gpucell_cat_first_{cat[2]}__")
             out.names[cat[2]] = out.names.get(cat[2], 0) + 1
-            return [cat[0]]
+            return cat[0]
         at = _ufunc_at(s, at_targets)
         if at is not None:
             hidden, target = at[1], at[2]
