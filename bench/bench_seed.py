@@ -53,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 CELL = (
     "# bench_seed {tag}\nout = []\nfor i in range({n}):\n"
-    "    out.append(np.random.random())\n"
+    "    out.append(np.random.random() + sum(range(WORK)))\n"
 )
 
 
@@ -63,7 +63,7 @@ def _import_torch() -> bool:
     return True
 
 
-def _serial_seeded(n: int, seed: int) -> list[float]:
+def _serial_seeded(n: int, seed: int, work: int = 0) -> list[float]:
     """The serial loop, each iteration seeded as the engines seed it."""
     import numpy as np
 
@@ -73,7 +73,7 @@ def _serial_seeded(n: int, seed: int) -> list[float]:
     out = []
     for i in range(n):
         seed_fn(i)
-        out.append(np.random.random())
+        out.append(np.random.random() + sum(range(work)))
     return out
 
 
@@ -94,7 +94,7 @@ def _run(ip, cell: str, line: str) -> dict:
     }
 
 
-def _engine_only(n: int, rounds: int) -> dict[str, float]:
+def _engine_only(n: int, rounds: int, work: int = 0) -> dict[str, float]:
     """Microseconds per iteration of the chunk program alone, in this process
     with torch imported (no messages, no other engine; thread time, so the
     host's load counts less): what each way of seeding adds to the loop's
@@ -107,7 +107,7 @@ def _engine_only(n: int, rounds: int) -> dict[str, float]:
     from gpucell.engine.reseed import seeder
 
     cell = CELL.format(tag="engine", n=n)
-    prog = analyse(cell, known_names=["out", "np"]).engine_program()
+    prog = analyse(cell, known_names=["out", "np", "WORK"]).engine_program()
     ways = {
         "no --seed": lambda: None,
         "--seed, every generator (before)": lambda: seeder(7),
@@ -119,7 +119,7 @@ def _engine_only(n: int, rounds: int) -> dict[str, float]:
             t = time.thread_time()
             run_chunk(
                 prog,
-                {"np": np},
+                {"np": np, "WORK": work},
                 ("range", range(n)),
                 0,
                 where=Where({}, 0),
@@ -182,6 +182,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--label", default="now")
+    ap.add_argument(
+        "--work",
+        type=int,
+        default=0,
+        help="the body also sums range(WORK): 0 is the bare draw (~0.35 us an "
+        "iteration); 2000 makes a body of some 15-25 us, a small real one",
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     from IPython.testing.globalipapp import start_ipython
@@ -191,12 +198,12 @@ def main() -> None:
 
     decide = seeding.loop_generators
     every = tuple(sorted(seeding.ALL))
-    engine = _engine_only(args.n // 2, args.runs)
+    engine = _engine_only(args.n // 2, args.runs, args.work)
     per_generator = _per_generator(args.n // 2, args.runs)
     ip = start_ipython()
     ip.run_line_magic("load_ext", "gpucell")
     ip.run_line_magic("gpu_cluster", "start -n 2 --gpus none")
-    ip.run_cell("import numpy as np")
+    ip.run_cell(f"import numpy as np\nWORK = {args.work}")
     ways = {  # (the magic's line, what the kernel decides to reseed)
         "no --seed": ("", decide),
         "--seed, every generator (before)": ("--seed 7", lambda *a: every),
@@ -205,7 +212,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {k: [] for k in ways}
     try:
         gpucell.current().client[:].apply_sync(_import_torch)
-        expect = _serial_seeded(args.n, 7)
+        expect = _serial_seeded(args.n, 7, args.work)
         cell = CELL.format(tag=f"cluster {time.time_ns()}", n=args.n)
         for r in range(args.runs + 1):  # interleaved: load changes alike
             for name, (line, decision) in ways.items():
@@ -219,7 +226,11 @@ def main() -> None:
         seeding.loop_generators = decide
         ip.run_line_magic("gpu_cluster", "stop")
     reseeds = decide(
-        CELL.format(tag="", n=args.n), (1, 2), None, {"np": np_module()}, {"out": []}
+        CELL.format(tag="", n=args.n),
+        (1, 2),
+        None,
+        {"np": np_module(), "WORK": args.work},
+        {"out": []},
     )
     rows = {
         k: {
@@ -247,7 +258,8 @@ def report(
 ) -> None:
     base = rows["no --seed"]
     print(
-        f"N = {args.n}; 2 CPU engines with torch loaded; median of {args.runs} "
+        f"N = {args.n}, WORK = {args.work}; 2 CPU engines with torch loaded; "
+        f"median of {args.runs} "
         f"interleaved runs; the kernel reseeds {reseeds} for this loop"
     )
     print(f"{'':34}{'wall s':>9}{'x':>6}{'compute s':>11}{'+us/it':>8}")
@@ -272,6 +284,7 @@ def report(
         json.dumps(
             {
                 "n": args.n,
+                "work": args.work,
                 "git": head,
                 "load": os.getloadavg(),
                 "reseeds": reseeds,
