@@ -84,6 +84,9 @@ def fresh_namespace() -> dict[str, Any]:
         "np": np,
         "arr": np.array([]),
         "rows": np.zeros((0, 2)),
+        "ra": 1.0,
+        "rb": 0,
+        "rc": 5,
     }
 
 
@@ -349,7 +352,7 @@ class _Gen:
                     "local", "local", "gather", "gather2", "write", "reduce",
                     "keyed", "union", "if", "for", "try", "with", "comp", "lambda",
                     "walrus", "continue", "refused", "call", "mutate", "own",
-                    "kgather", "best", "kmax", "concat",
+                    "kgather", "best", "kmax", "concat", "rebind",
                 ]
             )
         )  # fmt: skip
@@ -400,6 +403,12 @@ class _Gen:
             ]  # fmt: skip
         if kind == "union":
             return [d(st.sampled_from([f"s.add(({e}) % 7)", f"s.update([{e}, 1])"]))]
+        if kind == "rebind":  # a new value made from the last: on the kernel
+            return [
+                d(st.sampled_from([f"ra = ra * 0.5 + ({e})",
+                                   f"rb = rb + 2 if ({e}) % 3 else rb - 1",
+                                   f"rc = max(rc, {e}) - min(rc, 2)"]))
+            ]  # fmt: skip
         if kind == "concat":  # a name rebound by a concatenation of itself
             return [
                 d(st.sampled_from([f"arr = np.append(arr, {e})",
@@ -532,7 +541,7 @@ class _Gen:
             [f"if ({e}) % 2:", f"    {u} = 1", f"out.append({u})"],
             [f"obj.v = {e}"],
             ["del base"],
-            [f"acc = acc * 2 + {e}"],
+            [f"acc = acc * 2 + {e}", "out.append(acc)"],
             ["global gg", "gg = 1"],
         ][pattern]
 

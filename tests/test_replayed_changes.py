@@ -15,6 +15,7 @@ import heapq
 import textwrap
 from collections import Counter, defaultdict, deque
 
+import pandas as pd
 import pytest
 from test_concat_rebind import identical
 
@@ -76,6 +77,23 @@ CASES = {
             "xs": [5, 1, 4, 1, 5, 9, 2, 6],
             "ordered": [3],
             "dq": deque([0]),
+        },
+    ),
+    "a running mean, a new value from the last (floats, bit for bit)": (
+        "for i, x in enumerate(xs):\n    mean = mean + (x - mean) / (i + 1)\n",
+        lambda: {"xs": [0.1 * k**1.5 for k in range(40)], "mean": 0.0},
+    ),
+    "an EMA started from None, the heavy part on the engines": (
+        "for b in batches:\n"
+        "    loss = sum(v * v for v in b) / len(b)\n"
+        "    ema = loss if ema is None else 0.9 * ema + 0.1 * loss\n",
+        lambda: {"batches": [[k, k + 0.5, k / 3] for k in range(25)], "ema": None},
+    ),
+    "a row appended at the frame's end (df.loc[len(df)] = row)": (
+        "for i, f in enumerate(files):\n    df.loc[len(df)] = [f, len(f) * 1.5]\n",
+        lambda: {
+            "files": [f"part-{k}.csv" for k in range(12)],
+            "df": pd.DataFrame({"name": ["seed"], "size": [0.0]}),
         },
     ),
 }
@@ -155,6 +173,19 @@ def test_another_objects_method_is_refused_before_anything_runs(ip, cluster) -> 
         with pytest.raises(NotParallelizable, match="only for sets, dicts"):
             ip.run_cell_magic("gpu_parallel", "--quiet", cell)
         assert meter.calls == 0 and ip.user_ns["out"] == []
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+
+
+def test_an_update_that_fails_serially_fails_with_nothing_merged(ip, cluster) -> None:
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        ip.user_ns.update(xs=[3, 2, 1, 0, 5], acc=1.0, out=[])
+        cell = "for x in xs:\n    out.append(x)\n    acc = acc / x\n"
+        with pytest.raises(ZeroDivisionError) as err:
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert "update number 4 of 5" in "\n".join(err.value.__notes__)
+        assert ip.user_ns["acc"] == 1.0 and ip.user_ns["out"] == []
     finally:
         ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
 

@@ -106,8 +106,11 @@ def merge_replayed_statements(m: Merging) -> None:
         if not entries:
             continue
         target = m.existing(rep.target)
-        m.claim(rep.target, target)
         fns = {k: _compiled(src) for k, src in rep.templates.items()}
+        if rep.rebinds:
+            m.up.assign[rep.target] = _rebound(rep, fns, target, entries)
+            continue
+        m.claim(rep.target, target)
         for k, values in entries:
             if k in rep.function_first and not _known_function(values[0]):
                 raise NotParallelizable(
@@ -146,10 +149,29 @@ def merge_replayed_statements(m: Merging) -> None:
         )
 
 
-def _compiled(source: str) -> Callable[..., None]:
+def _rebound(rep: Any, fns: dict[int, Callable[..., Any]], x: Any, entries: Any) -> Any:
+    """``mean = mean + (x - mean) / n``: each iteration's new value made from
+    the last, in iteration order, from the value before the loop (nothing is
+    changed in place: the operations on it are pure)."""
+    for n, (k, values) in enumerate(entries):
+        try:
+            x = fns[k](x, *values)
+        except Exception as e:
+            add_note(
+                e,
+                f"gpucell: raised by line {rep.lines[k]}, the update number "
+                f"{n + 1} of {len(entries)} of `{rep.target}` (in iteration "
+                "order), made on the kernel after the engines ran. Nothing was "
+                "merged.",
+            )
+            raise
+    return x
+
+
+def _compiled(source: str) -> Callable[..., Any]:
     scope: dict[str, Any] = {}
     exec(compile(source, "<gpucell-replay>", "exec"), scope)
-    fn: Callable[..., None] = scope["__gpucell_replay__"]
+    fn: Callable[..., Any] = scope["__gpucell_replay__"]
     return fn
 
 

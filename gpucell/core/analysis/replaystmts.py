@@ -23,6 +23,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from gpucell.core.analysis.spellbase import _pure
+
 __all__ = ["Replayed", "replay_statements"]
 
 #: methods that change their object and return nothing the body uses
@@ -42,6 +44,10 @@ FUNCTIONS = frozenset(
 )
 #: what the sinks already merge on ``T`` itself
 _SINK_METHODS = frozenset({"add", "update", "append", "extend"})
+#: builtins a template may call on ``T`` (on the kernel, as serially)
+_PURE_CALLS = frozenset({"len", "min", "max", "abs", "round"})
+#: pandas' indexers, reached through on the way to an item
+_ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
 
 
 @dataclass(eq=False)
@@ -55,6 +61,9 @@ class Replayed:
     function_first: set[int] = field(default_factory=set)
     # statement numbers that call a method of T or of its items
     method_calls: set[int] = field(default_factory=set)
+    # statement numbers that rebind T (`mean = mean + (x - mean) / n`): the
+    # template returns T's new value
+    rebinds: set[int] = field(default_factory=set)
     lines: dict[int, int] = field(default_factory=dict)
 
 
@@ -72,12 +81,63 @@ class _Template:
     def __init__(self, target: str) -> None:
         self.target = target
         self.holes: list[ast.expr] = []
+        # inside a branch serially evaluated only sometimes (`a if c else b`,
+        # `a or b`): a hole there is evaluated always, so it must be pure
+        self.lazy = 0
 
     def hole(self, e: ast.expr) -> ast.expr:
         if _has(e, self.target) or isinstance(e, ast.Starred):
             raise _NotReplayable
+        if self.lazy and not _pure(e, lambda _name: False):
+            raise _NotReplayable
         self.holes.append(e)
         return ast.Name(f"__h{len(self.holes) - 1}__", ast.Load())
+
+    def value(self, e: ast.expr) -> ast.expr:
+        """``e`` as a template: what reads ``T`` kept (pure operations on it,
+        made on the kernel as serially), what does not a hole (constants
+        inline)."""
+        if not _has(e, self.target):
+            return e if isinstance(e, ast.Constant) else self.hole(e)
+        v = self.value
+        if isinstance(e, ast.Name):
+            return ast.Name("__T__", ast.Load())
+        if isinstance(e, ast.BinOp):
+            return ast.BinOp(v(e.left), e.op, v(e.right))
+        if isinstance(e, ast.UnaryOp):
+            return ast.UnaryOp(e.op, v(e.operand))
+        if isinstance(e, ast.Compare):
+            return ast.Compare(v(e.left), e.ops, [v(c) for c in e.comparators])
+        if isinstance(e, ast.Tuple) and isinstance(e.ctx, ast.Load):
+            return ast.Tuple([v(x) for x in e.elts], ast.Load())
+        if isinstance(e, ast.Attribute) and isinstance(e.ctx, ast.Load):
+            return ast.Attribute(v(e.value), e.attr, ast.Load())
+        if isinstance(e, ast.Subscript) and isinstance(e.ctx, ast.Load):
+            return ast.Subscript(v(e.value), v(e.slice), ast.Load())
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Name)
+            and e.func.id in _PURE_CALLS
+            and not e.keywords
+        ):
+            return ast.Call(ast.Name(e.func.id, ast.Load()), [v(a) for a in e.args], [])
+        if isinstance(e, (ast.IfExp, ast.BoolOp)):
+            if isinstance(e, ast.IfExp):
+                test = v(e.test)
+                self.lazy += 1
+                out: ast.expr = ast.IfExp(test, v(e.body), v(e.orelse))
+            else:
+                first = v(e.values[0])
+                self.lazy += 1
+                out = ast.BoolOp(e.op, [first, *(v(x) for x in e.values[1:])])
+            self.lazy -= 1
+            return out
+        raise _NotReplayable
+
+    def key(self, e: ast.expr) -> ast.expr:
+        """A subscript's key: a hole, or (``df.loc[len(df)] = row``) a pure
+        expression of ``T``, evaluated on the kernel as serially."""
+        return self.value(e) if _has(e, self.target) else self.hole(e)
 
     def spine(self, e: ast.expr) -> tuple[ast.expr, int]:
         """``e`` (which holds ``T``) as a template, and how deep below ``T``."""
@@ -85,7 +145,14 @@ class _Template:
             return ast.Name("__T__", ast.Load()), 0
         if isinstance(e, ast.Subscript) and isinstance(e.ctx, ast.Load):
             inner, depth = self.spine(e.value)
-            return ast.Subscript(inner, self.hole(e.slice), ast.Load()), depth + 1
+            return ast.Subscript(inner, self.key(e.slice), ast.Load()), depth + 1
+        if (
+            isinstance(e, ast.Attribute)
+            and isinstance(e.ctx, ast.Load)
+            and e.attr in _ACCESSORS
+        ):
+            inner, depth = self.spine(e.value)
+            return ast.Attribute(inner, e.attr, ast.Load()), depth
         if (
             isinstance(e, ast.Call)
             and isinstance(e.func, ast.Attribute)
@@ -146,12 +213,19 @@ def _template(
         tgt: ast.expr | None = s.target if isinstance(s, ast.AugAssign) else None
         if isinstance(s, ast.Assign) and len(s.targets) == 1:
             tgt = s.targets[0]
+        if (
+            isinstance(s, ast.Assign)
+            and isinstance(tgt, ast.Name)
+            and tgt.id == target
+            and _has(s.value, target)
+        ):  # `mean = mean + (x - mean) / n`: the new value, made on the kernel
+            return ast.Return(t.value(s.value)), t.holes, False
         if not (isinstance(tgt, ast.Subscript) and _has(tgt, target)):
             raise _NotReplayable
         inner, depth = t.spine(tgt.value)
-        if depth == 0:
+        if depth == 0 and not _has(tgt.slice, target):
             raise _NotReplayable  # `D[k] op= e`, `D[k] = e`: the sinks' own
-        key = t.hole(tgt.slice)
+        key = t.key(tgt.slice)
         value = t.hole(s.value)
         store = ast.Subscript(inner, key, ast.Store())
         if isinstance(s, ast.AugAssign):
@@ -207,10 +281,13 @@ def replay_statements(
     found = {}
     for block, i in _statements(body):
         s = block[i]
+        rebound = _rebound_name(s) if nested_items else None
         names = {
             n.id
             for n in ast.walk(s)
-            if isinstance(n, ast.Name) and n.id not in excluded and n.id not in bound
+            if isinstance(n, ast.Name)
+            and n.id not in excluded
+            and (n.id not in bound or n.id == rebound)
         }
         for name in names:
             try:
@@ -222,6 +299,9 @@ def replay_statements(
     for name, stmts in sorted(found.items()):
         if sum(_count(s[0][s[1]], name) for s in stmts) != uses.get(name):
             continue  # read elsewhere too: the state so far would be seen
+        kinds = {isinstance(s[2], ast.Return) for s in stmts}
+        if len(kinds) > 1 or (True in kinds and name not in bound):
+            continue  # rebound and changed in place: one or the other
         hidden = f"__gpucell_rp_{name}__"
         rep = Replayed(name)
         for k, (block, i, tpl, holes, fn_first) in enumerate(stmts):
@@ -230,11 +310,24 @@ def replay_statements(
             rep.lines[k] = old.lineno
             if fn_first:
                 rep.function_first.add(k)
+            elif isinstance(tpl, ast.Return):
+                rep.rebinds.add(k)
             elif isinstance(tpl, ast.Expr):
                 rep.method_calls.add(k)
             block[i] = _recording(old, hidden, k, holes)
         out[hidden] = rep
     return out
+
+
+def _rebound_name(s: ast.stmt) -> str | None:
+    """``x`` of ``x = ...`` (a name the body binds, replayed as a rebinding)."""
+    if (
+        isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Name)
+    ):
+        return s.targets[0].id
+    return None
 
 
 def _count(s: ast.stmt, name: str) -> int:
