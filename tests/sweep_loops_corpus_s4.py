@@ -881,6 +881,49 @@ for k in list(index):
 )
 
 case(
+    "s4-rp-map-bound-add",
+    "safe",
+    TEXT,
+    """
+vocab = set()
+for d in docs:
+    any(map(vocab.add, d.lower().split()))
+""",
+    note="the set's bound method is passed as a value, never called as `vocab.add(...)`",
+)
+
+case(
+    "s4-rp-default-arg-bound-append",
+    "safe",
+    NP,
+    """
+metrics = []
+def log_metric(name, value, sink=metrics.append):
+    sink((name, round(float(value), 6)))
+for i, s in enumerate(signals):
+    log_metric(f"max{i}", s.max())
+""",
+)
+
+case(
+    "s4-rp-u-seen-add-alias-dedupe",
+    "unsafe",
+    TEXT,
+    """
+seen = set()
+seen_add = seen.add
+unique_words = []
+for d in docs:
+    for w in d.split():
+        if w in seen:
+            continue
+        seen_add(w)
+        unique_words.append(w)
+""",
+    note="the order-keeping dedupe recipe, spelled as a loop: each iteration reads what earlier ones added",
+)
+
+case(
     "s4-rp-u-index-size-read",
     "unsafe",
     TEXT,
@@ -1824,6 +1867,19 @@ for p in paths:
     raw = open(p, "rb").read()
     ratio[os.path.basename(p)] = round(len(gzip.compress(raw, mtime=0)) / len(raw), 4)
 """,
+)
+
+case(
+    "s4-io-u-csv-reader-line-num",
+    "unsafe",
+    "import csv, io\ntext = 'id,v\\n1,2\\n3,4\\n5,6\\n'\n",
+    """
+reader = csv.reader(io.StringIO(text))
+by_line = {}
+for row in reader:
+    by_line[reader.line_num] = row
+""",
+    note="the body reads where the iterator is",
 )
 
 case(

@@ -58,6 +58,22 @@ KNOWN: dict[str, str] = {
         "SILENT: recent stays empty: `push = recent.appendleft` before the "
         "loop; as s4-rp-bound-method-alias"
     ),
+    "s4-rp-map-bound-add": (
+        "SILENT: vocab stays empty: `any(map(vocab.add, ...))` passes the "
+        "set's bound method as a value; as s4-rp-bound-method-alias"
+    ),
+    "s4-rp-default-arg-bound-append": (
+        "SILENT: metrics stays []: a helper's default argument "
+        "`sink=metrics.append`; as s4-rp-bound-method-alias"
+    ),
+    "s4-rp-u-seen-add-alias-dedupe": (
+        "SILENT: seen, unique_words (words repeated across engines): the "
+        "order-keeping dedupe with `seen_add = seen.add`; the body reads "
+        "`seen` (`w in seen`), which is refused for a direct `seen.add(w)`, "
+        "but the change through the alias is not seen (a user class's bound "
+        "method, a partial of heapq.heappush, `d.__setitem__` are: "
+        "InputChanged)"
+    ),
     "s4-rp-appendleft-record-changed-after": (
         "SILENT: feed (its dicts lack the key set after the call): "
         "`feed.appendleft(rec)` then `rec['n'] = ...` in the same iteration; "
