@@ -39,10 +39,11 @@ def test_every_way_to_open_is_noted_in_its_iteration(tmp_path) -> None:
         w.i = None  # (between iterations: nothing is noted)
         with open(c, "w"):
             pass
-    assert fa.files == {a: ([0], [1]), b: ([1], []), c: ([1], [])}
+    folder = str(tmp_path) + os.sep  # (files made in it: its listing changes)
+    assert fa.files == {a: ([0], [1]), b: ([1], []), c: ([1], []), folder: ([0, 1], [])}
     with open(tmp_path / "after.txt", "w"):  # the chunk is over
         pass
-    assert len(fa.files) == 3
+    assert len(fa.files) == 4
 
 
 def test_an_import_bytecode_cache_is_not_a_file_the_loop_shares(tmp_path) -> None:
@@ -52,7 +53,35 @@ def test_an_import_bytecode_cache_is_not_a_file_the_loop_shares(tmp_path) -> Non
         (tmp_path / "__pycache__").mkdir()
         with open(tmp_path / "__pycache__" / "m.cpython-311.pyc.123", "wb"):
             pass
-    assert list(fa.files) == [str(tmp_path / "__pycache__.txt")]
+    assert list(fa.files) == [str(tmp_path / "__pycache__.txt"), str(tmp_path) + os.sep]
+
+
+def test_a_folder_listed_by_one_iteration_and_written_in_by_another_is_refused(
+    tmp_path,
+) -> None:
+    from gpucell.core.fileconflicts import check_files, conflicts
+    from gpucell.errors import NotParallelizable
+
+    w = _Where()
+    with FileAccess(w) as fa:
+        n = len(os.listdir(tmp_path))  # `ckpt_{n}`: named by what is there
+        with open(tmp_path / f"ckpt_{n}.txt", "w"):
+            pass
+        w.i = 1
+        n = len(os.listdir(tmp_path))
+        with open(tmp_path / f"ckpt_{n}.txt", "w"):
+            pass
+    assert conflicts([fa]) == [(str(tmp_path) + os.sep, 1, 0, False)]
+    with pytest.raises(NotParallelizable, match="listed the folder"):
+        check_files([fa])
+    # each iteration making its own file in one folder, nothing listed: fine
+    w.i = 0
+    with FileAccess(w) as fb:
+        for i in range(2):
+            w.i = i
+            with open(tmp_path / f"out_{i}.txt", "w"):
+                pass
+    assert conflicts([fb]) == []
 
 
 @pytest.mark.cluster

@@ -34,60 +34,40 @@ pytestmark = pytest.mark.cluster
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
     "s4-str-itertools-groupby-runs": (
-        "SILENT: by_len (every group an empty list): the iterable "
-        "`itertools.groupby(...)` is materialised to a list before the loop, "
-        "which advances the groupby past each group, so each `grp` the body "
-        "reads is already exhausted (serially the body consumes it before the "
-        "next group is taken)"
+        "SILENT (documented exception with a visible effect): grp (only its "
+        "type): the groups are drawn with their keys before any iteration "
+        "runs, each as an iterator over its own items (a list_iterator; "
+        "serially an itertools._grouper), so the results are the serial ones "
+        "and the loop variable left after the loop is an exhausted iterator "
+        "of another type (was SILENT: every group empty)"
     ),
     "s4-str-groupby-itemgetter-records": (
-        "SILENT: daily (every sum 0): as s4-str-itertools-groupby-runs, the "
-        "materialised groupby's group iterators are exhausted"
+        "SILENT (documented exception with a visible effect): grp (only its "
+        "type), as s4-str-itertools-groupby-runs"
     ),
     "s4-rp-bound-method-alias": (
-        "SILENT: seen_words stays empty: `remember = seen_words.add` before "
-        "the loop, `remember(w)` in the body; the bound method travels as a "
-        "copy holding its own copy of the set, so neither the input check nor "
-        "the merge sees the change"
+        "false refusal (was SILENT): `remember = seen_words.add` before the "
+        "loop, `remember(w)` in the body: refused before anything runs, "
+        "advising `seen_words.add(w)` (merged as a union); gpucell does not "
+        "yet resolve the alias to its object"
     ),
     "s4-rp-list-append-alias": (
-        "SILENT: lengths stays []: `emit = lengths.append` before the loop "
-        "(the micro-optimised spelling); as s4-rp-bound-method-alias"
+        "false refusal (was SILENT): `emit = lengths.append`; as "
+        "s4-rp-bound-method-alias"
     ),
     "s4-rp-deque-append-alias": (
-        "SILENT: recent stays empty: `push = recent.appendleft` before the "
-        "loop; as s4-rp-bound-method-alias"
+        "false refusal (was SILENT): `push = recent.appendleft`; as "
+        "s4-rp-bound-method-alias"
     ),
     "s4-rp-map-bound-add": (
-        "SILENT: vocab stays empty: `any(map(vocab.add, ...))` passes the "
-        "set's bound method as a value; as s4-rp-bound-method-alias"
+        "false refusal (was SILENT): `any(map(vocab.add, ...))` stops at run "
+        "time (InputChanged: `vocab` changed in place), nothing merged: the "
+        "bound method passed to map is now watched, not replayed"
     ),
     "s4-rp-default-arg-bound-append": (
-        "SILENT: metrics stays []: a helper's default argument "
-        "`sink=metrics.append`; as s4-rp-bound-method-alias"
-    ),
-    "s4-rp-u-seen-add-alias-dedupe": (
-        "SILENT: seen, unique_words (words repeated across engines): the "
-        "order-keeping dedupe with `seen_add = seen.add`; the body reads "
-        "`seen` (`w in seen`), which is refused for a direct `seen.add(w)`, "
-        "but the change through the alias is not seen (a user class's bound "
-        "method, a partial of heapq.heappush, `d.__setitem__` are: "
-        "InputChanged)"
-    ),
-    "s4-rp-appendleft-record-changed-after": (
-        "SILENT: feed (its dicts lack the key set after the call): "
-        "`feed.appendleft(rec)` then `rec['n'] = ...` in the same iteration; "
-        "the engine snapshots the replayed statement's value at the call, "
-        "serially the deque holds the dict itself and shows the later change"
-    ),
-    "s4-rp-heappush-dict-changed-after": (
-        "SILENT: pq (the jobs lack 'queued'): `heapq.heappush(pq, (prio, i, "
-        "job))` then `job['queued'] = True`; as "
-        "s4-rp-appendleft-record-changed-after"
-    ),
-    "s4-rp-nested-store-record-changed-after": (
-        "SILENT: latest (the records lack 'late'): `latest[user][page] = rec` "
-        "then `rec['late'] = ...`; as s4-rp-appendleft-record-changed-after"
+        "false refusal (was SILENT): a helper's default argument "
+        "`sink=metrics.append` stops at run time (InputChanged: a default "
+        "argument it keeps state in changed), nothing merged"
     ),
     "s4-io-csv-writer-per-item": (
         "SILENT (documented exception with a visible effect): w (only "
@@ -112,17 +92,6 @@ KNOWN: dict[str, str] = {
         "alone is merged or replayed; the update is taken by the sinks, so "
         "the subtract counts as a read; the message calls a Counter's update "
         "a set union)"
-    ),
-    "s4-rp-deque-extendleft-chunks": (
-        "false refusal (stopped at run time): `dq.extendleft(x * 10 for x in "
-        "c)`: IterationError 'cannot pickle generator object': the replayed "
-        "statement's value is a generator, snapshotted as is (the traceback "
-        "shown is gpucell's worker, not the user's code)"
-    ),
-    "s4-rp-counter-subtract-generator": (
-        "false refusal (stopped at run time): `allowance.subtract(w for w in "
-        "...)`: IterationError 'cannot pickle generator object', as "
-        "s4-rp-deque-extendleft-chunks"
     ),
     "s4-cat-np-vstack-none-start": (
         "false refusal: `X_all = f if X_all is None else np.vstack([X_all, "
@@ -176,13 +145,6 @@ KNOWN: dict[str, str] = {
 
 #: cases whose outcome is a race between the engines (not strict)
 FLAKY: dict[str, str] = {
-    "s4-io-u-name-from-listdir-count": (
-        "SILENT (racy): n, fh: the body names each file by "
-        "`len(os.listdir(...))` of the folder it writes into; where the "
-        "engines' chunks overlap in time an engine counts fewer files than "
-        "serially and writes another name (equal where they run one after "
-        "the other)"
-    ),
 }
 
 #: cases whose engines may keep process-wide state: what puts it back there

@@ -34,6 +34,14 @@ def conflicts(results: Iterable[_WithFiles]) -> list[tuple[str, int, int, bool]]
     for path, ws in sorted(writers.items()):
         if not ws:
             continue
+        if path.endswith(("/", "\\")):
+            # a folder: files made in it by several iterations are each
+            # their own; only a listing by another iteration met them
+            listed = sorted(readers.get(path, set()))
+            pair = next(((w, r) for r in listed for w in sorted(ws) if w != r), None)
+            if pair is not None:
+                out.append((path, pair[0], pair[1], False))
+            continue
         first = min(ws)
         others = sorted(ws - {first})
         if others:
@@ -56,6 +64,12 @@ def check_files(results: Iterable[_WithFiles]) -> None:
         what = (
             f"iterations {writer} and {other} both wrote `{path}`{more}: serially "
             "the file holds what the later one wrote"
+        )
+    elif path.endswith(("/", "\\")):
+        what = (
+            f"iteration {other} listed the folder `{path}`{more}, in which "
+            f"iteration {writer} wrote a file: serially the listing shows the "
+            "files of the iterations before it"
         )
     else:
         what = (

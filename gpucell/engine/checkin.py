@@ -378,11 +378,27 @@ def _token(obj: Any, budget: _Budget, seen: set[int]) -> Hashable:
         )
     if isinstance(obj, types.FunctionType):
         return _function(obj, budget, seen)
-    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType)):
-        return ("=", id(obj))
     if global_generator(obj) is not None:  # process state, as a module is
         return ("=", id(obj))
+    owner = _bound_to(obj)
+    if owner is not None:
+        # `add = seen.add`, `map(out.append, ...)`, `sink=metrics.append`: a
+        # method bound to an object changes that object when called
+        return ("bound", getattr(obj, "__name__", ""), _token(owner, budget, seen))
+    if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType)):
+        return ("=", id(obj))
     return _pickled(obj)
+
+
+def _bound_to(obj: Any) -> Any:
+    """The object a builtin method (``seen.add``, ``out.append``,
+    ``d.__setitem__``) is bound to, or None (a plain function, a module's)."""
+    if not isinstance(obj, (types.BuiltinMethodType, types.MethodWrapperType)):
+        return None
+    owner = getattr(obj, "__self__", None)
+    if owner is None or isinstance(owner, (types.ModuleType, type)):
+        return None
+    return owner
 
 
 def freeze(chunk_obj: Any) -> None:

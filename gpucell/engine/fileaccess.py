@@ -57,14 +57,26 @@ _active: FileAccess | None = None
 _hooked = False
 
 
+#: audit events that list a folder: what a file made in it later changes
+_LISTINGS = frozenset({"os.listdir", "os.scandir"})
+
+
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """The process's audit hook: an ``open`` while a chunk runs is noted."""
-    if event != "open":
+    """The process's audit hook: an ``open`` while a chunk runs is noted, and
+    a folder listed (``os.listdir``, ``os.scandir``, ``glob``, ``os.walk``)
+    as a read of the folder, which a file opened for writing in it writes
+    (``n = len(os.listdir(d))`` then writing ``d/ckpt_{n}``)."""
+    if event != "open" and event not in _LISTINGS:
         return
     fa = _active
     if fa is None or threading.get_ident() != fa._thread:
         return
     try:
+        if event in _LISTINGS:
+            folder = args[0] if args and args[0] is not None else "."
+            if not isinstance(folder, int):
+                fa._note(folder, False, folder=True)
+            return
         file, mode, flags = args
         if isinstance(file, int):
             return  # (a descriptor: opened, and noted, by path before)
@@ -74,6 +86,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             else bool(isinstance(flags, int) and flags & _WRITE_FLAGS)
         )
         fa._note(file, writing)
+        if writing:
+            fa._note(os.path.dirname(os.path.abspath(os.fsdecode(file))), True, True)
     except Exception:  # a path it cannot spell is no path to compare
         pass  # (and an audit hook that raises would fail the open itself)
 
@@ -102,11 +116,13 @@ class FileAccess:
         global _active
         _active = self._outer
 
-    def _note(self, file: Any, writing: bool) -> None:
+    def _note(self, file: Any, writing: bool, folder: bool = False) -> None:
         i = self.where.current()
         if i is None:
             return
         path = os.path.abspath(os.fsdecode(os.fspath(file)))
+        if folder:  # (a folder's listing: named as a folder)
+            path = path.rstrip(os.sep) + os.sep
         if path.startswith(self._ignored) or _PYCACHE in path:
             return  # (an import's bytecode, written under a name per process)
         entry = self.files.get(path)

@@ -264,6 +264,18 @@ def admit(c: Cell, prep: Prepared, record: LastRun) -> Admitted:
     )
 
 
+def _groups_kept(value: Any) -> Any:
+    """``itertools.groupby(...)``: each group, an iterator over the one shared
+    iterator, is emptied by drawing the next; every item is drawn before any
+    iteration runs, so each group is drawn with its key, as an iterator over
+    its own items (what the body iterates serially)."""
+    import itertools
+
+    if not isinstance(value, itertools.groupby):
+        return value
+    return ((key, iter(list(group))) for key, group in value)
+
+
 def start_loop(shell: Shell, prep: Prepared) -> Loop:
     """Evaluate the loop's iterable and gather its inputs (the prelude ran);
     refuse, listing every problem the pre-flight checks find, before its items
@@ -278,7 +290,7 @@ def start_loop(shell: Shell, prep: Prepared) -> Loop:
         "leaves",
         lambda: [compile(leaf, plan.filename, "eval") for leaf in space.leaves],
     )
-    values = [eval(code, ns) for code in leaves]
+    values = [_groups_kept(eval(code, ns)) for code in leaves]
     inputs = {name: ns[name] for name in plan.inputs if name in ns}
     preflight.refuse(preflight.before_drawing(plan, ns, inputs, values))
     # a lazy iterable's items are all drawn before any iteration runs (serially

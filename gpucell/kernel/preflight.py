@@ -93,6 +93,7 @@ def before_drawing(
     out += preflight_functions.helpers_changing_data(plan, ns)
     out += preflight_sinks.unions_of_other_types(plan, ns)
     out += preflight_sinks.replayed_on_other_types(plan, ns)
+    out += preflight_sinks.bound_methods_of_inputs(plan, ns, inputs)
     out += keyed_stores.of_other_types(plan, ns)
     out += preflight_sinks.inputs_shared_with_sinks(plan, ns, inputs, values)
     out += preflight_process.contexts_that_cannot_travel(plan, ns)

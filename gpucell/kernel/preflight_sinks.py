@@ -16,6 +16,7 @@ __all__ = [
     "duplicate_labels",
     "inputs_shared_with_sinks",
     "rows_that_are_not_own",
+    "bound_methods_of_inputs",
     "replayed_on_other_types",
     "unions_of_other_types",
 ]
@@ -51,6 +52,53 @@ def unions_of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
             )
         )
     return out
+
+
+def bound_methods_of_inputs(
+    plan: LoopPlan, ns: Namespace, inputs: Namespace
+) -> list[Diagnostic]:
+    """``add = seen.add`` before the loop, ``add(w)`` in it: the method changes
+    ``seen``, which each engine holds a copy of; the sinks gpucell merges are
+    the methods called on the object by name (``seen.add(w)``)."""
+    import types
+
+    out = []
+    watched = set(plan.watched()["names"])
+    for name, value in inputs.items():
+        owner = getattr(value, "__self__", None)
+        if (
+            name not in watched
+            or not isinstance(value, types.BuiltinMethodType)
+            or owner is None
+            or isinstance(owner, (types.ModuleType, type))
+            or not isinstance(owner, (list, set, dict, bytearray, _deque()))
+        ):
+            continue
+        method = value.__name__
+        line = line_of(plan, name)
+        obj = next(
+            (k for k, v in ns.items() if v is owner and not k.startswith("_")), "obj"
+        )
+        out.append(
+            problem(
+                line,
+                name,
+                "bound-method-input",
+                f"`{name}` (line {line}) is the `{method}` method of a "
+                f"`{type(owner).__name__}` from before the loop: calling it "
+                "changes that object, of which each engine holds its own copy, "
+                "so the changes would be lost. Call the method on the object "
+                f"itself in the loop (`{obj}.{method}(...)`): gpucell merges "
+                "that.",
+            )
+        )
+    return out
+
+
+def _deque() -> type:
+    from collections import deque
+
+    return deque
 
 
 def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:

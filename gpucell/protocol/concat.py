@@ -34,6 +34,7 @@ __all__ = [
     "MODULES",
     "ConcatCall",
     "known_concatenation",
+    "read_now",
     "replay",
     "snapshot",
 ]
@@ -114,6 +115,26 @@ def snapshot(value: Any) -> Any:
         return copy.deepcopy(value)
     except Exception:  # an object that cannot be copied is recorded as it is
         return value
+
+
+def read_now(value: Any) -> Any:
+    """What a method reads of its argument (``s.update(xs)``, ``dq.extend(g)``,
+    ``c.subtract(words)``), kept from later changes: an iterator drawn into a
+    list, a container copied one level (its items stay themselves, as the
+    method would store them), an array copied."""
+    kind = type(value)
+    if kind in (list, tuple, set, frozenset, dict, bytearray):
+        return kind(value)
+    module = kind.__module__.split(".", 1)[0]
+    if module == "numpy" and hasattr(value, "copy"):
+        return value.copy()
+    if module == "torch" and hasattr(value, "clone"):
+        return value.clone()
+    if module == "collections" and hasattr(value, "copy"):
+        return value.copy()  # (Counter, OrderedDict, deque, defaultdict)
+    if hasattr(kind, "__next__") and hasattr(kind, "__iter__"):
+        return list(value)  # (a generator cannot travel; its items can)
+    return value
 
 
 def known_concatenation(function: Any) -> str | None:

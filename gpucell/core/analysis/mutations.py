@@ -72,6 +72,10 @@ def _through_data(node: ast.AST, op: str) -> bool:
     return False
 
 
+#: safe builtins whose first argument is a function they call
+_CALLING = frozenset({"map", "filter"})
+
+
 class _Mutations(_FlowBase):
     """The walk's checks of calls and stores that may change an object."""
 
@@ -182,6 +186,11 @@ class _Mutations(_FlowBase):
         line = call.lineno
         if isinstance(f, ast.Name):
             if self.c.is_builtin(f.id) and f.id in SAFE_BUILTINS:
+                # what they call may change things: `map(seen.add, ws)`,
+                # `sorted(xs, key=scorer)`
+                called = call.args[:1] if f.id in _CALLING else []
+                for e in [*called, *(k.value for k in call.keywords if k.arg == "key")]:
+                    self.watch(e, line)
                 return
             self.watch(f, line)
         elif isinstance(f, ast.Attribute):

@@ -8,7 +8,8 @@ Each such statement reads the container's state so far, so no engine can run
 it; but its effect depends only on that state and on values the iteration
 computes.  Where the body uses the container ``T`` in such statements only
 (never reads it otherwise), an engine evaluates the values (the statement's
-parts that do not involve ``T``: the "holes"), snapshots them and gathers
+parts that do not involve ``T``: the "holes"), keeps them (a value the
+statement stores as itself; one it reads, as it is now) and gathers
 ``(statement number, values)`` under a hidden name; the merge runs each
 statement's template (``T`` and the holes as parameters) on the kernel's
 ``T`` in iteration order (``core/merge_replays.merge_replayed_statements``).
@@ -46,6 +47,8 @@ FUNCTIONS = frozenset(
 _SINK_METHODS = frozenset({"add", "update", "append", "extend"})
 #: builtins a template may call on ``T`` (on the kernel, as serially)
 _PURE_CALLS = frozenset({"len", "min", "max", "abs", "round"})
+#: methods that keep their arguments themselves (the others read them)
+_STORING = frozenset({"add", "append", "appendleft", "insert"})
 #: pandas' indexers, reached through on the way to an item
 _ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
 
@@ -67,6 +70,11 @@ class Replayed:
     lines: dict[int, int] = field(default_factory=dict)
 
 
+#: a statement found for a name: its block, index, template, holes and
+#: whether the first hole is the function called
+_Found = tuple[list[ast.stmt], int, ast.stmt, list[tuple[ast.expr, bool]], bool]
+
+
 class _NotReplayable(Exception):
     pass
 
@@ -81,17 +89,26 @@ class _Template:
     def __init__(self, target: str) -> None:
         self.target = target
         self.holes: list[ast.expr] = []
+        # per hole: stored by the statement (a reference, as serially: later
+        # changes to the object in the iteration show through), or read
+        # there and then (a shallow copy, iterators drawn)
+        self.stored: list[bool] = []
         # inside a branch serially evaluated only sometimes (`a if c else b`,
         # `a or b`): a hole there is evaluated always, so it must be pure
         self.lazy = 0
 
-    def hole(self, e: ast.expr) -> ast.expr:
+    def hole(self, e: ast.expr, stored: bool = False) -> ast.expr:
         if _has(e, self.target) or isinstance(e, ast.Starred):
             raise _NotReplayable
         if self.lazy and not _pure(e, lambda _name: False):
             raise _NotReplayable
         self.holes.append(e)
+        self.stored.append(stored)
         return ast.Name(f"__h{len(self.holes) - 1}__", ast.Load())
+
+    def pairs(self) -> list[tuple[ast.expr, bool]]:
+        """Each hole with whether the statement keeps it (see ``stored``)."""
+        return list(zip(self.holes, self.stored, strict=True))
 
     def value(self, e: ast.expr) -> ast.expr:
         """``e`` as a template: what reads ``T`` kept (pure operations on it,
@@ -137,7 +154,7 @@ class _Template:
     def key(self, e: ast.expr) -> ast.expr:
         """A subscript's key: a hole, or (``df.loc[len(df)] = row``) a pure
         expression of ``T``, evaluated on the kernel as serially."""
-        return self.value(e) if _has(e, self.target) else self.hole(e)
+        return self.value(e) if _has(e, self.target) else self.hole(e, True)
 
     def spine(self, e: ast.expr) -> tuple[ast.expr, int]:
         """``e`` (which holds ``T``) as a template, and how deep below ``T``."""
@@ -161,7 +178,7 @@ class _Template:
             and not e.keywords
         ):
             inner, depth = self.spine(e.func.value)
-            args = [self.hole(a) for a in e.args]
+            args = [self.hole(a, True) for a in e.args]
             return ast.Call(ast.Attribute(inner, "setdefault", ast.Load()), args, []), (
                 depth + 1
             )
@@ -170,7 +187,7 @@ class _Template:
 
 def _template(
     s: ast.stmt, target: str, nested_items: bool
-) -> tuple[ast.stmt, list[ast.expr], bool]:
+) -> tuple[ast.stmt, list[tuple[ast.expr, bool]], bool]:
     """The statement's template over ``__T__`` and ``__hN__``, its holes, and
     whether the first hole is the function called; raises _NotReplayable.
     ``nested_items``: also ``T[a][b] op= e`` and ``T[a][b] = e``."""
@@ -196,18 +213,19 @@ def _template(
                 and isinstance(f.value, ast.Subscript)
             ):
                 raise _NotReplayable  # a keyed gather
-            args = [t.hole(a) for a in call.args]
-            kws = [ast.keyword(k.arg, t.hole(k.value)) for k in call.keywords]
+            keeps = f.attr in _STORING
+            args = [t.hole(a, keeps) for a in call.args]
+            kws = [ast.keyword(k.arg, t.hole(k.value, keeps)) for k in call.keywords]
             new = ast.Call(ast.Attribute(inner, f.attr, ast.Load()), args, kws)
-            return ast.Expr(new), t.holes, False
+            return ast.Expr(new), t.pairs(), False
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
         if name in FUNCTIONS and call.args and _has(call.args[0], target):
-            fn = t.hole(f)
+            fn = t.hole(f, True)
             inner, _depth = t.spine(call.args[0])
-            rest = [t.hole(a) for a in call.args[1:]]
+            rest = [t.hole(a, True) for a in call.args[1:]]
             if call.keywords:
                 raise _NotReplayable
-            return ast.Expr(ast.Call(fn, [inner, *rest], [])), t.holes, True
+            return ast.Expr(ast.Call(fn, [inner, *rest], [])), t.pairs(), True
         raise _NotReplayable
     if nested_items and isinstance(s, (ast.AugAssign, ast.Assign)):
         tgt: ast.expr | None = s.target if isinstance(s, ast.AugAssign) else None
@@ -219,18 +237,20 @@ def _template(
             and tgt.id == target
             and _has(s.value, target)
         ):  # `mean = mean + (x - mean) / n`: the new value, made on the kernel
-            return ast.Return(t.value(s.value)), t.holes, False
+            return ast.Return(t.value(s.value)), t.pairs(), False
         if not (isinstance(tgt, ast.Subscript) and _has(tgt, target)):
             raise _NotReplayable
         inner, depth = t.spine(tgt.value)
         if depth == 0 and not _has(tgt.slice, target):
             raise _NotReplayable  # `D[k] op= e`, `D[k] = e`: the sinks' own
         key = t.key(tgt.slice)
-        value = t.hole(s.value)
+        # (`T[a][b] = v` keeps v itself; pandas' indexers and `+=` read it)
+        through = isinstance(tgt.value, ast.Attribute) and tgt.value.attr in _ACCESSORS
+        value = t.hole(s.value, isinstance(s, ast.Assign) and not through)
         store = ast.Subscript(inner, key, ast.Store())
         if isinstance(s, ast.AugAssign):
-            return ast.AugAssign(store, s.op, value), t.holes, False
-        return ast.Assign([store], value), t.holes, False
+            return ast.AugAssign(store, s.op, value), t.pairs(), False
+        return ast.Assign([store], value), t.pairs(), False
     raise _NotReplayable
 
 
@@ -277,7 +297,7 @@ def replay_statements(
     nested own row is written back in place, numpy arrays included): also
     ``T[a][b] op= e`` and ``T[a][b] = e``."""
     uses = _candidates(body)
-    found: dict[str, list[tuple[list[ast.stmt], int, ast.stmt, list[ast.expr], bool]]]
+    found: dict[str, list[_Found]]
     found = {}
     for block, i in _statements(body):
         s = block[i]
@@ -351,14 +371,19 @@ def _function_source(tpl: ast.stmt, holes: int) -> str:
     return ast.unparse(ast.fix_missing_locations(ast.Module([fn], [])))
 
 
-def _recording(old: ast.stmt, hidden: str, k: int, holes: list[ast.expr]) -> ast.stmt:
-    """``__gpucell_rp_T__.append((k, snapshot((h0, h1, ...))))``."""
-    snap = ast.parse(
-        "__import__('gpucell.protocol.concat', fromlist=['snapshot']).snapshot",
+def _recording(
+    old: ast.stmt, hidden: str, k: int, holes: list[tuple[ast.expr, bool]]
+) -> ast.stmt:
+    """``__gpucell_rp_T__.append((k, (h0, read_now(h1), ...)))``: a value the
+    statement keeps as itself, one it reads as it is now."""
+    read = ast.parse(
+        "__import__('gpucell.protocol.concat', fromlist=['read_now']).read_now",
         mode="eval",
     ).body
-    values = ast.Call(snap, [ast.Tuple(elts=list(holes), ctx=ast.Load())], [])
-    entry = ast.Tuple(elts=[ast.Constant(k), values], ctx=ast.Load())
+    values = [e if stored else ast.Call(read, [e], []) for e, stored in holes]
+    entry = ast.Tuple(
+        elts=[ast.Constant(k), ast.Tuple(elts=values, ctx=ast.Load())], ctx=ast.Load()
+    )
     append = ast.Attribute(ast.Name(hidden, ast.Load()), "append", ast.Load())
     new = ast.Expr(ast.Call(append, [entry], []))
     for node in ast.walk(new):
