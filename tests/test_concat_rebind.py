@@ -181,6 +181,13 @@ CASES = {
         "        acc = np.full(k, k)\n",
         {"acc": None},
     ),
+    "x = e if x is None else np.vstack([x, e]), one statement": (
+        "X = None\n"
+        "for s in series:\n"
+        "    f = s[:3] * 2\n"
+        "    X = f if X is None else np.vstack([X, f])\n",
+        {"series": [np.arange(k, k + 5.0) for k in range(9)]},
+    ),
     "the first iteration binds, the others stack (no value before the loop)": (
         "for i, s in enumerate(series):\n"
         "    f = s[:3] * 2\n"

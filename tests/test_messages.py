@@ -50,6 +50,9 @@ def test_the_running_best_advice_says_max_or_min_as_the_test_does(
     body: str, op: str, score: str
 ) -> None:
     src = "for x in xs:\n    loss = f(x)\n    score = g(x)\n    acc = h(x)\n" + body
+    # (read nowhere else, `best = loss if loss < best else best` is made on
+    # the kernel from the engines' values: replaystmts.py)
+    src += "    seen.append(best)\n"
     text = texts(src)[("best", "loop-carried")]
     other = {"max": "min", "min": "max"}[op]
     word = {"max": "maximum", "min": "minimum"}[op]

@@ -27,6 +27,15 @@ pytestmark = pytest.mark.cluster
 WORDS = "the cat sat on the mat and the dog sat on the cat".split()
 
 
+class _Results:
+    def __init__(self):
+        self.scores = []
+        self.best = {}
+
+    def __eq__(self, other):
+        return vars(self) == vars(other)
+
+
 def _nested():
     return defaultdict(lambda: defaultdict(int))
 
@@ -78,6 +87,19 @@ CASES = {
             "ordered": [3],
             "dq": deque([0]),
         },
+    ),
+    "a Counter updated and subtracted in one loop": (
+        "for d in docs:\n    c.update(d.split())\n    c.subtract(['the'])\n",
+        lambda: {
+            "docs": [" ".join(WORDS[k : k + 4]) for k in range(9)],
+            "c": Counter(),
+        },
+    ),
+    "lists held by an object's attributes (res.scores.append, res.best[k] = )": (
+        "for i, w in enumerate(words):\n"
+        "    res.scores.append(len(w) * i)\n"
+        "    res.best[w] = i\n",
+        lambda: {"words": WORDS, "res": _Results()},
     ),
     "a running mean, a new value from the last (floats, bit for bit)": (
         "for i, x in enumerate(xs):\n    mean = mean + (x - mean) / (i + 1)\n",
@@ -186,6 +208,32 @@ def test_an_update_that_fails_serially_fails_with_nothing_merged(ip, cluster) ->
             ip.run_cell_magic("gpu_parallel", "--quiet", cell)
         assert "update number 4 of 5" in "\n".join(err.value.__notes__)
         assert ip.user_ns["acc"] == 1.0 and ip.user_ns["out"] == []
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+
+
+def test_a_method_of_an_attribute_that_is_not_a_container_is_refused(
+    ip, cluster
+) -> None:
+    class Bar:
+        def __init__(self):
+            self.n = 0
+
+        def add(self, k):
+            self.n += k
+
+    class Run:
+        def __init__(self):
+            self.bar = Bar()
+
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        run_ = Run()
+        ip.user_ns.update(run_=run_, out=[])
+        cell = "for i in range(4):\n    out.append(i)\n    run_.bar.add(i)\n"
+        with pytest.raises(NotParallelizable, match=r"changes `run_\.bar`, a `Bar`"):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert run_.bar.n == 0 and ip.user_ns["out"] == []
     finally:
         ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
 

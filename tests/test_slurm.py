@@ -297,8 +297,17 @@ def _slow_until_joined(folder: str):
         host = socket.gethostname()
         if host == "node2":  # (a file of the iteration's own)
             open(os.path.join(folder, f"{os.getpid()}-{i}"), "w").close()
-        elif len({name.split("-")[0] for name in os.listdir(folder)}) < 2:
-            time.sleep(0.25)
+        else:
+            # (listed from another thread: the harness's polling is not the
+            # loop's own listing, which the engines' file watch notes)
+            import threading
+
+            names: list = []
+            t = threading.Thread(target=lambda: names.extend(os.listdir(folder)))
+            t.start()
+            t.join()
+            if len({name.split("-")[0] for name in names}) < 2:
+                time.sleep(0.25)
         return host
 
     return f

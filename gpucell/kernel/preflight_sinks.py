@@ -102,36 +102,45 @@ def _deque() -> type:
 
 
 def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
-    """``T.subtract(c)``, ``T[k].add(v)``, ``heapq.heappush(T, x)`` are replayed
-    on the kernel after the engines ran: right for the standard containers,
-    whose methods change only themselves; another object's method (a progress
-    bar's ``update``, a session's ``add``) may do more, at the wrong time."""
+    """``T.subtract(c)``, ``T[k].add(v)``, ``res.scores.append(x)`` are
+    replayed on the kernel after the engines ran: right for the standard
+    containers, whose methods change only themselves; another object's
+    method (a progress bar's ``update``, a session's ``add``) may do more, at
+    the wrong time."""
     from collections import deque
 
     out = []
     for rep in plan.spelled.replayed.values():
         name = rep.target
-        calls = sorted(rep.method_calls)
-        if name not in ns or not calls:
+        if name not in ns:
             continue
-        value = ns[name]
-        if isinstance(value, (set, dict, list, deque)):
-            continue  # (Counter, defaultdict, OrderedDict included)
-        line = rep.lines[calls[0]]
-        out.append(
-            problem(
-                line,
-                name,
-                "replayed-on-other-type",
-                f"line {line} changes `{name}`, a `{type(value).__name__}`, by a "
-                "method call that gpucell would make on the kernel after the "
-                "engines ran (in iteration order), which it does only for sets, "
-                "dicts, lists and deques: another object's method may do more "
-                f"than change `{name}`. Collect the arguments in a list in the "
-                f"loop (`args.append(...)`) and make the calls on `{name}` after "
-                "the loop, or run the cell without %%gpu_parallel.",
+        for k in sorted(rep.method_calls):
+            path = rep.owners.get(k, ())
+            obj, spelled = ns[name], name
+            try:
+                for attr in path or ():
+                    obj, spelled = getattr(obj, attr), f"{spelled}.{attr}"
+            except Exception:
+                continue  # (serially the statement would fail the same way)
+            if isinstance(obj, (set, dict, list, deque)):
+                continue  # (Counter, defaultdict, OrderedDict included)
+            line = rep.lines[k]
+            out.append(
+                problem(
+                    line,
+                    name,
+                    "replayed-on-other-type",
+                    f"line {line} changes `{spelled}`, a `{type(obj).__name__}`, "
+                    "by a method call that gpucell would make on the kernel after "
+                    "the engines ran (in iteration order), which it does only for "
+                    "sets, dicts, lists and deques: another object's method may "
+                    f"do more than change `{spelled}`. Collect the arguments in a "
+                    "list in the loop (`args.append(...)`) and make the calls on "
+                    f"`{spelled}` after the loop, or run the cell without "
+                    "%%gpu_parallel.",
+                )
             )
-        )
+            break
     return out
 
 

@@ -69,6 +69,26 @@ def _concat_call(s: ast.stmt) -> tuple[str, ast.Call, tuple[int, ...]] | None:
 _ONCE = {"np": "np.concatenate", "numpy": "numpy.concatenate", "torch": "torch.cat"}
 
 
+def _concat_reading(s: ast.stmt) -> tuple[str, ast.Call, tuple[int, ...]] | None:
+    """``x = m.f(... x ...)`` with ``x`` read in the arguments in any way
+    (``np.append(x, x[-1] + 1)``): for the advice only."""
+    if not (
+        isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Name)
+        and isinstance(s.value, ast.Call)
+        and isinstance(s.value.func, ast.Attribute)
+        and isinstance(s.value.func.value, ast.Name)
+        and s.value.func.value.id in MODULES
+        and s.value.func.attr in ATTRIBUTES
+    ):
+        return None
+    x = s.targets[0].id
+    if not any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(s.value)):
+        return None
+    return x, s.value, ()
+
+
 def _concatenated(stmts: list[ast.stmt]) -> dict[str, tuple[int, str]]:
     """Names some statement rebinds by a concatenation of themselves -> the
     first such statement's line and the one call that would concatenate the
@@ -77,7 +97,7 @@ def _concatenated(stmts: list[ast.stmt]) -> dict[str, tuple[int, str]]:
     for st in stmts:
         for node in ast.walk(st):
             if isinstance(node, ast.stmt):
-                found = _concat_call(node)
+                found = _concat_call(node) or _concat_reading(node)
                 if found is not None:
                     f = found[1].func
                     assert isinstance(f, ast.Attribute)
@@ -146,12 +166,30 @@ def _same_somewhere(call: ast.Call, temp: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == temp for n in ast.walk(call))
 
 
+def _as_if(s: ast.stmt) -> ast.stmt:
+    """``x = e if x is None else f([x, e])`` as the ``if`` statement it
+    stands for (other statements as they are)."""
+    if not (
+        isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Name)
+        and isinstance(s.value, ast.IfExp)
+    ):
+        return s
+    x, v = s.targets[0].id, s.value
+
+    def bind(e: ast.expr) -> ast.stmt:
+        return ast.copy_location(ast.Assign([ast.Name(x, ast.Store())], e), s)
+
+    return ast.copy_location(ast.If(v.test, [bind(v.body)], [bind(v.orelse)]), s)
+
+
 def _form(s: ast.stmt) -> tuple[str, int] | None:
     """A statement of the forms a concatenated name may appear in, and how
     many uses of it the statement accounts for."""
-    found = _if_none(s)
+    found = _if_none(_as_if(s))
     if found is not None:
-        return found[0], 4
+        return found[0], 3 if isinstance(s, ast.Assign) else 4
     cat = _concat_call(s)
     if cat is not None:
         return cat[0], 2
@@ -170,6 +208,8 @@ def _concat_targets(body: list[ast.stmt], iterated: set[str]) -> set[str]:
             if isinstance(node, ast.stmt):
                 if (found := _concat_call(node)) is not None:
                     grows.add(found[0])
+                elif (none := _if_none(_as_if(node))) is not None:
+                    grows.add(none[0])
     return (_used_only_by(body, _form) & grows) - iterated
 
 
@@ -224,7 +264,7 @@ def _concat(s: ast.stmt, targets: set[str]) -> tuple[list[ast.stmt], str, str] |
     concatenates the same expression.  Returns (the statements, the hidden
     name, ``x``)."""
     pre: list[ast.stmt] = []
-    none = _if_none(s)
+    none = _if_none(_as_if(s))
     if none is not None and none[0] in targets:
         x, first, then = none
         cat = _concat_call(then)

@@ -30,7 +30,7 @@ from gpucell.core.analysis.refusals import (
     ShortCircuitWalrus,
     WithTarget,
 )
-from gpucell.core.analysis.replaystmts import replay_statements
+from gpucell.core.analysis.replaystmts import Replayed, replay_loop_statements
 from gpucell.core.analysis.rewrite import ProgramPlan, build_program
 from gpucell.core.analysis.scope import scope_bindings, target_names
 from gpucell.core.analysis.sinks import (
@@ -320,6 +320,7 @@ def _classify(
     is_builtin: Callable[[str], bool],
     prelude_modules: Iterable[str],
     diag: DiagnosticSink,
+    replayed: dict[str, Replayed] | None = None,
 ) -> tuple[Classification, Spelled]:
     """The body's classification, its problems added to ``diag``.
 
@@ -368,6 +369,7 @@ def _classify(
         )
     else:
         diag.extend(trial.sorted())
+    spelled.add_replayed(replayed or {})  # (replayed whatever the reading)
     return cl, spelled
 
 
@@ -537,22 +539,13 @@ def analyse(
     parts = _loop_parts(loop, diag)
     target, iterable, body = parts.target, parts.iterable, parts.body
     kind, result_name = parts.kind, parts.result_name
-
-    # `index[w].add(i)`, `heapq.heappush(heap, x)`: replayed on the kernel
-    replayed = replay_statements(
-        body,
-        {n.id for n in ast.walk(ast.Tuple([target, iterable], ast.Load()))
-         if isinstance(n, ast.Name)},
-        scope_bindings(list(body)),
-    )  # fmt: skip
+    replayed = replay_loop_statements(body, target, iterable)  # `heappush(h, x)`
     own = _own_subscripts(parts, scope, diag)  # `models[i]`: an own item
     if own is not None:
         target, iterable, body = own.target, own.iterable, own.body
     cl, spelled = _classify(
-        body, target, iterable, is_builtin, scope.prelude_modules, diag
+        body, target, iterable, is_builtin, scope.prelude_modules, diag, replayed
     )
-    spelled.replayed = {**replayed, **spelled.replayed}
-    spelled.hidden |= set(replayed)
     hidden = parts.hidden | spelled.hidden | set(own.names.values() if own else ())
     nonempty, unless_nonempty = _nonempty_checks(
         cl, diag, body, target, iterable, scope

@@ -167,8 +167,10 @@ def _setdefault_fix(call: ast.Call, name: str) -> str:
             f"write `{name}[{k}].append(...)` (or `.extend(...)`) in it: the lists "
             f"per key are gathered in iteration order."
         )
+    # (a key that is not a name, `w.lower()`, cannot be a loop's target)
+    target = k if k.isidentifier() else "key"
     return (
         f"Collect the pairs (`pairs.append(({k}, value))`) and run this "
-        f"statement after the loop (`for {k}, value in pairs: ...`), where it "
-        f"changes `{name}` itself."
+        f"statement after the loop (`for {target}, value in pairs: ...`), where "
+        f"it changes `{name}` itself."
     )

@@ -24,9 +24,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from gpucell.core.analysis.scope import scope_bindings
 from gpucell.core.analysis.spellbase import _pure
 
-__all__ = ["Replayed", "replay_statements"]
+__all__ = ["Replayed", "replay_loop_statements", "replay_statements"]
 
 #: methods that change their object and return nothing the body uses
 MUTATORS = frozenset(
@@ -64,6 +65,9 @@ class Replayed:
     function_first: set[int] = field(default_factory=set)
     # statement numbers that call a method of T or of its items
     method_calls: set[int] = field(default_factory=set)
+    # a method call's object, where T's attributes reach it (`res.scores`:
+    # ("scores",); () for T itself; None through items): checked by type
+    owners: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
     # statement numbers that rebind T (`mean = mean + (x - mean) / n`): the
     # template returns T's new value
     rebinds: set[int] = field(default_factory=set)
@@ -93,6 +97,8 @@ class _Template:
         # changes to the object in the iteration show through), or read
         # there and then (a shallow copy, iterators drawn)
         self.stored: list[bool] = []
+        # `res.scores.append(x)`: reached through T's attributes too
+        self.attributes = False
         # inside a branch serially evaluated only sometimes (`a if c else b`,
         # `a or b`): a hole there is evaluated always, so it must be pure
         self.lazy = 0
@@ -163,13 +169,13 @@ class _Template:
         if isinstance(e, ast.Subscript) and isinstance(e.ctx, ast.Load):
             inner, depth = self.spine(e.value)
             return ast.Subscript(inner, self.key(e.slice), ast.Load()), depth + 1
-        if (
-            isinstance(e, ast.Attribute)
-            and isinstance(e.ctx, ast.Load)
-            and e.attr in _ACCESSORS
-        ):
-            inner, depth = self.spine(e.value)
-            return ast.Attribute(inner, e.attr, ast.Load()), depth
+        if isinstance(e, ast.Attribute) and isinstance(e.ctx, ast.Load):
+            if e.attr in _ACCESSORS:
+                inner, depth = self.spine(e.value)
+                return ast.Attribute(inner, e.attr, ast.Load()), depth
+            if self.attributes:  # `res.scores.append(x)`: an object T holds
+                inner, depth = self.spine(e.value)
+                return ast.Attribute(inner, e.attr, ast.Load()), depth + 1
         if (
             isinstance(e, ast.Call)
             and isinstance(e.func, ast.Attribute)
@@ -186,12 +192,13 @@ class _Template:
 
 
 def _template(
-    s: ast.stmt, target: str, nested_items: bool
+    s: ast.stmt, target: str, nested_items: bool, sinks_too: bool = False
 ) -> tuple[ast.stmt, list[tuple[ast.expr, bool]], bool]:
     """The statement's template over ``__T__`` and ``__hN__``, its holes, and
     whether the first hole is the function called; raises _NotReplayable.
     ``nested_items``: also ``T[a][b] op= e`` and ``T[a][b] = e``."""
     t = _Template(target)
+    t.attributes = nested_items
     if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
         call = s.value
         f = call.func
@@ -203,8 +210,8 @@ def _template(
             and _has(f.value, target)
         ):
             inner, depth = t.spine(f.value)
-            if depth == 0 and f.attr in _SINK_METHODS:
-                raise _NotReplayable  # a gather or a union
+            if depth == 0 and f.attr in _SINK_METHODS and not sinks_too:
+                raise _NotReplayable  # a gather or a union (unless mixed)
             if not nested_items and f.attr in _GROWTH:
                 raise _NotReplayable
             if (
@@ -299,6 +306,7 @@ def replay_statements(
     uses = _candidates(body)
     found: dict[str, list[_Found]]
     found = {}
+    sink_forms: set[int] = set()  # (`S.add(e)`, `S.update(...)`: the sinks')
     for block, i in _statements(body):
         s = block[i]
         rebound = _rebound_name(s) if nested_items else None
@@ -311,14 +319,18 @@ def replay_statements(
         }
         for name in names:
             try:
-                tpl, holes, fn_first = _template(s, name, nested_items)
+                tpl, holes, fn_first = _template(s, name, nested_items, True)
             except _NotReplayable:
                 continue
             found.setdefault(name, []).append((block, i, tpl, holes, fn_first))
+            if _sink_form(s, name, nested_items):
+                sink_forms.add(id(s))
     out: dict[str, Replayed] = {}
     for name, stmts in sorted(found.items()):
         if sum(_count(s[0][s[1]], name) for s in stmts) != uses.get(name):
             continue  # read elsewhere too: the state so far would be seen
+        if all(id(s[0][s[1]]) in sink_forms for s in stmts):
+            continue  # a gather or a union: the sinks merge it
         kinds = {isinstance(s[2], ast.Return) for s in stmts}
         if len(kinds) > 1 or (True in kinds and name not in bound):
             continue  # rebound and changed in place: one or the other
@@ -334,9 +346,44 @@ def replay_statements(
                 rep.rebinds.add(k)
             elif isinstance(tpl, ast.Expr):
                 rep.method_calls.add(k)
+                rep.owners[k] = _attribute_path(tpl)
             block[i] = _recording(old, hidden, k, holes)
         out[hidden] = rep
     return out
+
+
+def replay_loop_statements(
+    body: list[ast.stmt], target: ast.expr, iterable: ast.expr
+) -> dict[str, Replayed]:
+    """:func:`replay_statements` for a loop as written: never its variables or
+    what its iterable reads, never a name the body binds."""
+    loop = ast.Tuple([target, iterable], ast.Load())
+    excluded = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name)}
+    return replay_statements(body, excluded, scope_bindings(list(body)))
+
+
+def _attribute_path(tpl: ast.stmt) -> tuple[str, ...] | None:
+    """The attributes from ``T`` to the object whose method the template
+    calls (``__T__.scores.append(...)``: ``("scores",)``), None where an item
+    is on the way."""
+    assert isinstance(tpl, ast.Expr) and isinstance(tpl.value, ast.Call)
+    f = tpl.value.func
+    assert isinstance(f, ast.Attribute)
+    node, path = f.value, []
+    while isinstance(node, ast.Attribute):
+        path.append(node.attr)
+        node = node.value
+    return tuple(reversed(path)) if isinstance(node, ast.Name) else None
+
+
+def _sink_form(s: ast.stmt, name: str, nested_items: bool) -> bool:
+    """A statement the sinks merge by themselves (``S.add(e)``), replayed
+    only beside another change to ``S`` (``S.subtract(...)``)."""
+    try:
+        _template(s, name, nested_items)
+    except _NotReplayable:
+        return True
+    return False
 
 
 def _rebound_name(s: ast.stmt) -> str | None:

@@ -6,15 +6,15 @@ the chunk program (``rewrite``, walked by sinkrewrite.py)."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import ClassVar, Protocol, cast
+from collections.abc import Callable
+from typing import cast
 
 from gpucell.core.analysis.bests import RunningBest
 from gpucell.core.analysis.classification import Classification
 from gpucell.core.analysis.keyedselect import selecting
 from gpucell.core.analysis.reccalls import _BINOPS, _const, _plain, _rec_call
 from gpucell.core.analysis.scope import indexer_write, target_parts
+from gpucell.core.analysis.sinkbase import Candidate, Rewriting, Rewritten, SinkKind
 from gpucell.core.reducers import BY_AST, SELECTING, selects, spelling
 from gpucell.protocol.program import (
     NATIVE_REDUCTIONS,
@@ -66,51 +66,6 @@ UNION = "set union"
 
 #: operators accepted in reductions, by AST class (core/reducers.py)
 BIN_OPS: dict[type[ast.operator], str] = BY_AST
-
-
-@dataclass
-class Candidate:
-    """A statement that may be a sink pattern for ``name``."""
-
-    cls: str
-    name: str
-    stmt: ast.stmt
-    own: list[ast.Name]
-    op: str | None = None
-    augmented: bool = True
-
-
-#: what a kind's rewrite gives for a statement: its replacement (one
-#: statement or several), or None where the statement is not the kind's
-Rewritten = ast.stmt | list[ast.stmt] | None
-
-
-class Rewriting(Protocol):
-    """What a kind's rewrite reads of the walk (sinkrewrite._SinkRewriter)."""
-
-    names: Mapping[str, set[str]]  # kind -> the loop's names of that kind
-    reduction_ops: Mapping[str, str]  # reduction name -> its operator
-
-    def temporary(self) -> str: ...
-
-
-class SinkKind:
-    """One kind of sink: which statements may be one (``match``: the
-    statement's candidates of this kind), how the plan describes a name of
-    that kind (``describe``) and what the chunk program runs instead of the
-    statement (``rewrite``). A statement is at most one kind's, but an
-    assignment may be a reduction and write items besides."""
-
-    kind: ClassVar[str]
-
-    @staticmethod
-    def match(stmt: ast.stmt, is_builtin: Callable[[str], bool]) -> list[Candidate]:
-        raise NotImplementedError
-
-    @staticmethod
-    def rewrite(node: ast.stmt, rw: Rewriting) -> Rewritten:
-        """The recorder calls for ``node``, a statement of a name of this kind."""
-        return None
 
 
 class GatherSink(SinkKind):

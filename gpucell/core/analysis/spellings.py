@@ -74,6 +74,11 @@ class Spelled:
     # hidden list of (statement, its values) -> what the merge replays
     replayed: dict[str, Replayed] = field(default_factory=dict)
 
+    def add_replayed(self, replayed: dict[str, Replayed]) -> None:
+        """Statements replayed whatever the loop's reading (driver.analyse)."""
+        self.replayed = {**replayed, **self.replayed}
+        self.hidden |= set(replayed)
+
 
 def _keyed(
     s: ast.Assign, is_builtin: Callable[[str], bool]
