@@ -21,26 +21,44 @@ from gpucell.protocol.concat import ATTRIBUTES, BIND, IF_NONE, MODULES
 __all__: list[str] = []
 
 
-def _concat_call(s: ast.stmt) -> tuple[str, ast.Call, tuple[int, ...]] | None:
-    """``x = m.f(...)`` with ``m.f`` a concatenation's spelling and ``x``
-    once among its arguments, as one of them or as an item of a list or tuple
-    literal one of them is: ``(x, the call, where x is)``."""
-    if not (
+def _assigned(s: ast.stmt) -> tuple[str, ast.expr] | None:
+    """``x = value`` (one name): ``(x, value)``."""
+    if (
         isinstance(s, ast.Assign)
         and len(s.targets) == 1
         and isinstance(s.targets[0], ast.Name)
-        and isinstance(s.value, ast.Call)
     ):
+        return s.targets[0].id, s.value
+    return None
+
+
+def _concat_assign(s: ast.stmt) -> tuple[str, ast.Call] | None:
+    """``x = m.f(...)``, ``m.f`` a concatenation's spelling: ``(x, the call)``."""
+    found = _assigned(s)
+    if found is None or not isinstance(found[1], ast.Call):
         return None
-    x, call = s.targets[0].id, s.value
-    f = call.func
-    if not (
+    f = found[1].func
+    if (
         isinstance(f, ast.Attribute)
         and isinstance(f.value, ast.Name)
         and f.value.id in MODULES
         and f.attr in ATTRIBUTES
-        and f.value.id != x
     ):
+        return found[0], found[1]
+    return None
+
+
+def _concat_call(s: ast.stmt) -> tuple[str, ast.Call, tuple[int, ...]] | None:
+    """``x = m.f(...)`` with ``m.f`` a concatenation's spelling and ``x``
+    once among its arguments, as one of them or as an item of a list or tuple
+    literal one of them is: ``(x, the call, where x is)``."""
+    found = _concat_assign(s)
+    if found is None:
+        return None
+    x, call = found
+    f = call.func
+    assert isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+    if x == f.value.id:  # (`np = np.append(np, ...)`)
         return None
     if any(k.arg is None for k in call.keywords):
         return None
@@ -72,21 +90,13 @@ _ONCE = {"np": "np.concatenate", "numpy": "numpy.concatenate", "torch": "torch.c
 def _concat_reading(s: ast.stmt) -> tuple[str, ast.Call, tuple[int, ...]] | None:
     """``x = m.f(... x ...)`` with ``x`` read in the arguments in any way
     (``np.append(x, x[-1] + 1)``): for the advice only."""
-    if not (
-        isinstance(s, ast.Assign)
-        and len(s.targets) == 1
-        and isinstance(s.targets[0], ast.Name)
-        and isinstance(s.value, ast.Call)
-        and isinstance(s.value.func, ast.Attribute)
-        and isinstance(s.value.func.value, ast.Name)
-        and s.value.func.value.id in MODULES
-        and s.value.func.attr in ATTRIBUTES
-    ):
+    found = _concat_assign(s)
+    if found is None:
         return None
-    x = s.targets[0].id
-    if not any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(s.value)):
+    x, call = found
+    if not any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(call)):
         return None
-    return x, s.value, ()
+    return x, call, ()
 
 
 def _concatenated(stmts: list[ast.stmt]) -> dict[str, tuple[int, str]]:
@@ -109,15 +119,12 @@ def _concatenated(stmts: list[ast.stmt]) -> dict[str, tuple[int, str]]:
 
 def _bind(s: ast.stmt) -> tuple[str, ast.expr] | None:
     """``x = e``, ``e`` not reading ``x``: ``(x, e)``."""
-    if (
-        isinstance(s, ast.Assign)
-        and len(s.targets) == 1
-        and isinstance(s.targets[0], ast.Name)
-    ):
-        x = s.targets[0].id
-        if not any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(s.value)):
-            return x, s.value
-    return None
+    found = _assigned(s)
+    if found is None:
+        return None
+    x, e = found
+    reads = any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(e))
+    return None if reads else found
 
 
 def _if_none(s: ast.stmt) -> tuple[str, ast.expr, ast.Assign] | None:
@@ -169,14 +176,10 @@ def _same_somewhere(call: ast.Call, temp: str) -> bool:
 def _as_if(s: ast.stmt) -> ast.stmt:
     """``x = e if x is None else f([x, e])`` as the ``if`` statement it
     stands for (other statements as they are)."""
-    if not (
-        isinstance(s, ast.Assign)
-        and len(s.targets) == 1
-        and isinstance(s.targets[0], ast.Name)
-        and isinstance(s.value, ast.IfExp)
-    ):
+    found = _assigned(s)
+    if found is None or not isinstance(found[1], ast.IfExp):
         return s
-    x, v = s.targets[0].id, s.value
+    x, v = found[0], found[1]
 
     def bind(e: ast.expr) -> ast.stmt:
         return ast.copy_location(ast.Assign([ast.Name(x, ast.Store())], e), s)
