@@ -7,6 +7,14 @@ our source to know what to do.
 from __future__ import annotations
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` where Python has it (3.11 and later; before,
+    the error goes on without it)."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        add(note)
+
+
 class GpucellError(Exception):
     """Base class of every error gpucell raises on purpose."""
 

@@ -12,10 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpucell.core.merge_base import Merging, Mutation
-from gpucell.errors import NotParallelizable
+from gpucell.errors import NotParallelizable, add_note
 from gpucell.protocol.concat import (
     BIND,
-    add_note,
     calls_of,
     known_concatenation,
     replay_recorded,

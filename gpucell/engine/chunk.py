@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from gpucell.engine.recorder import Recorder, as_device, private_copy, resolve_device
 from gpucell.engine.where import Where
+from gpucell.errors import add_note
 from gpucell.protocol.chunks import DETAIL_MAX, ChunkResult, chunk_items
 from gpucell.protocol.program import ITEMS, REC
 
@@ -499,10 +500,7 @@ def _execute(code: CodeType, ns: dict[str, Any], rec: Recorder) -> None:
             # a `with` around the loop swallowed it; serially the iterations
             # after it would not have run, so this chunk has no result
             exc = rec.suppressed
-            if hasattr(exc, "add_note"):
-                exc.add_note(
-                    "gpucell: a `with` around the loop suppressed this exception"
-                )
+            add_note(exc, "gpucell: a `with` around the loop suppressed this exception")
             raise exc
     except BaseException as exc:
         if rec.current is not None:
@@ -510,6 +508,5 @@ def _execute(code: CodeType, ns: dict[str, Any], rec: Recorder) -> None:
                 exc.gpucell_iteration = rec.current  # type: ignore[attr-defined]
             except AttributeError:
                 pass
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"gpucell: raised in iteration {rec.current} of the loop")
+            add_note(exc, f"gpucell: raised in iteration {rec.current} of the loop")
         raise

@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gpucell.core import waitrule
+from gpucell.errors import add_note
 from gpucell.kernel.background_drivers import after_cell, during_cell
 from gpucell.kernel.background_footprint import notebook_code
 
@@ -181,9 +182,8 @@ def _add_note(error: BaseException, where: str) -> None:
         f"gpucell: {where}, which this cell waited for; this cell's own code "
         "did not run."
     )
-    add = getattr(error, "add_note", None)
-    if add is not None and note not in getattr(error, "__notes__", ()):
-        add(note)
+    if note not in getattr(error, "__notes__", ()):
+        add_note(error, note)
 
 
 def one_line(error: BaseException | None) -> str:

@@ -24,11 +24,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from gpucell.errors import add_note
+
 __all__ = [
     "ATTRIBUTES",
     "BIND",
     "IF_NONE",
-    "add_note",
     "calls_of",
     "replay_recorded",
     "MODULES",
@@ -251,13 +252,6 @@ def _plain_array(x: Any, lib: str) -> bool:
     if lib == "numpy":
         return type(x) is getattr(mod, "ndarray", None)
     return type(x) is getattr(mod, "Tensor", None) and not x.requires_grad
-
-
-def add_note(error: BaseException, note: str) -> None:
-    """``error.add_note(note)`` where Python has it (3.11 and later)."""
-    add = getattr(error, "add_note", None)
-    if add is not None:
-        add(note)
 
 
 def replay(
