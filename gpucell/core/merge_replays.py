@@ -11,12 +11,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from gpucell.core.analysis.replaystmts import LIBRARY_FUNCTIONS
 from gpucell.core.merge_base import Merging, Mutation
 from gpucell.errors import NotParallelizable, add_note
 from gpucell.protocol.concat import (
     BIND,
     calls_of,
     known_concatenation,
+    library_of,
     replay_recorded,
 )
 from gpucell.protocol.fold import is_numpy
@@ -79,23 +81,6 @@ def merge_concats(m: Merging) -> None:
         m.up.assign[name] = replay_recorded(start, entries)
 
 
-#: the functions a replayed statement may call on its container
-_REPLAYED_FUNCTIONS = (
-    ("heapq", ("heappush", "heappushpop", "heapreplace")),
-    ("bisect", ("insort", "insort_left", "insort_right")),
-)
-
-
-def _known_function(fn: Any) -> bool:
-    import sys
-
-    return any(
-        getattr(sys.modules.get(mod), name, None) is fn
-        for mod, names in _REPLAYED_FUNCTIONS
-        for name in names
-    )
-
-
 def merge_replayed_statements(m: Merging) -> None:
     """``index.setdefault(w, set()).add(i)``, ``heapq.heappush(heap, x)``:
     each recorded statement run on the kernel's container in iteration
@@ -107,34 +92,17 @@ def merge_replayed_statements(m: Merging) -> None:
         target = m.existing(rep.target)
         fns = {k: _compiled(src) for k, src in rep.templates.items()}
         if rep.rebinds:
-            m.up.assign[rep.target] = _rebound(rep, fns, target, entries)
+            m.up.assign[rep.target] = _run_statements(rep, fns, target, entries, True)
             continue
         m.claim(rep.target, target)
         for k, values in entries:
-            if k in rep.function_first and not _known_function(values[0]):
+            if k in rep.function_first and not library_of(values[0], LIBRARY_FUNCTIONS):
                 raise NotParallelizable(
                     f"gpucell: line {rep.lines[k]} calls {values[0]!r} on "
                     f"`{rep.target}`, taken for heapq's or bisect's function: "
                     "what it does cannot be made on the kernel afterwards. "
                     "Nothing was merged."
                 )
-
-        def run(
-            obj: Any, entries: list[Any] = entries, rep: Any = rep, fns: Any = fns
-        ) -> None:
-            for n, (k, values) in enumerate(entries):
-                try:
-                    fns[k](obj, *values)
-                except Exception as e:
-                    add_note(
-                        e,
-                        f"gpucell: raised by line {rep.lines[k]}, the change "
-                        f"number {n + 1} of {len(entries)} to `{rep.target}` (in "
-                        "iteration order), replayed on the kernel after the "
-                        "engines ran. Nothing was merged.",
-                    )
-                    raise
-
         try:
             # (one copy of both: a value the replay puts into the container,
             # `set()` in `setdefault(w, set())`, must not be shared with it)
@@ -142,29 +110,41 @@ def merge_replayed_statements(m: Merging) -> None:
         except Exception:
             trial = None  # (validated as it is applied: see the module's note)
         if trial is not None:
-            run(trial[0], trial[1])
-        m.up.mutations.append(
-            Mutation(rep.target, "replayed", functools.partial(run, target))
-        )
+            _run_statements(rep, fns, trial[0], trial[1], False)
+        apply = functools.partial(_run_statements, rep, fns, target, entries, False)
+        m.up.mutations.append(Mutation(rep.target, "replayed", apply))
 
 
-def _rebound(rep: Any, fns: dict[int, Callable[..., Any]], x: Any, entries: Any) -> Any:
-    """``mean = mean + (x - mean) / n``: each iteration's new value made from
-    the last, in iteration order, from the value before the loop (nothing is
-    changed in place: the operations on it are pure)."""
+def _run_statements(
+    rep: Any,
+    fns: dict[int, Callable[..., Any]],
+    obj: Any,
+    entries: list[Any],
+    rebinds: bool,
+) -> Any:
+    """Each recorded statement in iteration order: on ``obj`` in place, or
+    (``rebinds``: ``mean = mean + (x - mean) / n``, pure operations on it)
+    each new value made from the last; returns the last."""
     for n, (k, values) in enumerate(entries):
         try:
-            x = fns[k](x, *values)
+            new = fns[k](obj, *values)
         except Exception as e:
+            what = (
+                f"the update number {n + 1} of {len(entries)} of `{rep.target}` "
+                "(in iteration order), made"
+                if rebinds
+                else f"the change number {n + 1} of {len(entries)} to "
+                f"`{rep.target}` (in iteration order), replayed"
+            )
             add_note(
                 e,
-                f"gpucell: raised by line {rep.lines[k]}, the update number "
-                f"{n + 1} of {len(entries)} of `{rep.target}` (in iteration "
-                "order), made on the kernel after the engines ran. Nothing was "
-                "merged.",
+                f"gpucell: raised by line {rep.lines[k]}, {what} on the kernel "
+                "after the engines ran. Nothing was merged.",
             )
             raise
-    return x
+        if rebinds:
+            obj = new
+    return obj
 
 
 def _compiled(source: str) -> Callable[..., Any]:

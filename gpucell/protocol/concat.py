@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gpucell.errors import add_note
@@ -35,28 +35,13 @@ __all__ = [
     "MODULES",
     "ConcatCall",
     "known_concatenation",
+    "library_of",
     "read_now",
     "replay",
     "snapshot",
 ]
 
-#: ``<module>.<function>`` spellings the analysis takes for a concatenation
-#: (checked again, by identity, before anything is replayed)
-MODULES: frozenset[str] = frozenset({"np", "numpy", "torch", "pd", "pandas"})
-ATTRIBUTES: frozenset[str] = frozenset(
-    {
-        "append",
-        "concatenate",
-        "concat",
-        "cat",
-        "vstack",
-        "hstack",
-        "row_stack",
-        "column_stack",
-        "dstack",
-    }
-)
-
+#: each library's concatenations, by name (matched by identity)
 _FUNCTIONS: dict[str, tuple[str, ...]] = {
     "numpy": (
         "append",
@@ -80,6 +65,11 @@ _FUNCTIONS: dict[str, tuple[str, ...]] = {
     "pandas": ("concat",),
 }
 
+#: ``<module>.<function>`` spellings the analysis takes for a concatenation
+#: (checked again, by identity, before anything is replayed)
+MODULES: frozenset[str] = frozenset({"np", "numpy", "torch", "pd", "pandas"})
+ATTRIBUTES: frozenset[str] = frozenset(n for ns in _FUNCTIONS.values() for n in ns)
+
 #: those one call over all the pieces may stand for (same dtype throughout)
 _FLAT: dict[str, tuple[str, ...]] = {
     "numpy": ("append", "concatenate", "vstack", "hstack"),
@@ -98,16 +88,25 @@ class ConcatCall(NamedTuple):
     at: tuple[int, ...]
 
 
+def _array_copy(value: Any) -> Any:
+    """A numpy array's copy, a tensor's clone (keeping its autograd history),
+    or None for anything else."""
+    module = type(value).__module__.split(".", 1)[0]
+    if module == "numpy" and hasattr(value, "copy"):
+        return value.copy()
+    if module == "torch" and hasattr(value, "clone"):
+        return value.clone()
+    return None
+
+
 def snapshot(value: Any) -> Any:
     """What the call would read of ``value`` now, kept from later changes:
     arrays and tensors copied (a tensor keeps its autograd history), list and
     tuple literals item by item, anything else deep-copied where it can be."""
     kind = type(value)
-    module = kind.__module__.split(".", 1)[0]
-    if module == "numpy" and hasattr(value, "copy"):
-        return value.copy()
-    if module == "torch" and hasattr(value, "clone"):
-        return value.clone()
+    copied = _array_copy(value)
+    if copied is not None:
+        return copied
     if kind in (list, tuple):
         return kind(snapshot(v) for v in value)
     if kind in (int, float, complex, str, bytes, bool, type(None)):
@@ -126,29 +125,30 @@ def read_now(value: Any) -> Any:
     kind = type(value)
     if kind in (list, tuple, set, frozenset, dict, bytearray):
         return kind(value)
-    module = kind.__module__.split(".", 1)[0]
-    if module == "numpy" and hasattr(value, "copy"):
-        return value.copy()
-    if module == "torch" and hasattr(value, "clone"):
-        return value.clone()
-    if module == "collections" and hasattr(value, "copy"):
+    copied = _array_copy(value)
+    if copied is not None:
+        return copied
+    if kind.__module__ == "collections" and hasattr(value, "copy"):
         return value.copy()  # (Counter, OrderedDict, deque, defaultdict)
     if hasattr(kind, "__next__") and hasattr(kind, "__iter__"):
         return list(value)  # (a generator cannot travel; its items can)
     return value
 
 
+def library_of(function: Any, table: Mapping[str, Sequence[str]]) -> str | None:
+    """The module of ``table`` (module -> function names) that ``function`` is
+    one of, by identity, among the modules this process imported; else None."""
+    for lib, names in table.items():
+        mod = sys.modules.get(lib)
+        if mod is not None and any(getattr(mod, n, None) is function for n in names):
+            return lib
+    return None
+
+
 def known_concatenation(function: Any) -> str | None:
     """``"numpy"``, ``"torch"`` or ``"pandas"`` when ``function`` is one of
     those libraries' concatenations (by identity); else None."""
-    for lib, names in _FUNCTIONS.items():
-        mod = sys.modules.get(lib)
-        if mod is None:
-            continue
-        for name in names:
-            if getattr(mod, name, None) is function:
-                return lib
-    return None
+    return library_of(function, _FUNCTIONS)
 
 
 def _with_x(call: ConcatCall, x: Any) -> list[Any]:

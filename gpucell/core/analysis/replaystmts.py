@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from gpucell.core.analysis.scope import scope_bindings
 from gpucell.core.analysis.spellbase import _pure
 
-__all__ = ["Replayed", "replay_loop_statements", "replay_statements"]
+__all__ = [
+    "LIBRARY_FUNCTIONS",
+    "Replayed",
+    "replay_loop_statements",
+    "replay_statements",
+]
 
 #: methods that change their object and return nothing the body uses
 MUTATORS = frozenset(
@@ -40,10 +45,13 @@ MUTATORS = frozenset(
 #: `setdefault(k, [])` too) are keyed gathers: replayed only where the loop
 #: is refused otherwise
 _GROWTH = frozenset({"append", "extend"})
-#: functions that change their first argument (checked by identity at merge)
-FUNCTIONS = frozenset(
-    {"heappush", "heappushpop", "heapreplace", "insort", "insort_left", "insort_right"}
-)
+#: functions that change their first argument, by module (checked by
+#: identity at the merge)
+LIBRARY_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "heapq": ("heappush", "heappushpop", "heapreplace"),
+    "bisect": ("insort", "insort_left", "insort_right"),
+}
+FUNCTIONS = frozenset(n for ns in LIBRARY_FUNCTIONS.values() for n in ns)
 #: what the sinks already merge on ``T`` itself
 _SINK_METHODS = frozenset({"add", "update", "append", "extend"})
 #: builtins a template may call on ``T`` (on the kernel, as serially)
