@@ -87,7 +87,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         )
         fa._note(file, writing)
         if writing:
-            fa._note(os.path.dirname(os.path.abspath(os.fsdecode(file))), True, True)
+            fa._note(os.path.dirname(os.fsdecode(file)), True, folder=True)
     except Exception:  # a path it cannot spell is no path to compare
         pass  # (and an audit hook that raises would fail the open itself)
 

@@ -1,13 +1,20 @@
 """Pre-flight checks on the objects the loop writes, as its merge needs them:
 unique labels, rows that are each iteration's own, ``.add``/``.update`` on sets
-and dicts only, and no input that is or shares memory with one of them."""
+and dicts only, replayed methods on standard containers only, no container
+method bound before the loop, and no input that is or shares memory with one of
+them."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.kernel.preflight_problem import Namespace, line_of, problem
+
+#: the containers whose methods change only themselves (Counter, defaultdict,
+#: OrderedDict included): replayed on the kernel
+_CONTAINERS = (set, dict, list, deque)
 
 if TYPE_CHECKING:
     from gpucell.core.analysis import LoopPlan
@@ -71,7 +78,7 @@ def bound_methods_of_inputs(
             or not isinstance(value, types.BuiltinMethodType)
             or owner is None
             or isinstance(owner, (types.ModuleType, type))
-            or not isinstance(owner, (list, set, dict, bytearray, _deque()))
+            or not isinstance(owner, (*_CONTAINERS, bytearray))
         ):
             continue
         method = value.__name__
@@ -95,20 +102,12 @@ def bound_methods_of_inputs(
     return out
 
 
-def _deque() -> type:
-    from collections import deque
-
-    return deque
-
-
 def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
     """``T.subtract(c)``, ``T[k].add(v)``, ``res.scores.append(x)`` are
     replayed on the kernel after the engines ran: right for the standard
     containers, whose methods change only themselves; another object's
     method (a progress bar's ``update``, a session's ``add``) may do more, at
     the wrong time."""
-    from collections import deque
-
     out = []
     for rep in plan.spelled.replayed.values():
         name = rep.target
@@ -122,7 +121,7 @@ def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
                     obj, spelled = getattr(obj, attr), f"{spelled}.{attr}"
             except Exception:
                 continue  # (serially the statement would fail the same way)
-            if isinstance(obj, (set, dict, list, deque)):
+            if isinstance(obj, _CONTAINERS):
                 continue  # (Counter, defaultdict, OrderedDict included)
             line = rep.lines[k]
             out.append(

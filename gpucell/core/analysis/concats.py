@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 
-from gpucell.core.analysis.replays import _used_only_by
+from gpucell.core.analysis.replays import _used_only_by, concat_helper
 from gpucell.core.analysis.spellbase import _pure
 from gpucell.protocol.concat import ATTRIBUTES, BIND, IF_NONE, MODULES
 
@@ -216,12 +216,8 @@ def _concat_targets(body: list[ast.stmt], iterated: set[str]) -> set[str]:
     return (_used_only_by(body, _form) & grows) - iterated
 
 
-_SNAPSHOT = "__import__('gpucell.protocol.concat', fromlist=['snapshot']).snapshot"
-
-
 def _snapshot(e: ast.expr) -> ast.expr:
-    snap = ast.parse(_SNAPSHOT, mode="eval").body
-    return ast.Call(snap, [e], [])
+    return ast.Call(concat_helper("snapshot"), [e], [])
 
 
 def _call_entry(x: str, call: ast.Call, at: tuple[int, ...]) -> ast.expr:

@@ -32,6 +32,26 @@ def _ufunc_at_call(s: ast.stmt) -> tuple[ast.Call, str] | None:
     return None
 
 
+def concat_helper(name: str) -> ast.expr:
+    """``gpucell.protocol.concat``'s function ``name``, as the chunk program
+    reaches it (``snapshot``, ``read_now``: what an engine keeps of a value)."""
+    return ast.parse(
+        f"__import__('gpucell.protocol.concat', fromlist=['{name}']).{name}",
+        mode="eval",
+    ).body
+
+
+def name_uses(body: list[ast.stmt]) -> dict[str, int]:
+    """Names used anywhere in the body (nested definitions too) -> how many
+    times."""
+    uses: dict[str, int] = {}
+    for st in body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name):
+                uses[node.id] = uses.get(node.id, 0) + 1
+    return uses
+
+
 def _used_only_by(
     body: list[ast.stmt], match: Callable[[ast.stmt], tuple[str, int] | None]
 ) -> set[str]:
@@ -39,11 +59,7 @@ def _used_only_by(
     (it says how many uses of the name each accounts for; a matched statement
     is not looked into): any other use would see the effects so far."""
     covered: dict[str, int] = {}
-    uses: dict[str, int] = {}
-    for st in body:
-        for node in ast.walk(st):
-            if isinstance(node, ast.Name):
-                uses[node.id] = uses.get(node.id, 0) + 1
+    uses = name_uses(body)
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.stmt):

@@ -24,8 +24,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from gpucell.core.analysis.replays import concat_helper, name_uses
 from gpucell.core.analysis.scope import scope_bindings
-from gpucell.core.analysis.spellbase import _pure
+from gpucell.core.analysis.spellbase import _blocks, _pure
 
 __all__ = [
     "LIBRARY_FUNCTIONS",
@@ -269,35 +270,6 @@ def _template(
     raise _NotReplayable
 
 
-def _candidates(body: list[ast.stmt]) -> dict[str, int]:
-    """Names used anywhere in the body -> how many times."""
-    uses: dict[str, int] = {}
-    for st in body:
-        for node in ast.walk(st):
-            if isinstance(node, ast.Name):
-                uses[node.id] = uses.get(node.id, 0) + 1
-    return uses
-
-
-def _statements(stmts: list[ast.stmt]) -> list[tuple[list[ast.stmt], int]]:
-    """Every statement of the body's blocks (not nested definitions), as
-    (its block, its index)."""
-    out: list[tuple[list[ast.stmt], int]] = []
-    for i, s in enumerate(stmts):
-        out.append((stmts, i))
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        for name in ("body", "orelse", "finalbody"):
-            inner = getattr(s, name, None)
-            if isinstance(inner, list):
-                out.extend(_statements(inner))
-        for h in getattr(s, "handlers", ()):
-            out.extend(_statements(h.body))
-        for c in getattr(s, "cases", ()):
-            out.extend(_statements(c.body))
-    return out
-
-
 def replay_statements(
     body: list[ast.stmt],
     excluded: set[str],
@@ -311,11 +283,15 @@ def replay_statements(
     ``nested_items`` (tried only where the loop is refused otherwise: a
     nested own row is written back in place, numpy arrays included): also
     ``T[a][b] op= e`` and ``T[a][b] = e``."""
-    uses = _candidates(body)
+    uses = name_uses(body)
     found: dict[str, list[_Found]]
     found = {}
     sink_forms: set[int] = set()  # (`S.add(e)`, `S.update(...)`: the sinks')
-    for block, i in _statements(body):
+    statements: list[tuple[list[ast.stmt], int]] = []
+    _blocks(
+        body, lambda stmts: statements.extend((stmts, i) for i in range(len(stmts)))
+    )
+    for block, i in statements:
         s = block[i]
         rebound = _rebound_name(s) if nested_items else None
         names = {
@@ -361,13 +337,16 @@ def replay_statements(
 
 
 def replay_loop_statements(
-    body: list[ast.stmt], target: ast.expr, iterable: ast.expr
+    body: list[ast.stmt],
+    target: ast.expr,
+    iterable: ast.expr | None,
+    nested_items: bool = False,
 ) -> dict[str, Replayed]:
-    """:func:`replay_statements` for a loop as written: never its variables or
-    what its iterable reads, never a name the body binds."""
-    loop = ast.Tuple([target, iterable], ast.Load())
+    """:func:`replay_statements` for a loop: never its variables or what its
+    iterable reads, never a name the body binds (but a rebinding's own)."""
+    loop = ast.Tuple([target, iterable or ast.Tuple([], ast.Load())], ast.Load())
     excluded = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name)}
-    return replay_statements(body, excluded, scope_bindings(list(body)))
+    return replay_statements(body, excluded, scope_bindings(list(body)), nested_items)
 
 
 def _attribute_path(tpl: ast.stmt) -> tuple[str, ...] | None:
@@ -431,10 +410,7 @@ def _recording(
 ) -> ast.stmt:
     """``__gpucell_rp_T__.append((k, (h0, read_now(h1), ...)))``: a value the
     statement keeps as itself, one it reads as it is now."""
-    read = ast.parse(
-        "__import__('gpucell.protocol.concat', fromlist=['read_now']).read_now",
-        mode="eval",
-    ).body
+    read = concat_helper("read_now")
     values = [e if stored else ast.Call(read, [e], []) for e, stored in holes]
     entry = ast.Tuple(
         elts=[ast.Constant(k), ast.Tuple(elts=values, ctx=ast.Load())], ctx=ast.Load()

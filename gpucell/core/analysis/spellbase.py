@@ -94,3 +94,19 @@ def _get_call(
 
 def _reads(e: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(e))
+
+
+def _blocks(stmts: list[ast.stmt], visit: Callable[[list[ast.stmt]], None]) -> None:
+    """``visit`` every statement list of the body (not nested definitions)."""
+    visit(stmts)
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(s, name, None)
+            if isinstance(inner, list):
+                _blocks(inner, visit)
+        for h in getattr(s, "handlers", ()):
+            _blocks(h.body, visit)
+        for c in getattr(s, "cases", ()):
+            _blocks(c.body, visit)

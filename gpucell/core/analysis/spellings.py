@@ -27,9 +27,15 @@ from typing import Any
 from gpucell.core.analysis.concats import _concat, _concat_targets
 from gpucell.core.analysis.keyedselect import _keyed_select
 from gpucell.core.analysis.replays import _frame_rows, _ufunc_at, _ufunc_at_targets
-from gpucell.core.analysis.replaystmts import Replayed, replay_statements
-from gpucell.core.analysis.scope import scope_bindings
-from gpucell.core.analysis.spellbase import FIRST, _get_call, _number, _pure, _same
+from gpucell.core.analysis.replaystmts import Replayed, replay_loop_statements
+from gpucell.core.analysis.spellbase import (
+    FIRST,
+    _blocks,
+    _get_call,
+    _number,
+    _pure,
+    _same,
+)
 
 __all__ = ["FIRST", "Spelled", "respell"]
 
@@ -286,9 +292,7 @@ def respell(
     _walk(body, is_builtin, rewrite)
     _blocks(body, lambda stmts: _last_reads(stmts, out))
     if loop is not None:
-        out.replayed = replay_statements(
-            body, iterated | own, scope_bindings(list(body)), nested_items=True
-        )
+        out.replayed = replay_loop_statements(body, *loop, nested_items=True)
         out.hidden |= set(out.replayed)
     if loop is not None:
         from gpucell.core.analysis.keys import _own_index
@@ -341,22 +345,6 @@ def _walk(
             for c in getattr(s, "cases", ()):
                 _walk(c.body, is_builtin, visit)
         i += 1
-
-
-def _blocks(stmts: list[ast.stmt], visit: Callable[[list[ast.stmt]], None]) -> None:
-    """``visit`` every statement list of the body (not nested definitions)."""
-    visit(stmts)
-    for s in stmts:
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        for name in ("body", "orelse", "finalbody"):
-            inner = getattr(s, name, None)
-            if isinstance(inner, list):
-                _blocks(inner, visit)
-        for h in getattr(s, "handlers", ()):
-            _blocks(h.body, visit)
-        for c in getattr(s, "cases", ()):
-            _blocks(c.body, visit)
 
 
 def _appended(s: ast.stmt) -> tuple[str, ast.Call] | None:
