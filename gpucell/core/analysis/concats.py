@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 
 from gpucell.core.analysis.replays import _used_only_by, concat_helper
-from gpucell.core.analysis.spellbase import _pure
+from gpucell.core.analysis.spellbase import _pure, _reads
 from gpucell.protocol.concat import ATTRIBUTES, BIND, IF_NONE, MODULES
 
 __all__: list[str] = []
@@ -94,7 +94,7 @@ def _concat_reading(s: ast.stmt) -> tuple[str, ast.Call, tuple[int, ...]] | None
     if found is None:
         return None
     x, call = found
-    if not any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(call)):
+    if not _reads(call, x):
         return None
     return x, call, ()
 
@@ -123,8 +123,7 @@ def _bind(s: ast.stmt) -> tuple[str, ast.expr] | None:
     if found is None:
         return None
     x, e = found
-    reads = any(isinstance(n, ast.Name) and n.id == x for n in ast.walk(e))
-    return None if reads else found
+    return None if _reads(e, x) else found
 
 
 def _if_none(s: ast.stmt) -> tuple[str, ast.expr, ast.Assign] | None:
@@ -164,13 +163,9 @@ def _if_none(s: ast.stmt) -> tuple[str, ast.expr, ast.Assign] | None:
     ]
     if not all(_pure(n, lambda _name: False) for n in others):
         return None
-    if not _same_somewhere(swapped, temp.id) and not _pure(bound[1], lambda _n: False):
+    if not _reads(swapped, temp.id) and not _pure(bound[1], lambda _n: False):
         return None
     return x, bound[1], then
-
-
-def _same_somewhere(call: ast.Call, temp: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == temp for n in ast.walk(call))
 
 
 def _as_if(s: ast.stmt) -> ast.stmt:

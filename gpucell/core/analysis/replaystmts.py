@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from gpucell.core.analysis.replays import concat_helper, name_uses
 from gpucell.core.analysis.scope import scope_bindings
-from gpucell.core.analysis.spellbase import _blocks, _pure
+from gpucell.core.analysis.spellbase import _blocks, _pure, _reads
 
 __all__ = [
     "LIBRARY_FUNCTIONS",
@@ -92,10 +92,6 @@ class _NotReplayable(Exception):
     pass
 
 
-def _has(node: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
-
-
 class _Template:
     """Builds a statement's template, the holes replaced by parameters."""
 
@@ -113,7 +109,7 @@ class _Template:
         self.lazy = 0
 
     def hole(self, e: ast.expr, stored: bool = False) -> ast.expr:
-        if _has(e, self.target) or isinstance(e, ast.Starred):
+        if _reads(e, self.target) or isinstance(e, ast.Starred):
             raise _NotReplayable
         if self.lazy and not _pure(e, lambda _name: False):
             raise _NotReplayable
@@ -129,7 +125,7 @@ class _Template:
         """``e`` as a template: what reads ``T`` kept (pure operations on it,
         made on the kernel as serially), what does not a hole (constants
         inline)."""
-        if not _has(e, self.target):
+        if not _reads(e, self.target):
             return e if isinstance(e, ast.Constant) else self.hole(e)
         v = self.value
         if isinstance(e, ast.Name):
@@ -169,7 +165,7 @@ class _Template:
     def key(self, e: ast.expr) -> ast.expr:
         """A subscript's key: a hole, or (``df.loc[len(df)] = row``) a pure
         expression of ``T``, evaluated on the kernel as serially."""
-        return self.value(e) if _has(e, self.target) else self.hole(e, True)
+        return self.value(e) if _reads(e, self.target) else self.hole(e, True)
 
     def spine(self, e: ast.expr) -> tuple[ast.expr, int]:
         """``e`` (which holds ``T``) as a template, and how deep below ``T``."""
@@ -216,7 +212,7 @@ def _template(
         if (
             isinstance(f, ast.Attribute)
             and f.attr in MUTATORS
-            and _has(f.value, target)
+            and _reads(f.value, target)
         ):
             inner, depth = t.spine(f.value)
             if depth == 0 and f.attr in _SINK_METHODS and not sinks_too:
@@ -235,7 +231,7 @@ def _template(
             new = ast.Call(ast.Attribute(inner, f.attr, ast.Load()), args, kws)
             return ast.Expr(new), t.pairs(), False
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
-        if name in FUNCTIONS and call.args and _has(call.args[0], target):
+        if name in FUNCTIONS and call.args and _reads(call.args[0], target):
             fn = t.hole(f, True)
             inner, _depth = t.spine(call.args[0])
             rest = [t.hole(a, True) for a in call.args[1:]]
@@ -251,13 +247,13 @@ def _template(
             isinstance(s, ast.Assign)
             and isinstance(tgt, ast.Name)
             and tgt.id == target
-            and _has(s.value, target)
+            and _reads(s.value, target)
         ):  # `mean = mean + (x - mean) / n`: the new value, made on the kernel
             return ast.Return(t.value(s.value)), t.pairs(), False
-        if not (isinstance(tgt, ast.Subscript) and _has(tgt, target)):
+        if not (isinstance(tgt, ast.Subscript) and _reads(tgt, target)):
             raise _NotReplayable
         inner, depth = t.spine(tgt.value)
-        if depth == 0 and not _has(tgt.slice, target):
+        if depth == 0 and not _reads(tgt.slice, target):
             raise _NotReplayable  # `D[k] op= e`, `D[k] = e`: the sinks' own
         key = t.key(tgt.slice)
         # (`T[a][b] = v` keeps v itself; pandas' indexers and `+=` read it)
