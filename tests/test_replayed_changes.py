@@ -238,6 +238,21 @@ def test_a_method_of_an_attribute_that_is_not_a_container_is_refused(
         ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
 
 
+def test_a_shadowed_builtin_in_a_replayed_update_is_the_notebooks(ip, cluster) -> None:
+    # `max` is the notebook's own: serially `best = max(best, x) * 1` calls it
+    ip.run_line_magic("config", "GpuCell.inline_below = 0")
+    try:
+        ip.user_ns.update(xs=[3, 1, 4, 1, 5], best=0, max=lambda a, b: a + b)
+        cell = "for x in xs:\n    best = max(best, x) * 1\n"
+        plan = analyse(cell, known_names=["xs", "best", "max"])
+        assert [r.target for r in plan.spelled.replayed.values()] == ["best"]
+        ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert ip.user_ns["best"] == 14  # (the builtin would give 5)
+    finally:
+        ip.run_line_magic("config", "GpuCell.inline_below = 0.005")
+        ip.user_ns.pop("max", None)
+
+
 def test_a_container_read_elsewhere_is_not_replayed() -> None:
     plan = analyse(
         "for i, w in enumerate(words):\n    index[w].add(i)\n    k = len(index)\n",
