@@ -31,6 +31,7 @@ import io
 import json
 import os
 import re
+from typing import Any
 
 import pytest
 from sweep_loops_corpus import CASES, Case
@@ -374,6 +375,44 @@ def test_loop(sweep, private_cluster, c: Case):
             reset_engines(private_cluster)
     OUTCOMES[c.id] = o
     judge(c, o)
+
+
+def check_case(
+    sweep: Any,
+    cluster: Any,
+    c: Case,
+    outcomes: dict[str, Outcome],
+    engine_state: dict[str, str] | None = None,
+) -> None:
+    """A corpus's case run and judged (its outcome kept for the report);
+    ``engine_state``: case id -> the code that puts back the engines'
+    process-wide state the case may leave."""
+    try:
+        o = sweep.check(c)
+    finally:
+        if engine_state and c.id in engine_state:
+            cluster.client[:].execute(engine_state[c.id], block=True)
+    outcomes[c.id] = o
+    judge(c, o)
+
+
+def check_message(sweep: Any, setup: str, cell: str, check: str) -> None:
+    """What the magic printed or raised names the loop's real problem
+    (``check``: a string it must hold, or ``!s``: one it must not)."""
+    ip = sweep.ip
+    ip.run_cell(setup).raise_error()
+    out = io.StringIO()
+    said = ""
+    try:
+        with contextlib.redirect_stdout(out):
+            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
+    except Exception as e:  # a refusal: its message is what is checked
+        said = str(e)
+    said += out.getvalue()
+    if check.startswith("!"):
+        assert check[1:] not in said, said
+    else:
+        assert check in said, said
 
 
 def judge(c: Case, o: Outcome) -> None:

@@ -17,8 +17,9 @@ from sweep_loops_corpus_s3 import CASES, Case
 from test_sweep_loops import (  # noqa: F401 - fixtures, used by name
     Outcome,
     _always_send,
+    check_case,
+    check_message,
     corpus_params,
-    judge,
     report_to,
     sweep,
 )
@@ -81,13 +82,7 @@ _report = report_to("SWEEP_REPORT_S3", OUTCOMES)
 
 @pytest.mark.parametrize("c", list(corpus_params(CASES, KNOWN)))
 def test_loop(sweep, private_cluster, c: Case):  # noqa: F811 - sweep is a fixture
-    try:
-        o = sweep.check(c)
-    finally:
-        if c.id in ENGINE_STATE:
-            private_cluster.client[:].execute(ENGINE_STATE[c.id], block=True)
-    OUTCOMES[c.id] = o
-    judge(c, o)
+    check_case(sweep, private_cluster, c, OUTCOMES, ENGINE_STATE)
 
 
 # ---------------------------------------------------------------- messages
@@ -131,25 +126,7 @@ MESSAGES = [
 
 @pytest.mark.parametrize(("setup", "cell", "check"), MESSAGES)
 def test_message(sweep, private_cluster, setup: str, cell: str, check: str):  # noqa: F811
-    """What the magic printed or raised names the loop's real problem
-    (``check``: a string it must hold, or ``!s``: one it must not)."""
-    import contextlib
-    import io
-
-    ip = sweep.ip
-    ip.run_cell(setup).raise_error()
-    out = io.StringIO()
-    said = ""
-    try:
-        with contextlib.redirect_stdout(out):
-            ip.run_cell_magic("gpu_parallel", "--quiet", cell)
-    except Exception as e:  # a refusal: its message is what is checked
-        said = str(e)
-    said += out.getvalue()
-    if check.startswith("!"):
-        assert check[1:] not in said, said
-    else:
-        assert check in said, said
+    check_message(sweep, setup, cell, check)
 
 
 def test_a_refused_loop_leaves_its_progress_bar_unread(sweep, private_cluster):  # noqa: F811

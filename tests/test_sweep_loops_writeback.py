@@ -17,6 +17,7 @@ from sweep_loops_corpus_writeback import CASES, Case
 from test_sweep_loops import (  # noqa: F401 - fixtures, used by name
     Outcome,
     _always_send,
+    check_case,
     corpus_params,
     judge,
     report_to,
@@ -58,9 +59,7 @@ _report = report_to("SWEEP_REPORT_WB", OUTCOMES)
 
 @pytest.mark.parametrize("c", list(corpus_params(CASES, KNOWN)))
 def test_loop(sweep, private_cluster, c: Case):  # noqa: F811 - sweep is a fixture
-    o = sweep.check(c)
-    OUTCOMES[c.id] = o
-    judge(c, o)
+    check_case(sweep, private_cluster, c, OUTCOMES)
 
 
 def test_a_notebook_stream_in_a_with_around_the_loop_is_refused(sweep, private_cluster):  # noqa: F811
