@@ -207,6 +207,10 @@ CASES = {
         "for k in range(6):\n    s = pd.concat([s, pd.Series([k], index=[f'r{k}'])])\n",
         {"s": pd.Series([], dtype="float64")},
     ),
+    "the loop goes over the array the body rebinds (the old one, serially)": (
+        "for v in vals:\n    vals = np.append(vals, v / 10)\n",
+        {"vals": np.arange(1.0, 6.0)},
+    ),
 }
 
 
@@ -291,3 +295,14 @@ def test_one_concatenation_stands_for_the_chain_only_where_it_is_the_same() -> N
     pieces = [np.array([200], np.uint8), np.array([0.5], np.float16)]
     calls = [ConcatCall(np.append, (None, p), {}, (0,)) for p in pieces]
     assert replay(y, calls).dtype == np.append(np.append(y, pieces[0]), pieces[1]).dtype
+
+
+def test_an_iterable_that_reads_the_name_as_it_goes_is_not_replayed() -> None:
+    # the generator reads `vals` at each step: serially it sees the rebound
+    # array, whose items the prepend has shifted
+    cell = (
+        "for v in (vals[i] for i in range(3)):\n"
+        "    vals = np.concatenate([[v * 10], vals])\n"
+    )
+    plan = analyse(cell, known_names={"np", "vals"}, raise_errors=False)
+    assert plan.diagnostics and not plan.spelled.concats

@@ -111,6 +111,10 @@ CASES = {
         "    ema = loss if ema is None else 0.9 * ema + 0.1 * loss\n",
         lambda: {"batches": [[k, k + 0.5, k / 3] for k in range(25)], "ema": None},
     ),
+    "iterating over a copy of the keys the body adds to": (
+        "for k in sorted(index):\n    index.setdefault(k.lower(), set()).add(len(k))\n",
+        lambda: {"index": {"Cat": {1}, "dog": {2}, "Dog": {3}}},
+    ),
     "a row appended at the frame's end (df.loc[len(df)] = row)": (
         "for i, f in enumerate(files):\n    df.loc[len(df)] = [f, len(f) * 1.5]\n",
         lambda: {
@@ -259,4 +263,24 @@ def test_a_container_read_elsewhere_is_not_replayed() -> None:
         known_names={"words", "index"},
         raise_errors=False,
     )
+    assert not plan.spelled.replayed
+
+
+def test_a_container_iterated_as_it_changes_is_not_replayed() -> None:
+    # serially the loop would see (or fail on) the keys the body adds; a
+    # copy made before the loop (`list(index)`) is another matter
+    for header, replayed in [
+        ("for k in index:", False),
+        ("for k in index.keys():", False),
+        ("for k in sorted(index, key=lambda k: len(index[k])):", False),
+        ("for k in list(index):", True),
+    ]:
+        cell = f"{header}\n    index.setdefault(k.lower(), set()).add(1)\n"
+        plan = analyse(cell, known_names={"index"}, raise_errors=False)
+        assert bool(plan.spelled.replayed) is replayed, header
+
+
+def test_a_shadowed_list_in_the_header_is_not_a_copy() -> None:
+    cell = "list = iter\nfor k in list(index):\n    index.setdefault(k, set()).add(1)\n"
+    plan = analyse(cell, known_names={"index"}, raise_errors=False)
     assert not plan.spelled.replayed

@@ -106,17 +106,6 @@ KNOWN: dict[str, str] = {
         "false refusal: `bisect.insort(leaderboard, entry)` then `entry[2] = "
         "...`; as s4-rp-heapq-docs-entry-marked-removed"
     ),
-    "s4-rp-iterates-over-key-copy": (
-        "false refusal: `for k in list(index): index.setdefault(k.lower(), "
-        "set()).add(...)`: the header's copy of the keys counts as a use of "
-        "`index`; the advice offers `for k.lower(), value in pairs:`, which "
-        "is not Python"
-    ),
-    "s4-cat-np-iterates-over-x": (
-        "false refusal: `for v in vals: vals = np.append(vals, v / 10)`: the "
-        "header's use of `vals` (evaluated once, before the loop) counts as "
-        "a use elsewhere in the body"
-    ),
 }
 
 #: cases whose outcome is a race between the engines (not strict)

@@ -539,7 +539,7 @@ def analyse(
     parts = _loop_parts(loop, diag)
     target, iterable, body = parts.target, parts.iterable, parts.body
     kind, result_name = parts.kind, parts.result_name
-    replayed = replay_loop_statements(body, target, iterable)  # `heappush(h, x)`
+    replayed = replay_loop_statements(body, target, iterable, False, is_builtin)
     own = _own_subscripts(parts, scope, diag)  # `models[i]`: an own item
     if own is not None:
         target, iterable, body = own.target, own.iterable, own.body

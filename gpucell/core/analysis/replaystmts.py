@@ -22,6 +22,7 @@ sinks already merge (``S.add(e)``, ``L.append(e)``, ``D[k] += e``,
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpucell.core.analysis.replays import concat_helper, name_uses
@@ -340,12 +341,45 @@ def replay_loop_statements(
     target: ast.expr,
     iterable: ast.expr | None,
     nested_items: bool = False,
+    is_builtin: Callable[[str], bool] | None = None,
 ) -> dict[str, Replayed]:
     """:func:`replay_statements` for a loop: never its variables or what its
-    iterable reads, never a name the body binds (but a rebinding's own)."""
-    loop = ast.Tuple([target, iterable or ast.Tuple([], ast.Load())], ast.Load())
+    iterable reads as it goes, never a name the body binds (but a
+    rebinding's own)."""
+    live = _live_part(iterable, is_builtin or (lambda _name: False))
+    loop = ast.Tuple([target, live], ast.Load())
     excluded = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name)}
     return replay_statements(body, excluded, scope_bindings(list(body)), nested_items)
+
+
+#: builtins that make their own container of what they are given, all of it,
+#: before the loop's first iteration
+_COPIES = frozenset({"list", "tuple", "sorted", "set", "frozenset", "dict"})
+
+
+def _live_part(
+    iterable: ast.expr | None, is_builtin: Callable[[str], bool]
+) -> ast.expr:
+    """The part of the loop's iterable the iteration reads as it goes: none of
+    ``list(index)`` or ``sorted(d.items())`` (copied whole before the first
+    iteration, so the body may change ``index``), all of ``index`` or
+    ``index.keys()`` (serially their later items see the body's changes).
+    ``is_builtin``: whether a name means the builtin (not the notebook's)."""
+    if iterable is None:
+        return ast.Tuple([], ast.Load())
+    if (
+        isinstance(iterable, ast.Call)
+        and isinstance(iterable.func, ast.Name)
+        and iterable.func.id in _COPIES
+        and is_builtin(iterable.func.id)
+        and len(iterable.args) == 1
+        and not isinstance(iterable.args[0], ast.Starred)
+        and all(k.arg == "key" or k.arg == "reverse" for k in iterable.keywords)
+    ):
+        # (`key=` may read a name as it goes: it stays live)
+        keys = [k.value for k in iterable.keywords]
+        return ast.Tuple([iterable.func, *keys], ast.Load())
+    return iterable
 
 
 def _attribute_path(tpl: ast.stmt) -> tuple[str, ...] | None:

@@ -200,6 +200,20 @@ def _split_tuple(
     ]
 
 
+def _read_lazily(iterable: ast.expr | None) -> set[str]:
+    """Names the loop's iterable reads as the loop goes, not once before it:
+    in a generator expression's items and later ``for``s, in a lambda."""
+    out: set[str] = set()
+    for node in ast.walk(iterable or ast.Pass()):
+        parts: list[ast.AST] = []
+        if isinstance(node, ast.GeneratorExp):
+            parts = [node.elt, *node.generators[1:], *node.generators[0].ifs]
+        elif isinstance(node, ast.Lambda):
+            parts = [node.body]
+        out |= {n.id for p in parts for n in ast.walk(p) if isinstance(n, ast.Name)}
+    return out
+
+
 def respell(
     body: list[ast.stmt],
     is_builtin: Callable[[str], bool],
@@ -250,7 +264,9 @@ def respell(
         for n in ast.walk(loop[0] if loop else ast.Pass())
         if isinstance(n, ast.Name)
     }
-    cat_targets = _concat_targets(body, iterated | own)
+    # (a name the body rebinds to a new object: the loop goes on over the old
+    # one, unless the iterable reads the name as it goes)
+    cat_targets = _concat_targets(body, own | _read_lazily(loop[1] if loop else None))
 
     def rewrite(s: ast.stmt) -> list[ast.stmt] | None:
         cat = _concat(s, cat_targets)
@@ -292,7 +308,7 @@ def respell(
     _walk(body, is_builtin, rewrite)
     _blocks(body, lambda stmts: _last_reads(stmts, out))
     if loop is not None:
-        out.replayed = replay_loop_statements(body, *loop, nested_items=True)
+        out.replayed = replay_loop_statements(body, *loop, True, is_builtin)
         out.hidden |= set(out.replayed)
     if loop is not None:
         from gpucell.core.analysis.keys import _own_index
