@@ -111,6 +111,12 @@ CASES = {
         "    ema = loss if ema is None else 0.9 * ema + 0.1 * loss\n",
         lambda: {"batches": [[k, k + 0.5, k / 3] for k in range(25)], "ema": None},
     ),
+    "bigram counts: setdefault, then a nested get + 1 made on the kernel": (
+        "for a, b in zip(words, words[1:]):\n"
+        "    follows.setdefault(a, {})\n"
+        "    follows[a][b] = follows[a].get(b, 0) + 1\n",
+        lambda: {"words": WORDS, "follows": {"the": {"end": 5}}},
+    ),
     "iterating over a copy of the keys the body adds to": (
         "for k in sorted(index):\n    index.setdefault(k.lower(), set()).add(len(k))\n",
         lambda: {"index": {"Cat": {1}, "dog": {2}, "Dog": {3}}},

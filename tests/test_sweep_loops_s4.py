@@ -88,12 +88,6 @@ KNOWN: dict[str, str] = {
         "buffer is overwritten each iteration: the last write wins); the "
         "message also says `table` is used elsewhere, which it is not"
     ),
-    "s4-rp-nested-get-plus-one": (
-        "false refusal: the bigram count `follows.setdefault(a, {})` then "
-        "`follows[a][b] = follows[a].get(b, 0) + 1`: 'changes an object in "
-        "place; follows exists before the loop' (the defaultdict spelling "
-        "`counts[a][b] += 1` is replayed)"
-    ),
     "s4-rp-heapq-docs-entry-marked-removed": (
         "false refusal: the heapq docs' priority queue, `entry = [prio, "
         "name]; heapq.heappush(pq, entry)` then `entry[-1] = REMOVED`: "

@@ -40,7 +40,7 @@ __all__ = [
 MUTATORS = frozenset(
     {
         "add", "update", "discard", "subtract", "append", "extend", "insert",
-        "appendleft", "extendleft",
+        "appendleft", "extendleft", "setdefault",
     }
 )  # fmt: skip
 #: a list's growth, whose keyed forms (`D[k].append(e)`, through
@@ -59,7 +59,10 @@ _SINK_METHODS = frozenset({"add", "update", "append", "extend"})
 #: builtins a template may call on ``T`` (on the kernel, as serially)
 _PURE_CALLS = frozenset({"len", "min", "max", "abs", "round"})
 #: methods that keep their arguments themselves (the others read them)
-_STORING = frozenset({"add", "append", "appendleft", "insert"})
+_STORING = frozenset({"add", "append", "appendleft", "insert", "setdefault"})
+#: methods a template may call on what ``T`` holds, to read it (on the
+#: kernel, as serially): a mapping's ``get``
+_READING_METHODS = frozenset({"get"})
 #: pandas' indexers, reached through on the way to an item
 _ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
 
@@ -153,6 +156,20 @@ class _Template:
             # the kernel must call the notebook's, as the serial loop does)
             fn = self.hole(e.func, True)
             return ast.Call(fn, [v(a) for a in e.args], [])
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Attribute)
+            and e.func.attr in _READING_METHODS
+            and _reads(e.func.value, self.target)
+            and not e.keywords
+            and 1 <= len(e.args) <= 2
+        ):  # `T[a].get(b, 0)`
+            owner = v(e.func.value)
+            return ast.Call(
+                ast.Attribute(owner, e.func.attr, ast.Load()),
+                [v(a) for a in e.args],
+                [],
+            )
         if isinstance(e, (ast.IfExp, ast.BoolOp)):
             if isinstance(e, ast.IfExp):
                 test = v(e.test)
@@ -262,7 +279,10 @@ def _template(
         key = t.key(tgt.slice)
         # (`T[a][b] = v` keeps v itself; pandas' indexers and `+=` read it)
         through = isinstance(tgt.value, ast.Attribute) and tgt.value.attr in _ACCESSORS
-        value = t.hole(s.value, isinstance(s, ast.Assign) and not through)
+        if isinstance(s, ast.Assign) and _reads(s.value, target):
+            value = t.value(s.value)  # `T[a][b] = T[a].get(b, 0) + 1`
+        else:
+            value = t.hole(s.value, isinstance(s, ast.Assign) and not through)
         store = ast.Subscript(inner, key, ast.Store())
         if isinstance(s, ast.AugAssign):
             return ast.AugAssign(store, s.op, value), t.pairs(), False
