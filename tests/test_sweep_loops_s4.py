@@ -76,11 +76,6 @@ KNOWN: dict[str, str] = {
         "`w` keeps its value from before the cell, with a note"
     ),
     # ------------------------------------------------ false refusals
-    "s4-rp-tqdm-manual-update": (
-        "false refusal: `bar.update(1)` on a tqdm made before the loop: "
-        "'gpucell merges .add/.update only on sets, dicts and Counters' (a "
-        "manual progress bar; its count is the number of iterations)"
-    ),
     "s4-cat-np-piece-mutated-after": (
         "false refusal: a preallocated buffer `row[:] = [...]` then "
         "`table = np.vstack([table, row])` then `row *= 0`: 'row is combined "

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpucell.core.analysis.replaystmts import LIBRARY_FUNCTIONS
 from gpucell.core.merge_base import Merging, Mutation
+from gpucell.core.progressbars import is_progress_bar
 from gpucell.errors import NotParallelizable, add_note
 from gpucell.protocol.concat import (
     BIND,
@@ -106,7 +107,9 @@ def merge_replayed_statements(m: Merging) -> None:
         try:
             # (one copy of both: a value the replay puts into the container,
             # `set()` in `setdefault(w, set())`, must not be shared with it)
-            trial = copy.deepcopy((target, entries))
+            trial = (
+                None if is_progress_bar(target) else copy.deepcopy((target, entries))
+            )
         except Exception:
             trial = None  # (validated as it is applied: see the module's note)
         if trial is not None:
@@ -251,6 +254,11 @@ def _prepare_union(name: str, target: Any, ops: list[tuple[str, Any]]) -> Mutati
                 add(x)
 
         return Mutation(name, "update", add_each)
+    if is_progress_bar(target):
+        # (`bar.update(1)`: no copy tried, see core/progressbars.py)
+        if any(kind != "update" for kind, _payload in ops):
+            raise AttributeError(f"`{name}`, a progress bar, has no method `add`")
+        return Mutation(name, "replay", lambda: _replay(target, ops))
     trial = copy.copy(target)
     _replay(trial, ops)
     return Mutation(name, "replay", lambda: _replay(target, ops))

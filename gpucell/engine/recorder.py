@@ -12,6 +12,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable, Mapping
+from numbers import Number
 from types import ModuleType
 from typing import Any
 
@@ -305,7 +306,10 @@ class Recorder:
     def update(self, name: str, *args: Any) -> None:
         ops = self.result.unions.setdefault(name, [])
         for a in args:
-            ops.append(("update", dict(a) if isinstance(a, Mapping) else list(a)))
+            if isinstance(a, Number):  # `bar.update(1)`: a progress bar's step
+                ops.append(("update", a))
+            else:
+                ops.append(("update", dict(a) if isinstance(a, Mapping) else list(a)))
 
     # -- called by run_chunk ---------------------------------------------------
 

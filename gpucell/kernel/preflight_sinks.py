@@ -1,6 +1,7 @@
 """Pre-flight checks on the objects the loop writes, as its merge needs them:
 unique labels, rows that are each iteration's own, ``.add``/``.update`` on sets
-and dicts only, replayed methods on standard containers only, no container
+and dicts only, replayed methods on standard containers (and a progress bar's
+drawing methods) only, no container
 method bound before the loop, and no input that is or shares memory with one of
 them."""
 
@@ -10,6 +11,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic
+from gpucell.core.progressbars import PROGRESS_METHODS, is_progress_bar
 from gpucell.kernel.preflight_problem import Namespace, line_of, problem
 
 #: the containers whose methods change only themselves (Counter, defaultdict,
@@ -38,6 +40,8 @@ def unions_of_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
         # (Counter, OrderedDict, defaultdict and other subclasses included)
         if name not in ns or isinstance(ns[name], (set, dict)):
             continue
+        if is_progress_bar(ns[name]):
+            continue  # `bar.update(1)`: made on the bar in iteration order
         kind = type(ns[name])
         where = (
             "defined in this notebook"
@@ -123,6 +127,8 @@ def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
                 continue  # (serially the statement would fail the same way)
             if isinstance(obj, _CONTAINERS):
                 continue  # (Counter, defaultdict, OrderedDict included)
+            if is_progress_bar(obj) and rep.methods.get(k) in PROGRESS_METHODS:
+                continue  # (`bar.set_postfix(...)`: it only draws)
             line = rep.lines[k]
             out.append(
                 problem(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from gpucell.core.analysis.replays import concat_helper, name_uses
 from gpucell.core.analysis.scope import scope_bindings
 from gpucell.core.analysis.spellbase import _blocks, _pure, _reads
+from gpucell.core.progressbars import PROGRESS_METHODS
 
 __all__ = [
     "LIBRARY_FUNCTIONS",
@@ -42,7 +43,7 @@ MUTATORS = frozenset(
         "add", "update", "discard", "subtract", "append", "extend", "insert",
         "appendleft", "extendleft", "setdefault",
     }
-)  # fmt: skip
+) | PROGRESS_METHODS  # fmt: skip
 #: a list's growth, whose keyed forms (`D[k].append(e)`, through
 #: `setdefault(k, [])` too) are keyed gathers: replayed only where the loop
 #: is refused otherwise
@@ -78,6 +79,8 @@ class Replayed:
     function_first: set[int] = field(default_factory=set)
     # statement numbers that call a method of T or of its items
     method_calls: set[int] = field(default_factory=set)
+    # statement number -> the method it calls
+    methods: dict[int, str] = field(default_factory=dict)
     # a method call's object, where T's attributes reach it (`res.scores`:
     # ("scores",); () for T itself; None through items): checked by type
     owners: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
@@ -236,7 +239,7 @@ def _template(
             and _reads(f.value, target)
         ):
             inner, depth = t.spine(f.value)
-            if depth == 0 and f.attr in _SINK_METHODS and not sinks_too:
+            if depth == 0 and f.attr in _SINK_METHODS and call.args and not sinks_too:
                 raise _NotReplayable  # a gather or a union (unless mixed)
             if not nested_items and f.attr in _GROWTH:
                 raise _NotReplayable
@@ -351,6 +354,9 @@ def replay_statements(
             elif isinstance(tpl, ast.Expr):
                 rep.method_calls.add(k)
                 rep.owners[k] = _attribute_path(tpl)
+                assert isinstance(tpl.value, ast.Call)
+                assert isinstance(tpl.value.func, ast.Attribute)
+                rep.methods[k] = tpl.value.func.attr
             block[i] = _recording(old, hidden, k, holes)
         out[hidden] = rep
     return out
