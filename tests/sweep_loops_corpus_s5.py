@@ -1040,19 +1040,6 @@ for tr, te in KFold(n_splits=3).split(X):
 )
 
 case(
-    "s5-sk-knn-k-running-best",
-    "safe",
-    SK,
-    """
-best_k, best_score = None, -np.inf
-for k in [1, 3, 5, 7, 9]:
-    s = cross_val_score(KNeighborsClassifier(n_neighbors=k), X, y, cv=4).mean()
-    if s > best_score:
-        best_score, best_k = s, k
-""",
-)
-
-case(
     "s5-sk-fit-models-in-list-own-items",
     "safe",
     SK,
@@ -1564,20 +1551,6 @@ for i, s in enumerate(series):
 )
 
 case(
-    "s5-fx-logging-root-debug-and-warning",
-    "safe",
-    PY + "import logging\n",
-    """
-lens = {}
-for w in words:
-    logging.debug("looking at %s", w)
-    if len(w) > 4:
-        logging.warning("long word: %s", w)
-    lens[w] = len(w)
-""",
-)
-
-case(
     "s5-fx-logging-exception-traceback",
     "safe",
     "raw = ['4', 'zero', '2', '0']\n",
@@ -1588,17 +1561,6 @@ for s in raw:
         inv[s] = 1 / int(s)
     except (ValueError, ZeroDivisionError):
         log.exception("bad value %r", s)
-""",
-)
-
-case(
-    "s5-fx-tqdm-over-iterable",
-    "safe",
-    PY + "import io\nfrom tqdm import tqdm\n",
-    """
-upper = []
-for w in tqdm(words, file=io.StringIO(), desc="upper"):
-    upper.append(w.upper())
 """,
 )
 
@@ -1945,6 +1907,70 @@ cached = vowels.cache_info().currsize
 """,
 )
 
+case(
+    "s5-hs-u-stdlib-module-attr",
+    "unsafe",
+    PY
+    + """
+import math
+math.s5_calls = 0
+def area(r):
+    math.s5_calls += 1
+    return round(math.pi * r * r, 3)
+""",
+    """
+areas = {}
+for n in nums:
+    areas[n] = area(n)
+calls = math.s5_calls
+del math.s5_calls
+""",
+    note="an attribute of an installed module changed behind a call",
+)
+
+case(
+    "s5-hs-u-helper-sets-environ",
+    "unsafe",
+    PY
+    + """
+import os
+os.environ.pop("S5_LAST_WORD", None)
+def remember(w):
+    os.environ["S5_LAST_WORD"] = w
+    return len(w)
+""",
+    """
+lens = []
+for w in words:
+    lens.append(remember(w))
+last = os.environ.pop("S5_LAST_WORD", None)
+""",
+    note="process-wide state changed behind a call (the body's own os.environ write is refused by line)",
+)
+
+case(
+    "s5-hs-u-helper-sets-logger-level",
+    "unsafe",
+    PY
+    + """
+import logging
+lg = logging.getLogger("nb.s5quiet")
+lg.setLevel(logging.NOTSET)
+def quiet_for(w):
+    if w.startswith("o"):
+        lg.setLevel(logging.ERROR)
+    return w.title()
+""",
+    """
+titled = []
+for w in words:
+    titled.append(quiet_for(w))
+level = lg.level
+lg.setLevel(logging.NOTSET)
+""",
+    note="a logger configured behind a call (the body's own setLevel is refused by line)",
+)
+
 # ---------------------------------------------------------------- 2. sinks and own items
 
 case(
@@ -2008,6 +2034,62 @@ students = [{"name": "ann", "marks": [71, 88]}, {"name": "bo", "marks": [92]},
 for s in students:
     s["marks"].append(50)
     s["mean"] = sum(s["marks"]) / len(s["marks"])
+""",
+)
+
+case(
+    "s5-obj-dict-values-kept-in-list",
+    "safe",
+    """
+class Box:
+    def __init__(self, v):
+        self.v = v
+boxes = {"a": Box(1), "b": Box(2), "c": Box(3)}
+""",
+    """
+big = []
+for b in boxes.values():
+    b.v *= 10
+    if b.v > 10:
+        big.append(b)
+same = [x is boxes[k] for x, k in zip(big, ["b", "c"])]
+""",
+)
+
+case(
+    "s5-obj-dict-items-unchanged-kept",
+    "safe",
+    """
+class Box:
+    def __init__(self, v):
+        self.v = v
+boxes = {"a": Box(1), "b": Box(2), "c": Box(3)}
+""",
+    """
+chosen = {}
+for k, b in boxes.items():
+    if b.v >= 2:
+        chosen[k] = b
+same = [chosen[k] is boxes[k] for k in chosen]
+""",
+    note="the items are not changed: only kept",
+)
+
+case(
+    "s5-obj-dict-values-particles-step",
+    "safe",
+    """
+from dataclasses import dataclass
+@dataclass
+class Particle:
+    x: float
+    vx: float
+swarm = {f"p{i}": Particle(float(i), 0.25 * i) for i in range(5)}
+""",
+    """
+for p in swarm.values():
+    for _ in range(3):
+        p.x += p.vx
 """,
 )
 
@@ -2206,19 +2288,6 @@ for w in words:
 # ---------------------------------------------------------------- 6. iterables with state
 
 case(
-    "s5-it-tee-pairs",
-    "safe",
-    PY + "import itertools\n",
-    """
-a, b = itertools.tee(nums)
-next(b, None)
-steps = []
-for x, y in zip(a, b):
-    steps.append(y - x)
-""",
-)
-
-case(
     "s5-it-scandir-entries",
     "safe",
     FILES,
@@ -2228,6 +2297,29 @@ for entry in os.scandir(os.path.join(D, "cfg")):
     if entry.name.endswith(".json"):
         sizes[entry.name] = entry.stat().st_size
 """,
+)
+
+case(
+    "s5-it-nditer-readwrite-no-with",
+    "safe",
+    "import numpy as np\nb = np.linspace(0.0, 1.0, 6)\n",
+    """
+for v in np.nditer(b, op_flags=["readwrite"]):
+    v[...] = v * v
+""",
+    note="the older spelling, without the context manager",
+)
+
+case(
+    "s5-it-nditer-readwrite-docs",
+    "safe",
+    "import numpy as np\na = np.arange(6).reshape(2, 3)\n",
+    """
+with np.nditer(a, op_flags=["readwrite"]) as it:
+    for x in it:
+        x[...] = 2 * x
+""",
+    note="numpy's own iteration tutorial: each item is a view of one element of a",
 )
 
 # ---------------------------------------------------------------- 7. printing, logging, progress
