@@ -281,23 +281,6 @@ seen = config.seen
 )
 
 case(
-    "s5-hs-namespace-config-read-only",
-    "safe",
-    PY
-    + """
-from types import SimpleNamespace
-config = SimpleNamespace(scale=3, offset=1)
-def scaled(x):
-    return x * config.scale + config.offset
-""",
-    """
-vals = {}
-for n in nums:
-    vals[n] = scaled(n)
-""",
-)
-
-case(
     "s5-hs-u-module-object-attr",
     "unsafe",
     PY
@@ -730,20 +713,6 @@ for t in range(1, 6):
 )
 
 case(
-    "s5-obj-permutation-scatter",
-    "safe",
-    """
-vals = [10, 20, 30, 40, 50]
-perm = [3, 0, 4, 1, 2]
-out = [None] * 5
-""",
-    """
-for i, v in enumerate(vals):
-    out[perm[i]] = v * 2
-""",
-)
-
-case(
     "s5-obj-u-row-written-through-other-key",
     "unsafe",
     """
@@ -854,22 +823,6 @@ for epoch in range(4):
         opt.step()
         total += loss.item()
     epoch_loss.append(total)
-""",
-)
-
-case(
-    "s5-torch-u-shared-model-per-batch",
-    "unsafe",
-    TORCH,
-    """
-opt = torch.optim.Adam(model.parameters(), lr=0.01)
-losses = []
-for xb, yb in loader:
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(xb), yb)
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
 """,
 )
 
@@ -1182,24 +1135,6 @@ for s in raw:
 )
 
 case(
-    "s5-run-try-except-logs-and-counts",
-    "safe",
-    """
-raw = ["1.5", "2", "x", "3e2", "", "-4"]
-""",
-    """
-n_bad = 0
-values = {}
-for s in raw:
-    try:
-        values[s] = float(s)
-    except ValueError:
-        log.warning("could not parse %r", s)
-        n_bad += 1
-""",
-)
-
-case(
     "s5-run-string-accumulation",
     "safe",
     PY,
@@ -1326,6 +1261,66 @@ for n, w in zip(it_a, it_b):
 rest_a = list(it_a)
 """,
     note="zip draws from it_a first: it_a ends one item further than it_b's length",
+)
+
+case(
+    "s5-it-zip-longer-iterator-left-partly-drawn",
+    "safe",
+    "stream = iter(range(100, 110))\nlabels = ['x', 'y', 'z']\n",
+    """
+tagged = []
+for v, lab in zip(stream, labels):
+    tagged.append(f"{lab}{v}")
+rest = list(stream)
+""",
+    note="serially zip draws 4 items of stream (the 4th before labels runs out): 6 are left",
+)
+
+case(
+    "s5-it-zip-same-iterator-pairs",
+    "safe",
+    PY,
+    """
+it = iter(nums)
+products = []
+for a, b in zip(it, it):
+    products.append(a * b)
+""",
+    note="the pairs idiom: one iterator twice in a zip",
+)
+
+case(
+    "s5-it-zip-star-grouper",
+    "safe",
+    PY,
+    """
+triples = []
+for t in zip(*[iter(words)] * 3):
+    triples.append("-".join(t))
+""",
+    note="itertools' grouper recipe, spelled with zip",
+)
+
+case(
+    "s5-it-zip-file-head-then-rest",
+    "safe",
+    """
+import os, shutil
+D = @TMP@
+shutil.rmtree(D, ignore_errors=True)
+os.makedirs(D)
+p = os.path.join(D, "log.txt")
+with open(p, "w") as fh:
+    fh.write("".join(f"line {k}\\n" for k in range(8)))
+""",
+    """
+head = []
+with open(p) as fh:
+    for line, k in zip(fh, range(2)):
+        head.append((k, line.strip()))
+    rest = fh.read().splitlines()
+""",
+    note="serially zip reads 3 lines (the 3rd before range runs out): 5 are left",
 )
 
 case(
