@@ -477,11 +477,13 @@ def test_loop_carried_non_reduction_update() -> None:
         ("opt.step()", "opt", "outer-mutation"),
         ("t.add_(x)", "t", "outer-mutation"),
         ("lst.sort()", "lst", "outer-mutation"),
-        ("d.setdefault(x, 1)", "d", "outer-mutation"),
+        # (`d.setdefault(x, 1)` alone is replayed on the kernel)
+        ("v = d.setdefault(x, 1)", "d", "outer-mutation"),
         ("v = d.pop(x)", "d", "outer-mutation"),
         ("model.fc.weight += x", "model", "outer-mutation"),
-        # (`data[0][1] = x` is replayed: tests/test_replayed_changes.py)
-        ("data[0][1] = data[1][0] + x", "data", "outer-mutation"),
+        # (`data[0][1] = x` and `data[0][1] = data[1][0] + x` are replayed:
+        # tests/test_replayed_changes.py; a call on what `data` holds is not)
+        ("data[0][1] = f(data[1][0]) + x", "data", "outer-mutation"),
         ("torch.nn.init.zeros_(t)", "t", "outer-mutation"),
         ("from m import *", "*", "star-import"),
     ],

@@ -107,14 +107,28 @@ def test_an_input_that_is_a_row_is_refused(ip, cluster):
 
 
 def test_another_iterations_row_is_refused(ip, cluster):
-    ip.run_cell("grid = [[0, 0] for _ in range(4)]")
+    ip.run_cell("grid = [[0, 0] for _ in range(4)]\nout = []")
     with pytest.raises(NotParallelizable):
         ip.run_cell_magic(
             "gpu_parallel",
             "--quiet",
-            "for i in range(1, 4):\n    grid[i][0] = grid[i - 1][0] + 1\n",
+            "for i in range(1, 4):\n"
+            "    grid[i][0] = grid[i - 1][0] + 1\n"
+            "    out.append(grid[i][0])\n",
         )
     assert ip.user_ns["grid"] == [[0, 0] for _ in range(4)]
+
+
+def test_a_statement_that_reads_another_iterations_row_is_made_in_order(ip, cluster):
+    # the body uses `grid` in this statement only: the kernel makes it in
+    # iteration order (core/analysis/replaystmts.py), as serially
+    ip.run_cell("grid = [[0, 0] for _ in range(4)]")
+    ip.run_cell_magic(
+        "gpu_parallel",
+        "--quiet",
+        "for i in range(1, 4):\n    grid[i][0] = grid[i - 1][0] + 1\n",
+    )
+    assert ip.user_ns["grid"] == [[0, 0], [1, 0], [2, 0], [3, 0]]
 
 
 _ROWS = (

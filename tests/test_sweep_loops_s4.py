@@ -83,18 +83,6 @@ KNOWN: dict[str, str] = {
         "buffer is overwritten each iteration: the last write wins); the "
         "message also says `table` is used elsewhere, which it is not"
     ),
-    "s4-rp-heapq-docs-entry-marked-removed": (
-        "false refusal: the heapq docs' priority queue, `entry = [prio, "
-        "name]; heapq.heappush(pq, entry)` then `entry[-1] = REMOVED`: "
-        "'entry refers to an element of the loop's data or to an object that "
-        "exists before the loop' (it is made by the iteration; the dict "
-        "spelling of the same runs and is SILENT: "
-        "s4-rp-heappush-dict-changed-after)"
-    ),
-    "s4-rp-insort-list-entry-changed-after": (
-        "false refusal: `bisect.insort(leaderboard, entry)` then `entry[2] = "
-        "...`; as s4-rp-heapq-docs-entry-marked-removed"
-    ),
 }
 
 #: cases whose outcome is a race between the engines (not strict)

@@ -287,7 +287,7 @@ def _flow_context(
                 own_elements[name] = key
                 enumerated.add(name)
     # alias taint: locals that may hold objects from outside the iteration
-    tainted = _alias_taint(
+    tainted, shallow = _alias_taint(
         stmts, nodes, loop_target, loop_iter, found.body_bound, is_builtin
     )
     ctx = _Ctx(
@@ -299,6 +299,7 @@ def _flow_context(
         module_names=set(module_names) | set(WELL_KNOWN_MODULES),
         is_builtin=is_builtin,
     )
+    ctx.shallow = shallow
     ctx.target_names = {n.id for n in target_names(loop_target)}
     ctx.item_names = _item_parts(body, (ctx.target_names & tainted) - _rebound(body))
     ctx.assume_nonempty = assume_nonempty

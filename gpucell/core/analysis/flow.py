@@ -90,7 +90,7 @@ class _Flow(_Statements):
                 state,
             )
             state = self.expr(s.value, state)
-            if t.id in self.c.tainted:
+            if t.id in self.c.tainted and t.id not in self.c.shallow:
                 self._refuse_mutation(
                     s, t, f"`{t.id} {_op_text(s.op)}= ...` on an alias"
                 )

@@ -53,6 +53,9 @@ class _Ctx:
         self.sinks = sinks
         self.own = own
         self.tainted = tainted
+        # tainted names that are new containers (`rec = {"v": item}`): a
+        # change to the container itself changes nothing from outside
+        self.shallow: set[str] = set()
         self.module_names = module_names
         self.is_builtin = is_builtin
         # may a nested loop over inputs be taken to run (checked at run time)?

@@ -143,7 +143,7 @@ class _Statements(_Mutations):
                         if isinstance(part, ast.Subscript):
                             state = self.expr(part.slice, state)
                         root = root_name(part)
-                        if self.outerish(root, state):
+                        if self.outerish(root, state, part.value):
                             assert root is not None
                             self._refuse_mutation(
                                 part, root, f"`del {ast.unparse(part)}`"

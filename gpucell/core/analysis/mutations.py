@@ -72,6 +72,22 @@ def _through_data(node: ast.AST, op: str) -> bool:
     return False
 
 
+#: attributes that reach an object's own data, not another object
+_ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
+
+
+def _is_itself(e: ast.expr) -> bool:
+    """Is ``e`` a name itself (``rec``, ``df.loc``), not an object it holds
+    (``rec["v"]``, ``rec.items``, ``rec.get("v")``)?"""
+    while isinstance(e, ast.Attribute) and e.attr in _ACCESSORS:
+        e = e.value
+    return isinstance(e, ast.Name)
+
+
+#: the hidden lists where an iteration records its replayed statements and
+#: concatenations (replaystmts.py, concats.py)
+_RECORDS = ("__gpucell_rp_", "__gpucell_cat_")
+
 #: safe builtins whose first argument is a function they call
 _CALLING = frozenset({"map", "filter"})
 
@@ -79,8 +95,12 @@ _CALLING = frozenset({"map", "filter"})
 class _Mutations(_FlowBase):
     """The walk's checks of calls and stores that may change an object."""
 
-    def outerish(self, name: ast.Name | None, state: State) -> bool:
-        """Would changing ``name``'s object in place change an object from outside?"""
+    def outerish(
+        self, name: ast.Name | None, state: State, changed: ast.expr | None = None
+    ) -> bool:
+        """Would changing ``name``'s object in place change an object from
+        outside?  ``changed``: the expression of the object changed (``name``
+        itself, or what it holds: ``rec["v"]``); None where unknown."""
         if name is None or id(name) in self.c.own:
             return False
         n = name.id
@@ -88,6 +108,8 @@ class _Mutations(_FlowBase):
             return False  # reported as sink-read
         if self._shadowed(n):
             return True  # comprehension variables iterate over outer data
+        if n in self.c.shallow and changed is not None and _is_itself(changed):
+            return False  # `entry[-1] = x` on `entry = [prio, name]`: a new list
         if n in self.c.tainted:
             return True
         return n not in self.c.body_bound and not self.c.is_builtin(n)
@@ -125,7 +147,18 @@ class _Mutations(_FlowBase):
             # or the run fails unmerged where that could differ from serial
             self.c.watch_items.append(getattr(node, "lineno", root.lineno))
             return
-        if n in self.c.tainted or self._shadowed(n):
+        if n in self.c.shallow and not self._shadowed(n):
+            owner = (
+                f"`{n}` is a new container the iteration makes, but it holds "
+                "objects from elsewhere (elements of the loop's data or objects "
+                "that exist before the loop), and this changes one of them"
+            )
+            fix = fix or (
+                f"Copy what `{n}` holds where the iteration makes it "
+                f"(`{n} = copy.deepcopy(...)`), or collect the results "
+                "(`results.append(...)`)."
+            )
+        elif n in self.c.tainted or self._shadowed(n):
             owner = (
                 f"`{n}` refers to an element of the loop's data or to an object that "
                 f"exists before the loop"
@@ -195,6 +228,8 @@ class _Mutations(_FlowBase):
             self.watch(f, line)
         elif isinstance(f, ast.Attribute):
             root = root_name(f.value)
+            if root is not None and root.id.startswith(_RECORDS):
+                return  # (gpucell's own records: they change nothing they get)
             if root is not None and root.id in self.c.module_names:
                 text = global_draw(call)
                 if text is not None:
@@ -245,7 +280,7 @@ class _Mutations(_FlowBase):
         self._note_refit(call, f)
         if f.attr == "shuffle" and call.args:  # `rng.shuffle(x)` changes `x`
             self._refuse_argument_mutation(call, call.args[0], state)
-        if is_mutating_method(f.attr) and self.outerish(root, state):
+        if is_mutating_method(f.attr) and self.outerish(root, state, f.value):
             fix = _setdefault_fix(call, root.id) if f.attr == "setdefault" else ""
             self._refuse_mutation(call, root, f"`{ast.unparse(f)}(...)`", fix)
 
@@ -282,7 +317,7 @@ class _Mutations(_FlowBase):
     ) -> None:
         """``arg``, an argument the call changes in place, may be outer data."""
         arg_root = root_name(arg)
-        if self.outerish(arg_root, state):
+        if self.outerish(arg_root, state, arg):
             assert arg_root is not None
             fn = ast.unparse(call.func)
             fix = (
@@ -303,7 +338,7 @@ class _Mutations(_FlowBase):
             if k.arg == "out":
                 for part in _out_parts(k.value):
                     root = root_name(part)
-                    if self.outerish(root, state):
+                    if self.outerish(root, state, part):
                         assert root is not None
                         self._refuse_mutation(
                             call,
@@ -315,7 +350,10 @@ class _Mutations(_FlowBase):
         """Refuse a store into an outer object; ``op``: the augmented operator
         (``"/"`` for ``/=``), ``""`` for a plain ``=``."""
         root = root_name(part)
-        if not self.outerish(root, state):
+        changed = (
+            part.value if isinstance(part, (ast.Subscript, ast.Attribute)) else None
+        )
+        if not self.outerish(root, state, changed):
             return
         assert root is not None
         text = ast.unparse(part)

@@ -184,6 +184,41 @@ def _target_taint(
     return {n.id for n in target_names(target)}, False
 
 
+#: builtins that make a new container of their argument's items themselves
+_SHALLOW_COPIES = frozenset({"list", "tuple", "set", "frozenset", "dict", "sorted"})
+
+
+def _new_container(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
+    """Does ``e`` make a new container whose items may be objects from
+    elsewhere (``[prio, name]``, ``{"v": item}``, ``[p for p in ps]``,
+    ``dict(base)``, ``base.copy()``)?  Changing the container itself changes
+    nothing else; changing what it holds (``rec["v"].append(x)``) may."""
+    if isinstance(e, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        return True
+    if isinstance(e, (ast.ListComp, ast.SetComp, ast.DictComp)):
+        return True
+    if not isinstance(e, ast.Call):
+        return False
+    f = e.func
+    if isinstance(f, ast.Name):
+        return f.id in _SHALLOW_COPIES and is_builtin(f.id)
+    # `base.copy()`, `copy.copy(base)` (not `deepcopy`)
+    return isinstance(f, ast.Attribute) and f.attr == "copy" and len(e.args) <= 1
+
+
+def _holds_outer(e: ast.expr, is_outer: Callable[[str], bool]) -> bool:
+    """May the new container ``e`` makes hold an object from outside?  A
+    display's items as themselves (``[prio, name]``: if ``name`` may be one;
+    ``[x + 1]``: a new number), a comprehension's or a copy's anything they
+    read."""
+    if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
+        return any(_alias_expr(x, is_outer) for x in e.elts)
+    if isinstance(e, ast.Dict):
+        parts = [*(k for k in e.keys if k is not None), *e.values]
+        return any(_alias_expr(x, is_outer) for x in parts)
+    return _mentions(e, is_outer)
+
+
 def _alias_taint(
     stmts: list[ast.stmt],
     nodes: list[ast.AST],
@@ -191,10 +226,13 @@ def _alias_taint(
     loop_iter: ast.expr | None,
     body_bound: set[str],
     is_builtin: Callable[[str], bool],
-) -> set[str]:
+) -> tuple[set[str], set[str]]:
     """Locals of the body that may hold objects from outside the iteration:
     the loop's targets (but ``range``'s and ``enumerate``'s numbers) and
-    what is bound from them or from names outside the body, to a fixpoint."""
+    what is bound from them or from names outside the body, to a fixpoint;
+    and those of them that are new containers of such objects (every
+    binding a ``holds`` one: see :func:`_new_container`), which the body may
+    change themselves, but not what they hold."""
 
     def is_outer(n: str) -> bool:
         return (n not in body_bound and not is_builtin(n)) or n in tainted
@@ -206,7 +244,14 @@ def _alias_taint(
     # (kind, expression, names it binds) for every binding that may alias
     aliasing: list[tuple[str, ast.expr, set[str]]] = []
     for s in stmts:
-        if isinstance(s, ast.Assign):
+        if (
+            isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name)
+            and _new_container(s.value, is_builtin)
+        ):
+            aliasing.append(("holds", s.value, {s.targets[0].id}))
+        elif isinstance(s, ast.Assign):
             names = {n.id for t in s.targets for n in target_names(t)}
             aliasing.append(("alias", s.value, names))
         elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
@@ -228,15 +273,22 @@ def _alias_taint(
         for kind, e, names in aliasing:
             if names <= tainted:
                 continue
-            hit = (
-                _alias_expr(e, is_outer) if kind == "alias" else _mentions(e, is_outer)
-            )
+            if kind == "alias":
+                hit = _alias_expr(e, is_outer)
+            elif kind == "holds":
+                hit = _holds_outer(e, is_outer)
+            else:
+                hit = _mentions(e, is_outer)
             if hit:
                 tainted |= names
         if len(tainted) == before:
             break
     tainted &= body_bound
-    return tainted
+    holds = {n for kind, _e, names in aliasing if kind == "holds" for n in names}
+    others = {n for kind, _e, names in aliasing if kind != "holds" for n in names}
+    if loop_iter is not None:
+        others |= {n.id for n in target_names(loop_target)}
+    return tainted, (holds - others) & tainted
 
 
 def _reaches_part(e: ast.expr, items: set[str], calls: bool) -> bool:
