@@ -414,25 +414,6 @@ for lab in labels:
 )
 
 case(
-    "s5-hs-helper-changes-its-own-fresh-dict",
-    "safe",
-    """
-records = [{"name": " Ann ", "age": "31"}, {"name": "bo", "age": "x"},
-           {"name": "Cy ", "age": "45"}]
-def cleaned(rec):
-    out = dict(rec)
-    out["name"] = out["name"].strip().title()
-    out["age"] = int(out["age"]) if out["age"].isdigit() else None
-    return out
-""",
-    """
-clean = []
-for r in records:
-    clean.append(cleaned(r))
-""",
-)
-
-case(
     "s5-hs-helper-changes-own-item",
     "safe",
     """
@@ -1560,17 +1541,6 @@ for s in raw:
 )
 
 case(
-    "s5-fx-tqdm-trange-postfix",
-    "safe",
-    NP + "import io\nfrom tqdm import trange\n",
-    """
-norms = {}
-for i in trange(len(data), file=io.StringIO(), leave=False):
-    norms[i] = float(np.linalg.norm(data[i]))
-""",
-)
-
-case(
     "s5-fx-tqdm-bar-set-postfix-in-body",
     "safe",
     NP + "import io\nfrom tqdm import tqdm\n",
@@ -1966,6 +1936,27 @@ lg.setLevel(logging.NOTSET)
     note="a logger configured behind a call (the body's own setLevel is refused by line)",
 )
 
+case(
+    "s5-hs-u-helper-sets-np-seterr",
+    "unsafe",
+    """
+import numpy as np
+np.seterr(divide="warn")
+vals = [1.0, 0.0, 2.0, 0.0]
+def safe_log(x):
+    np.seterr(divide="ignore")
+    return float(np.log(x))
+""",
+    """
+logs = []
+for v in vals:
+    logs.append(safe_log(v))
+mode = np.geterr()["divide"]
+np.seterr(divide="warn")
+""",
+    note="process-wide numpy state changed behind a call (the body's own np.seterr is refused by line)",
+)
+
 # ---------------------------------------------------------------- 2. sinks and own items
 
 case(
@@ -2086,6 +2077,17 @@ for p in swarm.values():
     for _ in range(3):
         p.x += p.vx
 """,
+)
+
+case(
+    "s5-obj-own-element-of-numpy-view",
+    "safe",
+    "import numpy as np\nbase = np.arange(10.0)\nevens = base[::2]\n",
+    """
+for i in range(len(evens)):
+    evens[i] = evens[i] ** 2
+""",
+    note="the written array is a view: serially base changes too",
 )
 
 # ---------------------------------------------------------------- 3. torch

@@ -91,6 +91,12 @@ KNOWN: dict[str, str] = {
         "zip(fh, range(2))` reads the whole file in the kernel, serially 3 "
         "lines; as s5-it-zip-longer-iterator-left-partly-drawn"
     ),
+    "s5-hs-u-helper-sets-np-seterr": (
+        "SILENT: mode (serially 'ignore', parallel 'warn'): a notebook "
+        "function calls `np.seterr(divide='ignore')` (the body's own call is "
+        "refused by line); the engines put their own modes back after each "
+        "chunk, the kernel never gets the change"
+    ),
     "s5-hs-u-helper-sets-environ": (
         "SILENT: last (serially 'omega', parallel None): a notebook function "
         "sets `os.environ[...]` (the body's own write is refused by line); "
@@ -179,6 +185,7 @@ ENGINE_STATE: dict[str, str] = {
     "s5-hs-u-helper-sets-logger-level": (
         "import logging\nlogging.getLogger('nb.s5quiet').setLevel(logging.NOTSET)\n"
     ),
+    "s5-hs-u-helper-sets-np-seterr": ("import numpy as np\nnp.seterr(divide='warn')\n"),
     "s5-hs-u-stdlib-module-attr": (
         "import math\nif hasattr(math, 's5_calls'):\n    del math.s5_calls\n"
     ),
