@@ -834,20 +834,6 @@ for hidden in [2, 4, 8]:
 )
 
 case(
-    "s5-torch-preds-append-then-cat",
-    "safe",
-    TORCH,
-    """
-model.eval()
-preds = []
-with torch.no_grad():
-    for xb, _ in loader:
-        preds.append(model(xb).softmax(dim=1))
-probs = torch.cat(preds)
-""",
-)
-
-case(
     "s5-torch-inner-early-stop-per-config",
     "safe",
     TORCH,
@@ -1187,21 +1173,6 @@ for epoch, vl in enumerate(val_losses):
 )
 
 case(
-    "s5-run-count-and-mean-after",
-    "safe",
-    NP,
-    """
-n_pos, s_pos = 0, 0.0
-for s in series:
-    for v in s:
-        if v > 0:
-            n_pos += 1
-            s_pos += float(v)
-mean_pos = s_pos / n_pos
-""",
-)
-
-case(
     "s5-run-u-prev-value-diff",
     "unsafe",
     PY,
@@ -1371,19 +1342,6 @@ firsts = []
 for v in itertools.islice(counter, 4):
     firsts.append(v * 2)
 after = next(counter)
-""",
-)
-
-case(
-    "s5-it-sorted-items-by-value",
-    "safe",
-    """
-counts = {"x": 5, "a": 2, "m": 9, "q": 2}
-""",
-    """
-ranking = []
-for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-    ranking.append(f"{k}={v}")
 """,
 )
 
@@ -2010,20 +1968,6 @@ needs_grad = out.requires_grad
 )
 
 case(
-    "s5-obj-records-nested-list-field",
-    "safe",
-    """
-students = [{"name": "ann", "marks": [71, 88]}, {"name": "bo", "marks": [92]},
-            {"name": "cy", "marks": []}]
-""",
-    """
-for s in students:
-    s["marks"].append(50)
-    s["mean"] = sum(s["marks"]) / len(s["marks"])
-""",
-)
-
-case(
     "s5-obj-dict-values-kept-in-list",
     "safe",
     """
@@ -2161,6 +2105,27 @@ for k in range(4):
     note="seeded once before the loop: the draws follow on from each other",
 )
 
+case(
+    "s5-torch-u-forward-hook-collects-activations",
+    "unsafe",
+    TORCH
+    + """
+acts = []
+handle = model.net[0].register_forward_hook(lambda m, i, o: acts.append(tuple(o.shape)))
+""",
+    """
+model.eval()
+n_pos = {}
+with torch.no_grad():
+    for k, (xb, yb) in enumerate(loader):
+        n_pos[k] = int((model(xb)[:, 1] > 0).sum())
+n_acts = len(acts)
+handle.remove()
+del handle
+""",
+    note="a forward hook registered before the loop appends to a notebook list at every call",
+)
+
 # ---------------------------------------------------------------- 4. scikit-learn
 
 case(
@@ -2194,6 +2159,27 @@ for name, m in models.items():
 same = all(fitted[k] is models[k] for k in models)
 """,
     note="the fitted own item is also stored: identity kept",
+)
+
+case(
+    "s5-sk-u-function-transformer-counts-calls",
+    "unsafe",
+    SK
+    + """
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import FunctionTransformer
+seen_rows = []
+def log_rows(Z):
+    seen_rows.append(len(Z))
+    return Z
+""",
+    """
+scores = {}
+for C in [0.1, 1.0]:
+    pipe = make_pipeline(FunctionTransformer(log_rows), LogisticRegression(C=C, max_iter=200))
+    scores[C] = cross_val_score(pipe, X, y, cv=3).mean()
+n_calls = len(seen_rows)
+""",
 )
 
 # ---------------------------------------------------------------- 5. running values
@@ -2279,6 +2265,17 @@ for w in words:
     if "a" in w:
         found += 1
         picked.append(w)
+""",
+)
+
+case(
+    "s5-run-string-prepend",
+    "safe",
+    PY,
+    """
+rev = ""
+for w in words:
+    rev = w[0] + rev
 """,
 )
 
@@ -2382,4 +2379,23 @@ for p in cfg_paths:
         json.dump(cfg, fh)
 after = [json.load(open(p))["lr"] for p in cfg_paths]
 """,
+)
+
+case(
+    "s5-io-relative-paths-after-chdir",
+    "safe",
+    NP
+    + """
+import os, shutil
+D = @TMP@
+shutil.rmtree(D, ignore_errors=True)
+os.makedirs(D)
+os.chdir(D)
+""",
+    """
+for i, s in enumerate(series):
+    np.save(f"rel_{i}.npy", s)
+saved = sorted(f for f in os.listdir(".") if f.startswith("rel_"))
+""",
+    note="the notebook changed its working folder in an earlier cell",
 )
