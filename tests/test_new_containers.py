@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the cells are notebook code)
 """A new container the iteration makes of objects from elsewhere
 (``rec = {"v": item}``, ``entry = [prio, name]``, ``cfg = base.copy()``,
 ``rows = list(X)``, ``[p for p in ps]``): changing the container itself is
@@ -46,6 +47,14 @@ CHANGES_WHAT_IT_HOLDS = {
         "for lr in (0.1, 0.01):\n    cfg = dict(base)\n    cfg['opt'].update(lr=lr)\n",
         4,
     ),
+    "an input put into an empty dict, then changed through it": (
+        "for item in data:\n    rec = {}\n    rec['v'] = outer\n    rec['v'].append(1)\n",
+        5,
+    ),
+    "an item appended to an empty list, then changed through it": (
+        "for item in data:\n    rows = []\n    rows.append(item)\n    rows[0].append(1)\n",
+        5,
+    ),
     "a comprehension of the items, an item changed": (
         "for k in range(3):\n    firsts = [d for d in data]\n    firsts[k].append(k)\n",
         4,
@@ -62,6 +71,10 @@ ITS_OWN = {
     ),
     "+= on a list display": (
         "for item in data:\n    acc = [item]\n    acc += [0]\n    out.append(len(acc))\n"
+    ),
+    "an empty dict given an input, then a key of its own": (
+        "for item in data:\n    rec = {}\n    rec['v'] = outer\n    rec['n'] = item[0]\n"
+        "    out.append(rec['n'])\n"
     ),
     "a copy's own key": (
         "for lr in (0.1, 0.01):\n    cfg = base.copy()\n    cfg['epochs'] = 3\n"

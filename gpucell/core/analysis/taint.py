@@ -219,6 +219,42 @@ def _holds_outer(e: ast.expr, is_outer: Callable[[str], bool]) -> bool:
     return _mentions(e, is_outer)
 
 
+#: methods that put their argument into their object (``extend``,
+#: ``update``: the items of their argument)
+_PUTS = frozenset({"append", "add", "insert", "appendleft", "setdefault"})
+_PUTS_ITEMS = frozenset({"extend", "update", "extendleft"})
+
+
+def _stores_into(node: ast.AST) -> tuple[str, ast.expr, str] | None:
+    """``N[k] = e``, ``N.a = e``, ``N.append(e)``, ``N += e``, ``N.update(e)``:
+    (``N``, ``e``, the kind of binding: "alias" where ``e`` itself is put,
+    "holds" where its items are)."""
+    if isinstance(node, ast.Assign):
+        for t in node.targets:
+            if isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(
+                t.value, ast.Name
+            ):
+                return t.value.id, node.value, "alias"
+    elif (
+        isinstance(node, ast.AugAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(node.value, (ast.List, ast.Tuple, ast.ListComp))
+    ):  # `acc += [item]` (`total += x` makes a new number)
+        return node.target.id, node.value, "holds"
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.args
+    ):
+        attr, owner = node.func.attr, node.func.value.id
+        if attr in _PUTS:
+            return owner, node.args[-1], "alias"
+        if attr in _PUTS_ITEMS:
+            return owner, ast.List(list(node.args), ast.Load()), "holds"
+    return None
+
+
 def _alias_taint(
     stmts: list[ast.stmt],
     nodes: list[ast.AST],
@@ -230,19 +266,22 @@ def _alias_taint(
     """Locals of the body that may hold objects from outside the iteration:
     the loop's targets (but ``range``'s and ``enumerate``'s numbers) and
     what is bound from them or from names outside the body, to a fixpoint;
-    and those of them that are new containers of such objects (every
-    binding a ``holds`` one: see :func:`_new_container`), which the body may
-    change themselves, but not what they hold."""
+    and those of them that are only new containers of such objects
+    (:func:`_new_container`, or what objects from outside are put into:
+    ``rec["v"] = outer``, ``o.v = outer``, ``rows.append(item)``), which the
+    body may change themselves, but not what they hold."""
 
     def is_outer(n: str) -> bool:
         return (n not in body_bound and not is_builtin(n)) or n in tainted
 
-    tainted: set[str] = set()
+    itself: set[str] = set()  # may be an object from outside
+    holding: set[str] = set()  # may hold one
     if loop_iter is not None:
         names, _ = _target_taint(loop_target, loop_iter, is_builtin)
-        tainted |= names
-    # (kind, expression, names it binds) for every binding that may alias
-    aliasing: list[tuple[str, ast.expr, set[str]]] = []
+        itself |= names
+    # (kind, expression, names it binds, whether the names hold what it
+    # gives rather than are it) for every binding that may alias
+    aliasing: list[tuple[str, ast.expr, set[str], bool]] = []
     for s in stmts:
         if (
             isinstance(s, ast.Assign)
@@ -250,28 +289,30 @@ def _alias_taint(
             and isinstance(s.targets[0], ast.Name)
             and _new_container(s.value, is_builtin)
         ):
-            aliasing.append(("holds", s.value, {s.targets[0].id}))
+            aliasing.append(("holds", s.value, {s.targets[0].id}, True))
         elif isinstance(s, ast.Assign):
             names = {n.id for t in s.targets for n in target_names(t)}
-            aliasing.append(("alias", s.value, names))
+            aliasing.append(("alias", s.value, names, False))
         elif isinstance(s, (ast.For, ast.AsyncFor)) and not _is_range(
             s.iter, is_builtin
         ):
-            aliasing.append(
-                ("mentions", s.iter, {n.id for n in target_names(s.target)})
-            )
+            names = {n.id for n in target_names(s.target)}
+            aliasing.append(("mentions", s.iter, names, False))
         elif isinstance(s, (ast.With, ast.AsyncWith)):
             for item in s.items:
                 if item.optional_vars is not None:
                     names = {n.id for n in target_names(item.optional_vars)}
-                    aliasing.append(("alias", item.context_expr, names))
+                    aliasing.append(("alias", item.context_expr, names, False))
     for node in nodes:
         if isinstance(node, ast.NamedExpr):
-            aliasing.append(("alias", node.value, {node.target.id}))
+            aliasing.append(("alias", node.value, {node.target.id}, False))
+        elif (put := _stores_into(node)) is not None and put[0] in body_bound:
+            aliasing.append((put[2], put[1], {put[0]}, True))
+    tainted = itself
     for _ in range(len(aliasing) + 1):
-        before = len(tainted)
-        for kind, e, names in aliasing:
-            if names <= tainted:
+        before = len(itself) + len(holding)
+        for kind, e, names, holds in aliasing:
+            if names <= (holding if holds else itself):
                 continue
             if kind == "alias":
                 hit = _alias_expr(e, is_outer)
@@ -280,15 +321,12 @@ def _alias_taint(
             else:
                 hit = _mentions(e, is_outer)
             if hit:
-                tainted |= names
-        if len(tainted) == before:
+                (holding if holds else itself).update(names)
+        tainted = itself | holding
+        if len(itself) + len(holding) == before:
             break
-    tainted &= body_bound
-    holds = {n for kind, _e, names in aliasing if kind == "holds" for n in names}
-    others = {n for kind, _e, names in aliasing if kind != "holds" for n in names}
-    if loop_iter is not None:
-        others |= {n.id for n in target_names(loop_target)}
-    return tainted, (holds - others) & tainted
+    tainted = (itself | holding) & body_bound
+    return tainted, (holding - itself) & body_bound
 
 
 def _reaches_part(e: ast.expr, items: set[str], calls: bool) -> bool:
