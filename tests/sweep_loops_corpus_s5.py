@@ -1397,17 +1397,6 @@ fh.close()
 # it until the kernel stops at the shortest iterable).
 
 case(
-    "s5-it-pairwise-deltas",
-    "safe",
-    PY + "import itertools\n",
-    """
-deltas = []
-for a, b in itertools.pairwise(nums):
-    deltas.append(b - a)
-""",
-)
-
-case(
     "s5-it-iter-sentinel-chunks",
     "safe",
     "import io\nbuf = io.BytesIO(bytes(range(23)))\n",
@@ -1915,6 +1904,55 @@ np.seterr(divide="warn")
     note="process-wide numpy state changed behind a call (the body's own np.seterr is refused by line)",
 )
 
+case(
+    "s5-hs-u-property-counts-reads",
+    "unsafe",
+    """
+class Sensor:
+    reads = 0
+    def __init__(self, raw):
+        self.raw = raw
+    @property
+    def reading(self):
+        Sensor.reads += 1
+        return self.raw * 0.5
+sensors = [Sensor(r) for r in (4, 8, 15, 16)]
+""",
+    """
+vals = []
+for s in sensors:
+    vals.append(s.reading)
+n_reads = Sensor.reads
+""",
+    note="a property read (no call in the text) changes the class",
+)
+
+case(
+    "s5-hs-u-dataset-getitem-caches",
+    "unsafe",
+    """
+import numpy as np
+class CachedDataset:
+    def __init__(self, n):
+        self.n = n
+        self._cache = {}
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        if i not in self._cache:
+            self._cache[i] = np.full(3, float(i))
+        return self._cache[i]
+ds = CachedDataset(6)
+""",
+    """
+sums = []
+for i in range(len(ds)):
+    sums.append(float(ds[i].sum()))
+cached = len(ds._cache)
+""",
+    note="a dataset that caches the items it loads, read by subscript",
+)
+
 # ---------------------------------------------------------------- 2. sinks and own items
 
 case(
@@ -2232,24 +2270,6 @@ case(
 top = -1
 for n in nums:
     top = n if n > top else top
-""",
-)
-
-case(
-    "s5-run-finally-attempt-counter",
-    "safe",
-    """
-raw = ["1", "two", "3", "", "5"]
-""",
-    """
-attempts, good = 0, []
-for s in raw:
-    try:
-        good.append(int(s))
-    except ValueError:
-        continue
-    finally:
-        attempts += 1
 """,
 )
 
