@@ -122,3 +122,19 @@ def test_changing_a_new_container_itself_equals_the_serial_run(shell, case):
     serial = _serial(cell)
     for k in ("data", "outer", "base", "out"):
         assert shell.user_ns[k] == serial[k], k
+
+
+def test_writing_through_a_numpy_view_of_a_tensor_input_is_refused(shell):
+    # (a write through numpy bumps no tensor version counter: the engines'
+    # check of the tensor would not see it)
+    torch = pytest.importorskip("torch")
+    shell.user_ns.update(T=torch.zeros(4, 2))
+    for cell in (
+        "for k in range(4):\n    n = T[k].numpy()\n    n[0] = 3\n",
+        "for k in range(4):\n    n = np.asarray(T)\n    n[k, 0] = 3\n",
+    ):
+        shell.run_cell("import numpy as np").raise_error()
+        with pytest.raises(NotParallelizable, match="line 4: "):
+            shell.run_cell_magic("gpu_parallel", "--quiet", cell)
+        assert not shell.user_ns["T"].any()
+    shell.user_ns.pop("T")

@@ -15,11 +15,26 @@ from gpucell.core.analysis.scope import (
 __all__ = []
 
 
+#: calls that return their argument's memory as a numpy array, where writes
+#: bump no tensor version counter (the engines' check of a tensor input):
+#: ``t.numpy()``, ``np.asarray(t)``, ``torch.from_numpy(a)``
+_SHARING_METHODS = frozenset({"numpy"})
+_SHARING_FUNCTIONS = frozenset(
+    {"asarray", "asanyarray", "ascontiguousarray", "from_numpy", "as_tensor",
+     "frombuffer", "from_dlpack"}
+)  # fmt: skip
+
+
 def _alias_expr(e: ast.AST, is_outer: Callable[[str], bool]) -> bool:
     """Could evaluating ``e`` return an object from outside (not a new one)?"""
     if isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Starred)):
         root = root_name(e)
         return root is not None and is_outer(root.id)
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
+        if e.func.attr in _SHARING_METHODS and not e.args:
+            return _alias_expr(e.func.value, is_outer)
+        if e.func.attr in _SHARING_FUNCTIONS and e.args:
+            return _alias_expr(e.args[0], is_outer)
     if isinstance(e, ast.IfExp):
         return _alias_expr(e.body, is_outer) or _alias_expr(e.orelse, is_outer)
     if isinstance(e, ast.BoolOp):
