@@ -1391,10 +1391,30 @@ fh.close()
     note="FASTA pairs: the body reads the next line from the iterated file",
 )
 
-# `zip(words, itertools.cycle(colors))` (and `zip(itertools.count(), xs)`) is
-# not here: the kernel materialises the infinite iterator before the loop
-# runs and the test process runs out of memory (reported; no case can hold
-# it until the kernel stops at the shortest iterable).
+case(
+    "s5-it-zip-endless-cycle",
+    "safe",
+    "import itertools\nwords = ['a', 'bb', 'ccc', 'dd', 'e']\ncolors = ['red', 'blue']\n",
+    """
+painted = []
+for w, c in zip(words, itertools.cycle(colors)):
+    painted.append(f"{w}:{c}")
+""",
+    note="an endless iterator zipped with a list: zip stops at the list's end",
+)
+
+case(
+    "s5-it-zip-count-first",
+    "safe",
+    "import itertools\nxs = [3.5, 1.25, 8.0]\nticket = itertools.count(100)\n",
+    """
+numbered = {}
+for n, x in zip(ticket, xs):
+    numbered[n] = x * 2
+after = next(ticket)
+""",
+    note="itertools.count first: serially it is drawn once past the list's end",
+)
 
 case(
     "s5-it-iter-sentinel-chunks",

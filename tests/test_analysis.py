@@ -686,6 +686,25 @@ def test_chunker_enumerate_zip_and_views() -> None:
     assert float(items[0][1][1]) == 2.0
 
 
+def test_a_zip_over_an_iterator_is_drawn_as_the_serial_loop_draws_it() -> None:
+    import itertools
+
+    p = plan("for a, b in zip(xs, ys):\n    out.append(a)\n")
+    assert p.iter_space is not None
+    it = iter([3, 8, 1, 9, 4])
+    ch = make_chunker(p.iter_space, [it, it])  # the pairs idiom
+    assert list(chunk_items(ch.chunk(0, ch.count))) == [(3, 8), (1, 9)]
+    stream = iter(range(10))
+    ch = make_chunker(p.iter_space, [stream, "abc"])
+    assert ch.count == 3 and list(stream) == [4, 5, 6, 7, 8, 9]  # 3 drawn past
+    ch = make_chunker(p.iter_space, ["ab", itertools.cycle([0, 1])])  # endless
+    assert list(chunk_items(ch.chunk(1, 2))) == [("b", 1)]
+    nested = plan("for (i, a), b in zip(enumerate(xs), ys):\n    out.append(a)\n")
+    assert nested.iter_space is not None
+    with pytest.raises(NotParallelizable, match="Nothing ran"):
+        make_chunker(nested.iter_space, [iter("ab"), "cd"])
+
+
 def test_chunker_materialises_generators() -> None:
     p = plan("for v in (y for y in xs):\n    out.append(v)\n")
     assert p.iter_space is not None

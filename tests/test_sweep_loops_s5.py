@@ -70,27 +70,6 @@ KNOWN: dict[str, str] = {
     "s5-it-nditer-readwrite-no-with": (
         "SILENT: b (not squared), v: as s5-it-nditer-readwrite-docs, without the `with`"
     ),
-    "s5-it-zip-same-iterator-pairs": (
-        "SILENT: products (serially [24, 9, 28, 12], parallel []): the pairs "
-        "idiom `it = iter(xs); for a, b in zip(it, it):` ran no iteration: "
-        "the kernel draws each of zip's arguments into a list of its own "
-        "(core/analysis/iterspace._leaf_chunker), so the first takes every "
-        "item and the second none (zip(*[iter(xs)] * 3) is right: "
-        "s5-it-zip-star-grouper)"
-    ),
-    "s5-it-zip-longer-iterator-left-partly-drawn": (
-        "SILENT: rest (serially [104, ..., 109], parallel []): `for v, lab "
-        "in zip(stream, labels)` with an iterator longer than the list: "
-        "the kernel draws the whole iterator, serially zip stops one item "
-        "after the shortest; as s5-it-zip-same-iterator-pairs (with an "
-        "infinite iterator, `zip(xs, itertools.cycle(..))`, the kernel runs "
-        "out of memory)"
-    ),
-    "s5-it-zip-file-head-then-rest": (
-        "SILENT: rest (serially lines 3-7, parallel []): `for line, k in "
-        "zip(fh, range(2))` reads the whole file in the kernel, serially 3 "
-        "lines; as s5-it-zip-longer-iterator-left-partly-drawn"
-    ),
     "s5-hs-u-helper-sets-np-seterr": (
         "SILENT: mode (serially 'ignore', parallel 'warn'): a notebook "
         "function calls `np.seterr(divide='ignore')` (the body's own call is "

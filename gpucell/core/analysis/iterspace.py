@@ -274,8 +274,11 @@ def _build(space: IterSpace, vals: Iterator[Any]) -> Chunker:
     if space.kind == "zip" and space.parts[-1].kind == "own":
         return _with_own(space, vals)
     if space.kind == "zip":
-        parts = [_build(p, vals) for p in space.parts]
+        values = [[next(vals) for _ in p.leaves] for p in space.parts]
         strict = bool(next(vals)) if space.strict is not None else False
+        if any(_lazy(v) for part in values for v in part):
+            return _drawn_zip(space, values, strict)
+        parts = [_build(p, iter(v)) for p, v in zip(space.parts, values, strict=True)]
         counts = [p.count for p in parts]
         if strict and len(set(counts)) > 1:
             raise ValueError(
@@ -288,6 +291,29 @@ def _build(space: IterSpace, vals: Iterator[Any]) -> Chunker:
 
         return Chunker(n, zip_chunk, chunk_items, any(p.materialised for p in parts))
     return _leaf_chunker(next(vals))
+
+
+def _drawn_zip(space: IterSpace, values: list[list[Any]], strict: bool) -> Chunker:
+    """``zip`` over an iterator (a file, ``iter(xs)``, ``itertools.cycle``):
+    drawn through ``zip`` itself, as the serial loop draws it: it stops at the
+    shortest part (an endless part is drawn only as far), an iterator given
+    twice takes turns, and a longer one is left drawn one item past the end,
+    as serially.  Only plain parts: an iterator inside an inner ``enumerate``
+    or ``zip`` is refused."""
+    if not all(p.kind in ("range", "name", "expr") for p in space.parts):
+        raise NotParallelizable(
+            f"gpucell: the loop's `{space.source}` zips an iterator inside another "
+            "`enumerate` or `zip`, whose items gpucell cannot draw as the serial "
+            "loop does. Draw the items in a line before the loop "
+            "(`items = list(...)`) and loop over `items`. Nothing ran."
+        )
+    rows = list(zip(*(v[0] for v in values), strict=strict))
+    columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in values]
+
+    def zip_chunk(a: int, b: int) -> tuple[Any, ...]:
+        return ("zip", tuple(("seq", c[a:b]) for c in columns))
+
+    return Chunker(len(rows), zip_chunk, chunk_items, True)
 
 
 def _lazy(value: Any) -> bool:
