@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
+from helpers import QUICK_GIVE_UP
 
 import gpucell.cluster.lifecycle as gc_mod
 
@@ -63,7 +64,7 @@ def _tagger(ended: str, folder: str, at: int):
 def _wait_no_jobs(slurm, timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while slurm.jobs() and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return slurm.jobs()
 
 
@@ -404,12 +405,13 @@ KERNEL = """
 import time
 import gpucell
 from gpucell.cluster.slurm import SlurmRequest
+{quick}
 gc = gpucell.start_cluster(
     slurm=SlurmRequest(nodes=2, gpus_per_node=2, jobs=2), timeout=90
 )
 print(gc.cluster.engines["slurm-2"].job_id, flush=True)
 time.sleep(600)
-"""
+""".replace("{quick}", QUICK_GIVE_UP)
 
 
 def test_a_pending_job_of_a_killed_kernel_cancels_itself_when_it_starts(
