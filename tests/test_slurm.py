@@ -59,7 +59,7 @@ def _job_engines(job: str) -> list[int]:
 def _wait_no_jobs(slurm, timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while slurm.jobs() and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return slurm.jobs()
 
 
@@ -181,9 +181,9 @@ def test_a_job_that_stays_pending_says_so_and_is_cancelled(
         check=True,
     ).stdout.strip()
     try:
-        with pytest.raises(UsageError, match="still pending after 8 s"):
+        with pytest.raises(UsageError, match="still pending after 3 s"):
             ip.run_line_magic(
-                "gpu_cluster", "start --slurm --gpus-per-node 2 --timeout 8"
+                "gpu_cluster", "start --slurm --gpus-per-node 2 --timeout 3"
             )
         assert "is pending" in capsys.readouterr().out
         assert [j.split()[0] for j in slurm.jobs()] == [hold]
@@ -436,19 +436,20 @@ def test_slurm_engines_are_encrypted_and_the_key_lies_in_no_shared_place(
                 assert key not in f.read(), name
         marker = f"secret-{uuid.uuid4().hex}"
         probe = subprocess.Popen(
-            [sys.executable, "-c", PROBE, json.dumps(_ports(gc)), marker, "5"],
+            [sys.executable, "-c", PROBE, json.dumps(_ports(gc)), marker],
+            stdin=subprocess.PIPE,  # it reads until this closes
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1.5)  # its subscriptions are in place
+        assert probe.stdout.readline().strip() == "ready"  # connected to each port
         ip.user_ns["marker"] = marker
         end = time.monotonic() + 2.5
         while time.monotonic() < end:
             ip.run_cell_magic(
                 "gpu_parallel", "--quiet", "for i in range(4):\n    print(marker, i)\n"
             )
-        out, err = probe.communicate(timeout=60)
+        out, err = probe.communicate(timeout=60)  # (closes its stdin: done)
         assert probe.returncode == 0, err
         assert json.loads(out.strip().splitlines()[-1]) == {
             "messages": 0,
