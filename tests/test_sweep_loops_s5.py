@@ -53,13 +53,6 @@ KNOWN: dict[str, str] = {
         "SILENT: cached (`functools.cache`'s `cache_info().currsize`: "
         "serially 5, parallel 0), as s5-hs-u-lru-cache-info-read-after"
     ),
-    "s5-obj-dict-items-unchanged-kept": (
-        "SILENT: same (serially [True, True], parallel [False, False]): "
-        "`for k, b in boxes.items(): if b.v >= 2: chosen[k] = b` keeps equal "
-        "copies, not the kernel's objects, even of items never changed "
-        "(`for b in boxes.values()` keeps them: s5-obj-dict-values-kept-in-"
-        "list passes); as s5-sk-fitted-models-kept-in-dict"
-    ),
     "s5-it-nditer-readwrite-docs": (
         "SILENT: a (serially [[0, 2, 4], [6, 8, 10]], parallel unchanged "
         "[[0, 1, 2], [3, 4, 5]]), x: numpy's tutorial loop `with "
@@ -87,14 +80,6 @@ KNOWN: dict[str, str] = {
         "SILENT: last (serially 'omega', parallel None): a notebook function "
         "sets `os.environ[...]` (the body's own write is refused by line); "
         "the engines keep the variable for later cells"
-    ),
-    "s5-sk-fitted-models-kept-in-dict": (
-        "SILENT: same (serially True, parallel False): `for name, m in "
-        "models.items(): m.fit(X, y); fitted[name] = m` writes the fitted "
-        "item back into `models` but `fitted[name]` is another, equal copy; "
-        "an own item kept in a result comes back as the kernel's object only "
-        "for list/tuple iterables (`for b in boxes` keeps it), not for a "
-        "dict's items"
     ),
     # ------------------------------------------------ false refusals
     "s5-torch-load-state-into-shared-model": (

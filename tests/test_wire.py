@@ -548,6 +548,12 @@ def test_the_loops_own_items_travel_as_references() -> None:
     assert got["kept"][0] is kernels[2] and got["last"] is kernels[1]
     assert got["kept"][1] == {"n": 2} and got["kept"][1] is not kernels[1]
     assert item_refs(("seq", [1, 2.0, "x"]), 0) == {}  # plain values: no refs
+    # a tuple item's parts (`for name, m in models.items()`): m is the kernel's
+    m, kernel_m = {"w": 1}, {"w": 1}
+    pairs = ("seq", [("a", m)])
+    refs = item_refs(pairs, 3)
+    assert refs[id(m)] == (3, ("part", 1))
+    assert item_at(("seq", [("a", kernel_m)]), refs[id(m)][1:]) is kernel_m
     with pytest.raises(pickle.UnpicklingError, match="no items were given"):
         wire.loads(frames)
 

@@ -93,17 +93,21 @@ def chunk_items(obj: tuple[Any, ...]) -> Iterable[Any]:
     raise ValueError(f"unknown chunk object tag {tag!r}")
 
 
+#: a path's last step to a part of a tuple item: ``(PART, j)``
+PART = "part"
+
 #: item types whose identity nothing can observe apart from their value
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 
 
 def item_refs(obj: tuple[Any, ...], start: int) -> dict[int, tuple[Any, ...]]:
     """``id(item) -> (iteration, *path)`` for the objects a chunk's list or
-    tuple sequences hold (not plain values): a result that holds one of them
-    holds the loop's own item, which the kernel has too (serially
-    ``out.append(p)`` makes ``out[0] is people[0]``).  ``path`` leads from
-    the chunk object to the sequence: ``"e"`` into an ``enumerate``, an int
-    ``j`` into part ``j`` of a ``zip``.  Runs on engines."""
+    tuple sequences hold (not plain values), and the parts of an item that
+    is a tuple: a result that holds one of them holds the loop's own item,
+    which the kernel has too (serially ``out.append(p)`` makes ``out[0] is
+    people[0]``).  ``path`` leads from the chunk object to the sequence:
+    ``"e"`` into an ``enumerate``, an int ``j`` into part ``j`` of a ``zip``;
+    a last ``(PART, j)``, to part ``j`` of the item.  Runs on engines."""
     refs: dict[int, tuple[Any, ...]] = {}
 
     def walk(o: tuple[Any, ...], path: tuple[Any, ...]) -> None:
@@ -115,6 +119,10 @@ def item_refs(obj: tuple[Any, ...], start: int) -> dict[int, tuple[Any, ...]]:
             for k, x in enumerate(seq):
                 if type(x) not in _PLAIN:
                     refs.setdefault(id(x), (start + k, *path))
+                if type(x) is tuple:  # `for name, m in models.items()`: m too
+                    for j, part in enumerate(x):
+                        if type(part) not in _PLAIN:
+                            refs.setdefault(id(part), (start + k, *path, (PART, j)))
         elif tag == "enumerate":
             walk(o[2], (*path, "e"))
         elif tag == "zip":
@@ -128,8 +136,9 @@ def item_refs(obj: tuple[Any, ...], start: int) -> dict[int, tuple[Any, ...]]:
 def item_at(obj: tuple[Any, ...], path: tuple[Any, ...]) -> Any:
     """The first item of the sequence ``path`` leads to in a one-iteration
     chunk object (the kernel's side of :func:`item_refs`)."""
-    for step in path:
+    part = path[-1][1] if path and isinstance(path[-1], tuple) else None
+    for step in path[:-1] if part is not None else path:
         obj = obj[2] if step == "e" else obj[1][step]
     if obj[0] != "seq":
         raise ValueError(f"no sequence at {path!r} in a {obj[0]!r} chunk")
-    return obj[1][0]
+    return obj[1][0] if part is None else obj[1][0][part]
