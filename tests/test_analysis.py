@@ -705,6 +705,16 @@ def test_a_zip_over_an_iterator_is_drawn_as_the_serial_loop_draws_it() -> None:
         make_chunker(nested.iter_space, [iter("ab"), "cd"])
 
 
+def test_an_nditer_opened_for_writing_is_refused_one_for_reading_runs() -> None:
+    np = pytest.importorskip("numpy")
+    p = plan("for x in xs:\n    out.append(x)\n")
+    assert p.iter_space is not None
+    a = np.arange(6).reshape(2, 3)
+    with pytest.raises(NotParallelizable, match="np.ndindex"):
+        make_chunker(p.iter_space, [np.nditer(a, op_flags=["readwrite"])])
+    assert make_chunker(p.iter_space, [np.nditer(a)]).count == 6
+
+
 def test_chunker_materialises_generators() -> None:
     p = plan("for v in (y for y in xs):\n    out.append(v)\n")
     assert p.iter_space is not None

@@ -54,14 +54,14 @@ KNOWN: dict[str, str] = {
         "serially 5, parallel 0), as s5-hs-u-lru-cache-info-read-after"
     ),
     "s5-it-nditer-readwrite-docs": (
-        "SILENT: a (serially [[0, 2, 4], [6, 8, 10]], parallel unchanged "
-        "[[0, 1, 2], [3, 4, 5]]), x: numpy's tutorial loop `with "
+        "false refusal (was SILENT: a unchanged): numpy's tutorial loop `with "
         "np.nditer(a, op_flags=['readwrite']) as it: for x in it: x[...] = "
-        "2 * x`; the items (0-d views of a's elements) are drawn in the "
-        "kernel and travel as copies, the writes stay on the engines"
+        "2 * x` is refused before anything runs (items that are writeable "
+        "views of the array), advising `a[...] = 2 * a` or np.ndindex"
     ),
     "s5-it-nditer-readwrite-no-with": (
-        "SILENT: b (not squared), v: as s5-it-nditer-readwrite-docs, without the `with`"
+        "false refusal (was SILENT: b not squared): as "
+        "s5-it-nditer-readwrite-docs, without the `with`"
     ),
     "s5-hs-u-helper-sets-np-seterr": (
         "SILENT: mode (serially 'ignore', parallel 'warn'): a notebook "

@@ -235,7 +235,26 @@ def _leaf_chunker(value: Any) -> Chunker:
         n = len(value)
         return Chunker(n, lambda a, b: ("seq", value[a:b]), chunk_items, False)
     items = list(value)
+    if _writes_through(value, items):
+        raise NotParallelizable(
+            "gpucell: the loop iterates over a `numpy.nditer` opened for writing: "
+            "its items are views the body writes into the array through, and "
+            "each engine would write into its own copy, so the changes would be "
+            "lost. Write the whole array at once (`a[...] = 2 * a`), or by index "
+            "(`for idx in np.ndindex(a.shape): a[idx] = ...`), or run the cell "
+            "without %%gpu_parallel. Nothing ran."
+        )
     return Chunker(len(items), lambda a, b: ("seq", items[a:b]), chunk_items, True)
+
+
+def _writes_through(value: Any, items: list[Any]) -> bool:
+    """An ``np.nditer(a, op_flags=["readwrite"])``: items are writeable views."""
+    kind = type(value)
+    return (
+        kind.__name__ == "nditer"
+        and kind.__module__ == "numpy"
+        and any(getattr(getattr(x, "flags", None), "writeable", False) for x in items)
+    )
 
 
 def make_chunker(space: IterSpace, values: Sequence[Any]) -> Chunker:
