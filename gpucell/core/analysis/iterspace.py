@@ -198,6 +198,8 @@ def _is_array(value: Any) -> bool:
     mod = type(value).__module__ or ""
     if not (mod.startswith("numpy") or mod.startswith("torch")):
         return False
+    if type(value).__name__ == "nditer":
+        return False  # (an iterator: `len` is its number of operands)
     ndim = getattr(value, "ndim", None)
     return isinstance(ndim, int) and ndim >= 1 and hasattr(value, "__getitem__")
 
