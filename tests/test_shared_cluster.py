@@ -95,17 +95,14 @@ def kernels(ipcluster):
                 k.p.kill()
 
 
-def test_two_kernels_run_cells_at_the_same_time_each_with_its_own_results(kernels):
+def test_two_kernels_run_cells_at_the_same_time_and_in_turns_each_its_own(kernels):
+    """One cluster and its two kernels (starting them costs seconds) for both
+    orders: cells in flight at once, then cells taking turns."""
     for _ in range(6):
         for k in kernels:
             k.send()  # both cells are in flight at once
         results = [k.result() for k in kernels]
         assert all(r.split()[2] == "ok" for r in results), results
-    for k in kernels:
-        k.close()
-
-
-def test_two_kernels_take_turns_with_inputs_of_the_same_name(kernels):
     for _ in range(3):
         for k in kernels:  # A's cell, then B's, then A's again: same input name
             k.send()
