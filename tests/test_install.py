@@ -180,8 +180,12 @@ def test_wheel_installs_without_node_and_lists_the_panel():
         )
         assert b"Framework :: Jupyter :: JupyterLab :: Extensions :: Prebuilt" in meta
 
+        # (no pip of its own: ensurepip costs seconds; this interpreter's pip
+        # installs into it, --python)
         subprocess.run(
-            [sys.executable, "-m", "venv", str(venv)], check=True, timeout=120
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+            check=True,
+            timeout=120,
         )
         # a user's machine: no Node and nothing else on PATH, no index to reach
         env = {
@@ -192,7 +196,8 @@ def test_wheel_installs_without_node_and_lists_the_panel():
         }
         py = str(venv / "bin" / "python")
         subprocess.run(
-            [py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+            [sys.executable, "-m", "pip", "--python", py, "install", "-q"]
+            + ["--no-deps", "--no-index", str(wheel)],
             check=True,
             env=env,
             cwd=work,
