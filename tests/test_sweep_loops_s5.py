@@ -63,23 +63,12 @@ KNOWN: dict[str, str] = {
         "false refusal (was SILENT: b not squared): as "
         "s5-it-nditer-readwrite-docs, without the `with`"
     ),
-    "s5-hs-u-helper-sets-np-seterr": (
-        "SILENT: mode (serially 'ignore', parallel 'warn'): a notebook "
-        "function calls `np.seterr(divide='ignore')` (the body's own call is "
-        "refused by line); the engines put their own modes back after each "
-        "chunk, the kernel never gets the change"
-    ),
     "s5-torch-u-forward-hook-collects-activations": (
         "SILENT: acts, n_acts (serially 4 shapes, parallel none): a forward "
         "hook registered before the loop appends to a notebook list each "
         "time the model runs; the engines' copies of the hook fill their own "
         "lists (a notebook function the body calls is watched, a hook the "
         "model calls is not)"
-    ),
-    "s5-hs-u-helper-sets-environ": (
-        "SILENT: last (serially 'omega', parallel None): a notebook function "
-        "sets `os.environ[...]` (the body's own write is refused by line); "
-        "the engines keep the variable for later cells"
     ),
     # ------------------------------------------------ false refusals
     "s5-torch-load-state-into-shared-model": (

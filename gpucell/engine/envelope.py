@@ -22,6 +22,7 @@ from gpucell.engine import (
     checkout,
     fileaccess,
     logs,
+    processstate,
     rngstate,
     runtime,
     tohost,
@@ -58,6 +59,8 @@ class Envelope:
         self.items: Any = None
         self.checked_in: dict[str, Any] = {}
         self.own_before: checkout.ItemsBefore | None = None
+        # process-wide settings the iterations changed (processstate.py)
+        self.settings_changed: list[tuple[str, str]] = []
         self._caught: Any = None
         self._home: str | None = None
         self._rng_before: dict[str, Any] | None = None
@@ -147,7 +150,12 @@ class Envelope:
             runtime.imports_finish_first(),
             _kernel_state(self.st.state),
         ):
-            yield logged
+            before = processstate.snapshot()
+            try:
+                yield logged
+            finally:
+                self.settings_changed = processstate.changes(before, self.st.state)
+                processstate.put_back(before)
 
     def drew(self) -> list[str]:
         """The generators watched whose state the chunk changed."""

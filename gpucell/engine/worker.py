@@ -330,7 +330,7 @@ def _iterations(
         drew = env.drew()
         if task.seed is not None and drew:
             raise unreseeded_draw(drew)
-        changed = env.check_out(result)
+        changed = env.check_out(result) + env.settings_changed
         if changed:
             for name, _what in changed:
                 st.cache.pop(name, None)  # the next cell gets a fresh copy

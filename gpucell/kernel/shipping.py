@@ -140,9 +140,12 @@ def process_state() -> dict[str, Any]:
     torch's default dtype (``torch.set_default_dtype(torch.float64)`` in an
     earlier cell makes every ``torch.zeros`` float64) and numpy's error modes
     (``np.seterr``).  Engines apply them around each chunk."""
+    import os
     import sys
 
-    out: dict[str, Any] = {}
+    # (and its environment and import path: what a change an iteration makes
+    # there is measured against, engine/processstate.py)
+    out: dict[str, Any] = {"environ": dict(os.environ), "sys_path": list(sys.path)}
     torch = sys.modules.get("torch")
     if torch is not None:
         dtype = str(torch.get_default_dtype()).removeprefix("torch.")
