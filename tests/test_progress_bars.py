@@ -66,6 +66,35 @@ def test_a_bar_driven_by_the_body_ends_as_serially(run, case):
     assert _state(run.user_ns["bar"]) == _state(serial["bar"])
 
 
+def test_the_bar_the_loop_iterates_takes_its_drawing_calls(run):
+    # `pbar = tqdm(xs); for x in pbar: pbar.set_postfix(...)`, the usual form
+    cell = (
+        "for x in bar:\n"
+        "    out.append(x * 3)\n"
+        "    bar.set_postfix(last=x)\n"
+        "    bar.set_description(f'at {x}')\n"
+    )
+    serial: dict = {"out": []}
+    serial["bar"] = tqdm(range(6), file=io.StringIO(), mininterval=0)
+    exec(cell, serial)
+    run.user_ns.update(out=[], bar=tqdm(range(6), file=io.StringIO(), mininterval=0))
+    run.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert run.user_ns["out"] == serial["out"]
+    assert _state(run.user_ns["bar"]) == _state(serial["bar"])
+
+
+def test_an_iterated_object_that_is_not_a_bar_is_not_drawn_on(run):
+    class Feed(list):
+        def set_postfix(self, **kw):
+            self.append(kw)
+
+    run.user_ns.update(out=[], bar=Feed([1, 2, 3]))
+    cell = "for x in bar:\n    out.append(x)\n    bar.set_postfix(k=x)\n"
+    with pytest.raises(NotParallelizable):
+        run.run_cell_magic("gpu_parallel", "--quiet", cell)
+    assert run.user_ns["bar"] == [1, 2, 3] and run.user_ns["out"] == []
+
+
 def test_a_body_that_reads_the_bar_is_refused_before_anything_runs(run):
     _fresh(run.user_ns)
     cell = "for x in items:\n    bar.update(1)\n    out.append(bar.n)\n"

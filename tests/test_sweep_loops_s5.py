@@ -123,17 +123,6 @@ KNOWN: dict[str, str] = {
         "(IterationError: ModuleNotFoundError: No module named 's5_feats'): "
         "the engines' sys.path lacks the folder; the message does not say so"
     ),
-    "s5-fx-tqdm-bar-set-postfix-in-body": (
-        "false refusal: `pbar = tqdm(xs)`, `for s in pbar: "
-        "pbar.set_postfix(...)` (the commonest tqdm form): 'the body uses "
-        "pbar, the object the loop iterates'; the drawing calls are replayed "
-        "only on a bar the loop does not iterate. (The harness also calls the "
-        "refusal torn: two fresh tqdm bars never compare equal, an artefact)"
-    ),
-    "s5-fx-tqdm-bar-set-description": (
-        "false refusal: `pbar.set_description(...)` on the iterated bar; as "
-        "s5-fx-tqdm-bar-set-postfix-in-body"
-    ),
 }
 
 #: cases whose outcome is a race between the engines (not strict)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PROGRESS_METHODS", "is_progress_bar"]
+__all__ = ["DRAWING_METHODS", "PROGRESS_METHODS", "is_progress_bar"]
 
 #: a bar's methods a loop's body drives it with
 PROGRESS_METHODS = frozenset(
@@ -21,6 +21,13 @@ PROGRESS_METHODS = frozenset(
         "set_description_str", "refresh",
     }
 )  # fmt: skip
+
+
+#: those no container has, which only draw: called on the bar the loop
+#: iterates too (``for x in pbar: pbar.set_postfix(...)``)
+DRAWING_METHODS = frozenset(
+    {"set_postfix", "set_postfix_str", "set_description", "set_description_str"}
+)
 
 
 def is_progress_bar(obj: Any) -> bool:

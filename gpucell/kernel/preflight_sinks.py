@@ -11,7 +11,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic
-from gpucell.core.progressbars import PROGRESS_METHODS, is_progress_bar
+from gpucell.core.progressbars import (
+    DRAWING_METHODS,
+    PROGRESS_METHODS,
+    is_progress_bar,
+)
 from gpucell.kernel.preflight_problem import Namespace, line_of, problem
 
 #: the containers whose methods change only themselves (Counter, defaultdict,
@@ -125,10 +129,14 @@ def replayed_on_other_types(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
                     obj, spelled = getattr(obj, attr), f"{spelled}.{attr}"
             except Exception:
                 continue  # (serially the statement would fail the same way)
-            if isinstance(obj, _CONTAINERS):
+            method = rep.methods.get(k)
+            if method in DRAWING_METHODS:
+                if is_progress_bar(obj):
+                    continue  # (`bar.set_postfix(...)`: it only draws)
+            elif isinstance(obj, _CONTAINERS):
                 continue  # (Counter, defaultdict, OrderedDict included)
-            if is_progress_bar(obj) and rep.methods.get(k) in PROGRESS_METHODS:
-                continue  # (`bar.set_postfix(...)`: it only draws)
+            elif is_progress_bar(obj) and method in PROGRESS_METHODS:
+                continue  # (`bar.update(1)`)
             line = rep.lines[k]
             out.append(
                 problem(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from gpucell.core.analysis.replays import concat_helper, name_uses
 from gpucell.core.analysis.scope import scope_bindings
 from gpucell.core.analysis.spellbase import _blocks, _pure, _reads
-from gpucell.core.progressbars import PROGRESS_METHODS
+from gpucell.core.progressbars import DRAWING_METHODS, PROGRESS_METHODS
 
 __all__ = [
     "LIBRARY_FUNCTIONS",
@@ -375,7 +375,30 @@ def replay_loop_statements(
     live = _live_part(iterable, is_builtin or (lambda _name: False))
     loop = ast.Tuple([target, live], ast.Load())
     excluded = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name)}
+    # (`for s in pbar: pbar.set_postfix(...)`: a bar's drawing changes nothing
+    # the iteration draws; the kernel checks it is a progress bar)
+    uses = name_uses(body)
+    excluded -= {
+        n for n in excluded if n in uses and _drawing_calls(body, n) == uses[n]
+    }
     return replay_statements(body, excluded, scope_bindings(list(body)), nested_items)
+
+
+def _drawing_calls(body: list[ast.stmt], name: str) -> int:
+    """How many statements of the body are ``name.set_postfix(...)`` and the
+    like (``DRAWING_METHODS``)."""
+    return sum(
+        isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Call)
+        and isinstance(s.value.func, ast.Attribute)
+        and s.value.func.attr in DRAWING_METHODS
+        and isinstance(s.value.func.value, ast.Name)
+        and s.value.func.value.id == name
+        and _count(s, name) == 1
+        for st in body
+        for s in ast.walk(st)
+        if isinstance(s, ast.stmt)
+    )
 
 
 #: builtins that make their own container of what they are given, all of it,
