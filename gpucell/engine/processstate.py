@@ -4,9 +4,9 @@ notebook function that sets ``os.environ[k]``, calls ``np.seterr`` or
 notebook's process keeps such a change; on an engine it stays in the engine,
 so the cell would silently differ.  Compared before and after the
 iterations (the kernel's own values sent with the cell: a change that only
-makes the engine's setting what the kernel's already is changes nothing, as
-``sklearn``'s import setting ``KMP_DUPLICATE_LIB_OK``); a change fails the
-chunk, nothing merged."""
+makes the engine's setting what the kernel's already is changes nothing;
+variables libraries set for themselves, as torch's inductor its cache folder,
+are theirs); a change fails the chunk, nothing merged."""
 
 from __future__ import annotations
 
@@ -15,6 +15,16 @@ import sys
 from typing import Any
 
 __all__ = ["changes", "put_back", "snapshot"]
+
+
+#: variables libraries set for themselves as they are first used (torch's
+#: inductor its cache folder, scikit-learn's import the OpenMP ones): what
+#: they set is the library's business in each process, not the notebook's
+_LIBRARIES = (
+    "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "TRITON_", "CUDA_", "NCCL_",
+    "KMP_", "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "TF_", "XLA_", "JAX_",
+    "TOKENIZERS_", "HF_", "TRANSFORMERS_", "MPLBACKEND", "MPLCONFIGDIR",
+)  # fmt: skip
 
 
 def _cwd() -> str | None:
@@ -52,6 +62,7 @@ def changes(before: dict[str, Any], kernel: dict[str, Any]) -> list[tuple[str, s
         for k in set(env_before) | set(env_now)
         if env_before.get(k) != env_now.get(k)
         and (kernel_env is None or kernel_env.get(k) != env_now.get(k))
+        and not k.startswith(_LIBRARIES)
     )
     if keys:
         out.append(("os.environ", f"the loop set or removed {_listed(keys)}"))
