@@ -76,6 +76,10 @@ ITS_OWN = {
         "for item in data:\n    rec = {}\n    rec['v'] = outer\n    rec['n'] = item[0]\n"
         "    out.append(rec['n'])\n"
     ),
+    "a comprehension of copies, one changed": (
+        "for k in range(3):\n    mine = [d.copy() for d in data]\n    mine[k].append(k)\n"
+        "    out.append(mine)\n"
+    ),
     "a copy's own key": (
         "for lr in (0.1, 0.01):\n    cfg = base.copy()\n    cfg['epochs'] = 3\n"
         "    out.append(cfg)\n"

@@ -36,13 +36,6 @@ pytestmark = pytest.mark.cluster
 
 KNOWN: dict[str, str] = {
     # ------------------------------------------------ silent differences
-    "s5-hs-u-module-object-attr": (
-        "SILENT: calls (serially 8, parallel 0): a notebook function does "
-        "`settings.calls += 1` on a module object the notebook made "
-        "(`types.ModuleType('settings')`); each engine changes its own copy, "
-        "the input check does not see it (the SimpleNamespace spelling is "
-        "refused: s5-hs-u-namespace-config-counter)"
-    ),
     "s5-hs-u-lru-cache-info-read-after": (
         "SILENT: hits, misses (serially 2 and 5, parallel 0 and 0): the "
         "calls fill the engines' copies of an `functools.lru_cache` function's "
@@ -108,20 +101,14 @@ KNOWN: dict[str, str] = {
         "view): 'r refers to an element of the loop's data'; its advice "
         "`r = r + ...` would leave P unchanged"
     ),
+    "s5-it-scandir-entries": (
+        "false refusal: `for entry in os.scandir(d)`: the items (os.DirEntry) "
+        "cannot travel to the engines; refused before anything runs, naming "
+        "the iterable and the rewrite (`os.listdir(d)`)"
+    ),
     "s5-run-value-alone-if-greater": (
         "false refusal (documented): `if len(w) > longest: longest = len(w)` "
         "is refused as loop-carried, advising `longest = max(longest, ...)`"
-    ),
-    "s5-it-scandir-entries": (
-        "false refusal: `for entry in os.scandir(d)` fails with the bare "
-        "`TypeError: cannot pickle 'posix.DirEntry' object` (the items are "
-        "drawn in the kernel and cannot travel); no gpucell message"
-    ),
-    "s5-hs-user-module-on-notebook-sys-path-pure": (
-        "false refusal: a pure function of a user module imported from a "
-        "folder the notebook put on sys.path fails on the engines "
-        "(IterationError: ModuleNotFoundError: No module named 's5_feats'): "
-        "the engines' sys.path lacks the folder; the message does not say so"
     ),
 }
 
@@ -172,25 +159,12 @@ MESSAGES = [
         "rev = []\nfor w in ['ab', 'cd', 'ef', 'gh']:\n    rev.append(tally(w))\n",
         "!has no attribute",
         id="main-module-attr-is-not-an-attribute-error",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: a helper changing `__main__.n_seen` stops with "
-            "`AttributeError: module __main__ has no attribute n_seen`, an "
-            "error the serial cell never raises, shown as the iteration's own; "
-            "the cause (a module's state changed behind a call) is not named",
-        ),
     ),
     pytest.param(
         "import os, json\nd = os.path.dirname(json.__file__)\n",
         "sizes = {}\nfor e in os.scandir(d):\n    sizes[e.name] = e.is_file()\n",
         "gpucell",
         id="unpicklable-items-named-by-gpucell",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: items that cannot travel (os.DirEntry) stop "
-            "the cell with the bare pickling TypeError, no word of gpucell, "
-            "of the iterable or of a rewrite (`os.listdir`, `Path.iterdir`)",
-        ),
     ),
     pytest.param(
         "import math\nmath.s5_calls = 0\n"
@@ -199,12 +173,6 @@ MESSAGES = [
         "del math.s5_calls\n",
         "!has no attribute",
         id="stdlib-module-attr-is-not-an-attribute-error",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="misleading: as main-module-attr-is-not-an-attribute-error, "
-            "for an attribute a notebook function keeps on `math`; had the "
-            "engines' `math` held it, the run would be SILENT",
-        ),
     ),
     pytest.param(
         "import numpy as np\nP = np.arange(1.0, 13.0).reshape(4, 3)\n",

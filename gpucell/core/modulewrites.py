@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModuleWrite", "module_writes", "user_module"]
+__all__ = ["ModuleWrite", "module_writes", "store_targets", "user_module"]
 
 #: methods that change the object they are called on (lists, dicts, sets,
 #: deques, files, arrays)
@@ -106,6 +106,16 @@ def _roots_for(path: tuple[str, ...]) -> tuple[str, ...]:
         pass
     roots |= {p for p in path if os.path.basename(p.rstrip(os.sep)) in _PACKAGE_FOLDERS}
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
+
+
+def store_targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment, augmented or annotated assignment or ``del``
+    stores into (none for other nodes)."""
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        return list(node.targets)
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    return []
 
 
 def user_module(name: str | None) -> types.ModuleType | None:
@@ -189,12 +199,7 @@ def _writes(tree: ast.AST, module: types.ModuleType) -> Iterator[tuple[int, str]
         return name is not None and name not in local and name in names
 
     for node in ast.walk(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, (ast.Assign, ast.Delete)):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        for t in targets:
+        for t in store_targets(node):
             for part in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
                 if isinstance(part, ast.Name) and part.id in declared:
                     yield part.lineno, part.id

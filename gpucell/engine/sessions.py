@@ -199,6 +199,7 @@ def set_up(
     cell: str, setup: Setup, input_frames: list[Any], kernel: str = ""
 ) -> dict[str, Any]:
     """An engine's first chunk of a cell: program, inputs, checks, filters."""
+    _import_path(setup.get("state") or {})
     loaded = load(
         cell,
         setup["program"],
@@ -223,6 +224,15 @@ def set_up(
             "again."
         )
     return loaded
+
+
+def _import_path(state: dict[str, Any]) -> None:
+    """The folders the notebook put on its ``sys.path`` (``sys.path.append(
+    "src")`` for its own modules), added to this engine's where it has them:
+    an input or a call from such a module imports here as there."""
+    for folder in state.get("sys_path", ()):
+        if os.path.isabs(folder) and folder not in sys.path and os.path.isdir(folder):
+            sys.path.append(folder)
 
 
 def cuda_target() -> Any:

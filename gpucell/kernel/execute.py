@@ -299,6 +299,7 @@ def start_loop(shell: Shell, prep: Prepared) -> Loop:
     lazy = [v for v in values if hasattr(type(v), "__next__")]
     drawn_from = preflight.fingerprints(plan, ns) if lazy else None
     chunker = make_chunker(space, values)
+    _items_travel(chunker, space.source)
     if drawn_from is not None:
         problems = preflight.after_drawing(plan, ns, drawn_from, lazy)
         preflight.refuse(problems, preflight.ITEMS_DRAWN)
@@ -308,6 +309,31 @@ def start_loop(shell: Shell, prep: Prepared) -> Loop:
         tuple((k, shape_of(v)) for k, v in sorted(inputs.items())),
     )
     return Loop(chunker, inputs, shapes, tuple(values))
+
+
+def _items_travel(chunker: Any, source: str) -> None:
+    """The loop's first item can travel to an engine (``os.scandir``'s
+    entries cannot): said before anything runs, naming the iterable."""
+    from gpucell.errors import InputNotSendable
+    from gpucell.protocol import wire
+
+    if chunker.count == 0:
+        return
+    items = list(chunker.items(chunker.chunk(0, 1)))
+    parts = [p for x in items for p in (x if type(x) is tuple else (x,))]
+    if any(type(p).__module__.split(".")[0] in ("numpy", "torch") for p in parts):
+        return  # (an array's row: it travels; a tensor's view would copy it all)
+    try:
+        wire.dumps(items)
+    except Exception as e:
+        kinds = sorted({type(x).__name__ for x in items})
+        raise InputNotSendable(
+            f"gpucell: the loop's items (`{source}`: {', '.join(kinds)}) cannot "
+            f"travel to the engines ({type(e).__name__}: {e}). Loop over what "
+            "they are made from instead (for `os.scandir(d)`: `os.listdir(d)` or "
+            "`[e.path for e in os.scandir(d)]`), or run the cell without "
+            "%%gpu_parallel. Nothing from the loop ran."
+        ) from None
 
 
 def _programs(c: Cell, prep: Prepared, cpu: Prepared) -> dict[int, Any]:

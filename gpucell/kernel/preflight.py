@@ -91,6 +91,7 @@ def before_drawing(
     out += preflight_process.user_module_state_changes(plan, inputs)
     out += preflight_process.process_state_changes(plan, ns)
     out += preflight_functions.helpers_changing_data(plan, ns)
+    out += preflight_functions.helpers_changing_modules(plan, ns)
     out += preflight_sinks.unions_of_other_types(plan, ns)
     out += preflight_sinks.replayed_on_other_types(plan, ns)
     out += preflight_sinks.bound_methods_of_inputs(plan, ns, inputs)

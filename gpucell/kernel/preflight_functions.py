@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "helpers_changing_data",
+    "helpers_changing_modules",
     "helpers_changing_own_rows",
     "helpers_reading_what_the_loop_changes",
     "notebook_functions",
@@ -290,3 +291,47 @@ def _changes_in_place(tree: ast.AST, param: str) -> str | None:
 
 #: numpy methods that change their array in place
 _IN_PLACE = frozenset({"fill", "sort", "put", "resize", "partition", "itemset"})
+
+
+def helpers_changing_modules(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
+    """A notebook function the loop calls that sets an attribute of a module
+    (``math.calls += 1``, ``__main__.n_seen = 0``, a ``types.ModuleType`` the
+    notebook made): a module travels by name or as a copy, so on an engine the
+    change stays in the engine's module (or fails there, the attribute being
+    the notebook's alone) and the notebook's module never sees it."""
+    import inspect
+
+    from gpucell.core.modulewrites import store_targets
+
+    for name, source in notebook_functions(plan, ns):
+        fn = ns[name]
+        try:
+            tree = ast.parse(textwrap.dedent(source))
+        except SyntaxError:
+            continue
+        local = set(inspect.signature(fn).parameters)
+        for node in ast.walk(tree):
+            for t in store_targets(node):
+                if not (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)):
+                    continue
+                module = fn.__globals__.get(t.value.id)
+                if t.value.id in local or not isinstance(module, types.ModuleType):
+                    continue
+                spelled = f"{t.value.id}.{t.attr}"
+                return [
+                    problem(
+                        line_of(plan, name),
+                        name,
+                        "helper-module-state",
+                        f"`{name}`, which the loop calls, sets `{spelled}` (line "
+                        f"{node.lineno} of `{name}`), an attribute of the module "
+                        f"`{module.__name__}`. Each engine has a module of its "
+                        "own, so the change would stay there (or fail, the "
+                        "attribute being the notebook's alone) and the notebook's "
+                        f"`{t.value.id}` would not see it as it does serially. Keep "
+                        "the state in a name of the notebook and collect what the "
+                        "loop computes (`out.append(...)`), or run the cell "
+                        "without %%gpu_parallel.",
+                    )
+                ]
+    return []

@@ -231,6 +231,19 @@ def _holds_outer(e: ast.expr, is_outer: Callable[[str], bool]) -> bool:
     if isinstance(e, ast.Dict):
         parts = [*(k for k in e.keys if k is not None), *e.values]
         return any(_alias_expr(x, is_outer) for x in parts)
+    if isinstance(e, (ast.ListComp, ast.SetComp, ast.DictComp)):
+        # (`[p for p in ps]` holds ps' items, `[p.copy() for p in ps]` new ones)
+        drawn: set[str] = set()
+
+        def outer(n: str) -> bool:
+            return is_outer(n) or n in drawn
+
+        for g in e.generators:
+            if _mentions(g.iter, outer):
+                drawn |= {n.id for n in target_names(g.target)}
+
+        parts = [e.key, e.value] if isinstance(e, ast.DictComp) else [e.elt]
+        return any(_alias_expr(x, outer) for x in parts)
     return _mentions(e, is_outer)
 
 
