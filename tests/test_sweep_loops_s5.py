@@ -85,11 +85,6 @@ KNOWN: dict[str, str] = {
         "(InputChanged: `pipe` changed in place); each iteration sets C "
         "before its only use, serially pipe ends with the last C"
     ),
-    "s5-torch-model-eval-in-body": (
-        "false refusal: `model.eval()` inside the body on a model in train "
-        "mode stops at run time (InputChanged: its train/eval mode changed); "
-        "eval() is idempotent, serially the model ends in eval mode"
-    ),
     "s5-sk-oof-plus-equals-repeated": (
         "false refusal: `oof_sum[te] += m.predict_proba(X[te])[:, 1]` over "
         "RepeatedKFold fails the merge: 'the key `te` is a `ndarray`, not "

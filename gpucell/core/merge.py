@@ -47,6 +47,7 @@ What cannot be made atomic (validation is done, but commit may still raise):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from functools import partial
 from typing import Any
 
 from gpucell.core import writeback, writeback_apply
@@ -139,6 +140,13 @@ def prepare(
     m = Merging(plan, rs, current, up)
     for kind in MERGE_ORDER:
         SINK_MERGES[kind](m)
+    facts = getattr(plan, "facts", None)
+    for name, training in getattr(facts, "mode_calls", ()):
+        train = getattr((inputs or {}).get(name), "train", None)
+        if up.iterations and callable(train):
+            # `model.eval()` in the body: the mode the last iteration left
+            what = "train" if training else "eval"
+            up.mutations.append(Mutation(name, what, partial(train, training)))
     return up
 
 

@@ -511,6 +511,20 @@ def changes(
     return out
 
 
+def only_mode_changed(was: Hashable, value: Any) -> bool:
+    """Has a module's train/eval mode alone changed since its token ``was``
+    (``model.eval()`` the body's first use of it: the kernel sets the mode the
+    body leaves)?"""
+    now = token(value, True)
+    return (
+        isinstance(was, tuple)
+        and isinstance(now, tuple)
+        and was[:1] == ("module",) == now[:1]
+        and was[:4] == now[:4]
+        and was[5:] == now[5:]
+    )
+
+
 #: why a hook cannot come back from an engine, and the rewrite
 HOOKS_ADVICE = (
     "a hook stays on the engine's copy (serially it would be on your object); "

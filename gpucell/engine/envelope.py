@@ -253,6 +253,12 @@ def _check_out(
     the inputs a call changed (``""``: the items, where their changes cannot
     be written back), or none, the items' changes put in the result."""
     changed = checkin.changes(checked_in, st.inputs, items)
+    modes = st.watch.get("modes") or ()
+    changed = [
+        (n, w)
+        for n, w in changed
+        if not (n in modes and checkin.only_mode_changed(checked_in[n], st.inputs[n]))
+    ]
     if [n for n, _ in changed] == [""] and own_before is not None and items is not None:
         # only the items changed: each iteration's own, written back in place
         # by the kernel, unless some change cannot be

@@ -49,7 +49,7 @@ class Session:
 
 
 def _no_watch() -> Watch:
-    return {"names": [], "items": False}
+    return {"names": [], "items": False, "modes": []}
 
 
 #: kernel key (``gpucell.devices.host.kernel_key``) -> its state here, the most
@@ -184,7 +184,7 @@ def load(
     st.program = program
     st.cell = cell
     st.iteration_mean = None
-    st.watch = watch or {"names": [], "items": False}
+    st.watch = watch or {"names": [], "items": False, "modes": []}
     return {"missing": missing, "cached": cached_keys(st)}
 
 

@@ -147,7 +147,7 @@ class Run(InputShipping, Executor):
         # cached inputs whose kernel object is gone (``del big``): dropped
         self.drop_inputs = drop_inputs
         self.cache_bytes = int(cache_bytes)
-        self.watch: Watch = watch or {"names": [], "items": False}
+        self.watch: Watch = watch or {"names": [], "items": False, "modes": []}
         self.programs, self.inputs, self.n = programs, inputs, n
         self.chunk_of, self.options, self.record = chunk_of, options, record
         self.echo, self.progress = echo, progress

@@ -172,6 +172,10 @@ class Watch(TypedDict):
 
     names: list[str]  # inputs a call could change (receivers, arguments, callees)
     items: bool  # the chunk's items (an item of the loop's data is a receiver)
+    # torch modules whose train/eval mode the body sets before any other use
+    # (`model.eval()` first): a change of mode alone is no change; the kernel
+    # sets the mode the body leaves at the merge
+    modes: list[str]
 
 
 class LogLevels(TypedDict):

@@ -55,6 +55,10 @@ class LoopFacts:
     # in the body, as the cell spells them: a merge that refuses a key names
     # it by its source, not by its value (`votes[va]`, not an array's repr)
     subscript_stores: tuple[tuple[str, int, str, str], ...] = ()
+    # (name, training) of a module from before the loop whose mode the body
+    # sets before any other use of it (`model.eval()` first), unconditionally:
+    # no iteration depends on another's mode; the last call's mode stays
+    mode_calls: tuple[tuple[str, bool], ...] = ()
 
 
 def loop_facts(
@@ -86,6 +90,67 @@ def loop_facts(
         position_keyed=keyed,
         stored_once=_stored_once(loop, keyed) if loop is not None else frozenset(),
         subscript_stores=_subscript_stores(source, loop) if loop is not None else (),
+        mode_calls=_mode_calls(loop) if loop is not None else (),
+    )
+
+
+def _mode_call(st: ast.stmt) -> tuple[str, bool] | None:
+    """``model.eval()``, ``model.train()``, ``model.train(False)``: (name, mode)."""
+    if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
+        return None
+    call, f = st.value, st.value.func
+    if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)):
+        return None
+    args = [*call.args, *(k.value for k in call.keywords if k.arg == "mode")]
+    if len(args) != len(call.args) + len(call.keywords):
+        return None
+    if f.attr == "eval" and not args:
+        return f.value.id, False
+    if f.attr == "train" and not args:
+        return f.value.id, True
+    if (
+        f.attr == "train"
+        and len(args) == 1
+        and isinstance(args[0], ast.Constant)
+        and isinstance(args[0].value, bool)
+    ):
+        return f.value.id, args[0].value
+    return None
+
+
+def _mode_calls(loop: ast.For) -> tuple[tuple[str, bool], ...]:
+    """See ``LoopFacts.mode_calls``: each name whose first use in the body is
+    a mode call of the body's own (not in a branch), whose every mode call is
+    such a statement, and which the body never binds."""
+    bound = {
+        n.id
+        for n in ast.walk(ast.Module(body=loop.body, type_ignores=[]))
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+    }
+    top = {id(st): _mode_call(st) for st in loop.body}
+    nested = {
+        found[0]
+        for st in loop.body
+        for node in ast.walk(st)
+        if isinstance(node, ast.stmt)
+        and id(node) not in top
+        and (found := _mode_call(node)) is not None
+    }
+    first_use: dict[str, ast.stmt] = {}
+    last: dict[str, bool] = {}
+    for st in loop.body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name):
+                first_use.setdefault(node.id, st)
+        call = top[id(st)]
+        if call is not None:
+            last[call[0]] = call[1]
+    return tuple(
+        (name, mode)
+        for name, mode in sorted(last.items())
+        if name not in bound
+        and name not in nested
+        and top[id(first_use[name])] is not None
     )
 
 

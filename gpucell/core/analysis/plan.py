@@ -172,7 +172,9 @@ class LoopPlan:
         the loop's items when an item is a receiver or an argument."""
         every = self.watch_all or self.facts.uses_autograd
         names = self.inputs if every else tuple(n for n, _ in self.watch)
-        return {"names": list(names), "items": bool(self.watch_items) or every}
+        modes = [n for n, _ in self.facts.mode_calls]
+        items = bool(self.watch_items) or every
+        return {"names": list(names), "items": items, "modes": modes}
 
     def watch_lines(self, name: str | None) -> tuple[int, ...]:
         """Lines where ``name`` (``None``: an item of the loop's data) is a
