@@ -2169,17 +2169,16 @@ case(
     TORCH
     + """
 acts = []
-handle = model.net[0].register_forward_hook(lambda m, i, o: acts.append(tuple(o.shape)))
-""",
-    """
+model.net[0].register_forward_hook(lambda m, i, o: acts.append(tuple(o.shape)))
 model.eval()
 n_pos = {}
+""",
+    """
 with torch.no_grad():
     for k, (xb, yb) in enumerate(loader):
         n_pos[k] = int((model(xb)[:, 1] > 0).sum())
 n_acts = len(acts)
-handle.remove()
-del handle
+model.net[0]._forward_hooks.clear()
 """,
     note="a forward hook registered before the loop appends to a notebook list at every call",
 )

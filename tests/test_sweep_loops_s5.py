@@ -56,13 +56,6 @@ KNOWN: dict[str, str] = {
         "false refusal (was SILENT: b not squared): as "
         "s5-it-nditer-readwrite-docs, without the `with`"
     ),
-    "s5-torch-u-forward-hook-collects-activations": (
-        "SILENT: acts, n_acts (serially 4 shapes, parallel none): a forward "
-        "hook registered before the loop appends to a notebook list each "
-        "time the model runs; the engines' copies of the hook fill their own "
-        "lists (a notebook function the body calls is watched, a hook the "
-        "model calls is not)"
-    ),
     # ------------------------------------------------ false refusals
     "s5-torch-load-state-into-shared-model": (
         "false refusal: `model.load_state_dict(state)` then evaluate, per "

@@ -92,6 +92,7 @@ def before_drawing(
     out += preflight_process.process_state_changes(plan, ns)
     out += preflight_functions.helpers_changing_data(plan, ns)
     out += preflight_functions.helpers_changing_modules(plan, ns)
+    out += preflight_functions.hooks_recording_into_the_notebook(plan, inputs)
     out += preflight_sinks.unions_of_other_types(plan, ns)
     out += preflight_sinks.replayed_on_other_types(plan, ns)
     out += preflight_sinks.bound_methods_of_inputs(plan, ns, inputs)

@@ -9,7 +9,7 @@ import ast
 import textwrap
 import types
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpucell.core.analysis.diagnostics import Diagnostic
 from gpucell.kernel.preflight_problem import Namespace, line_of, problem
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "helpers_changing_data",
     "helpers_changing_modules",
+    "hooks_recording_into_the_notebook",
     "helpers_changing_own_rows",
     "helpers_reading_what_the_loop_changes",
     "notebook_functions",
@@ -335,3 +336,79 @@ def helpers_changing_modules(plan: LoopPlan, ns: Namespace) -> list[Diagnostic]:
                     )
                 ]
     return []
+
+
+#: a torch module's hook tables (forward, pre-forward, backward)
+_HOOK_TABLES = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+#: what a hook may keep what it sees in: the notebook's containers
+_CONTAINERS = (list, dict, set)
+
+
+def hooks_recording_into_the_notebook(
+    plan: LoopPlan, inputs: Namespace
+) -> list[Diagnostic]:
+    """A hook on a model the loop uses that keeps what it sees in a container
+    of the notebook (``register_forward_hook(lambda m, i, o: acts.append(o))``,
+    ``activation[name] = output.detach()``): the hook runs on the engines'
+    copies of the model, and what it records stays there; the serial cell
+    leaves it in the notebook's container."""
+    for name, value in inputs.items():
+        modules = getattr(value, "modules", None)
+        if not callable(modules) or not hasattr(value, "_forward_hooks"):
+            continue
+        try:
+            subs = list(modules())
+        except Exception:
+            continue
+        for sub in subs:
+            for table in _HOOK_TABLES:
+                for hook in list(getattr(sub, table, {}).values()):
+                    kept = _kept_in(hook)
+                    if kept is None:
+                        continue
+                    called = getattr(hook, "__name__", repr(hook))
+                    return [
+                        problem(
+                            line_of(plan, name),
+                            name,
+                            "hook-records",
+                            f"`{name}` has a hook (`{called}`, "
+                            f"in `{table.strip('_')}` of a `{type(sub).__name__}`) "
+                            f"that keeps what it sees in the notebook's `{kept}`. "
+                            "The hook runs on each engine's copy of the model, so "
+                            f"what it records would stay there and `{kept}` would "
+                            "not get it as it does serially. Remove the hook "
+                            "(`handle.remove()`) before the cell and collect what "
+                            "you need in the loop (`acts.append(model[0](x))`), or "
+                            "run the cell without %%gpu_parallel.",
+                        )
+                    ]
+    return []
+
+
+def _kept_in(hook: Any) -> str | None:
+    """The notebook container a hook function reads by name (a global, or a
+    closure's cell), where it may keep what it sees; None if none."""
+    fn = getattr(hook, "__func__", hook)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    globals_ = getattr(fn, "__globals__", {})
+    if globals_.get("__name__") != "__main__":
+        return None  # (a library's hook keeps its own state)
+    for n in code.co_names:
+        if isinstance(globals_.get(n), _CONTAINERS):
+            return n
+    for n, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            held = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(held, _CONTAINERS):
+            return n
+    return None
