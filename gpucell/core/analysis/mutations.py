@@ -10,6 +10,7 @@ from gpucell.core.analysis.flowbase import State, _FlowBase
 from gpucell.core.analysis.messages import REFIT_METHODS, _method_name, _setdefault_fix
 from gpucell.core.analysis.refusals import OuterMutation, Refusal
 from gpucell.core.analysis.scope import (
+    ACCESSORS,
     ENGINE_PROVIDED,
     SAFE_BUILTINS,
     global_draw,
@@ -72,14 +73,10 @@ def _through_data(node: ast.AST, op: str) -> bool:
     return False
 
 
-#: attributes that reach an object's own data, not another object
-_ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
-
-
 def _is_itself(e: ast.expr) -> bool:
     """Is ``e`` a name itself (``rec``, ``df.loc``), not an object it holds
     (``rec["v"]``, ``rec.items``, ``rec.get("v")``)?"""
-    while isinstance(e, ast.Attribute) and e.attr in _ACCESSORS:
+    while isinstance(e, ast.Attribute) and e.attr in ACCESSORS:
         e = e.value
     return isinstance(e, ast.Name)
 

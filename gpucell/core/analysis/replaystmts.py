@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpucell.core.analysis.replays import concat_helper, name_uses
-from gpucell.core.analysis.scope import scope_bindings
+from gpucell.core.analysis.scope import ACCESSORS, COPYING_BUILTINS, scope_bindings
 from gpucell.core.analysis.spellbase import _blocks, _pure, _reads
 from gpucell.core.progressbars import DRAWING_METHODS, PROGRESS_METHODS
 
@@ -64,8 +64,6 @@ _STORING = frozenset({"add", "append", "appendleft", "insert", "setdefault"})
 #: methods a template may call on what ``T`` holds, to read it (on the
 #: kernel, as serially): a mapping's ``get``
 _READING_METHODS = frozenset({"get"})
-#: pandas' indexers, reached through on the way to an item
-_ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
 
 
 @dataclass(eq=False)
@@ -199,7 +197,7 @@ class _Template:
             inner, depth = self.spine(e.value)
             return ast.Subscript(inner, self.key(e.slice), ast.Load()), depth + 1
         if isinstance(e, ast.Attribute) and isinstance(e.ctx, ast.Load):
-            if e.attr in _ACCESSORS:
+            if e.attr in ACCESSORS:
                 inner, depth = self.spine(e.value)
                 return ast.Attribute(inner, e.attr, ast.Load()), depth
             if self.attributes:  # `res.scores.append(x)`: an object T holds
@@ -281,7 +279,7 @@ def _template(
             raise _NotReplayable  # `D[k] op= e`, `D[k] = e`: the sinks' own
         key = t.key(tgt.slice)
         # (`T[a][b] = v` keeps v itself; pandas' indexers and `+=` read it)
-        through = isinstance(tgt.value, ast.Attribute) and tgt.value.attr in _ACCESSORS
+        through = isinstance(tgt.value, ast.Attribute) and tgt.value.attr in ACCESSORS
         if isinstance(s, ast.Assign) and _reads(s.value, target):
             value = t.value(s.value)  # `T[a][b] = T[a].get(b, 0) + 1`
         else:
@@ -401,11 +399,6 @@ def _drawing_calls(body: list[ast.stmt], name: str) -> int:
     )
 
 
-#: builtins that make their own container of what they are given, all of it,
-#: before the loop's first iteration
-_COPIES = frozenset({"list", "tuple", "sorted", "set", "frozenset", "dict"})
-
-
 def _live_part(
     iterable: ast.expr | None, is_builtin: Callable[[str], bool]
 ) -> ast.expr:
@@ -419,7 +412,7 @@ def _live_part(
     if (
         isinstance(iterable, ast.Call)
         and isinstance(iterable.func, ast.Name)
-        and iterable.func.id in _COPIES
+        and iterable.func.id in COPYING_BUILTINS
         and is_builtin(iterable.func.id)
         and len(iterable.args) == 1
         and not isinstance(iterable.args[0], ast.Starred)

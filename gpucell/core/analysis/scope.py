@@ -99,6 +99,13 @@ WELL_KNOWN_MODULES = frozenset(
     {"torch", "np", "numpy", "F", "nn", "init", "math", "random", "os", "sys", "jnp"}
 )
 
+#: pandas' indexers: an attribute that reaches the object's own data, not
+#: another object (`df.loc[i] = row` changes `df`)
+ACCESSORS = frozenset({"loc", "iloc", "at", "iat"})
+#: builtins that make a new container of all their argument's items (the
+#: items themselves), there and then
+COPYING_BUILTINS = frozenset({"list", "tuple", "sorted", "set", "frozenset", "dict"})
+
 NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 

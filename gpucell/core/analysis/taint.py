@@ -8,6 +8,7 @@ import ast
 from collections.abc import Callable, Iterable, Iterator
 
 from gpucell.core.analysis.scope import (
+    COPYING_BUILTINS,
     root_name,
     target_names,
 )
@@ -199,10 +200,6 @@ def _target_taint(
     return {n.id for n in target_names(target)}, False
 
 
-#: builtins that make a new container of their argument's items themselves
-_SHALLOW_COPIES = frozenset({"list", "tuple", "set", "frozenset", "dict", "sorted"})
-
-
 def _new_container(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
     """Does ``e`` make a new container whose items may be objects from
     elsewhere (``[prio, name]``, ``{"v": item}``, ``[p for p in ps]``,
@@ -216,7 +213,7 @@ def _new_container(e: ast.expr, is_builtin: Callable[[str], bool]) -> bool:
         return False
     f = e.func
     if isinstance(f, ast.Name):
-        return f.id in _SHALLOW_COPIES and is_builtin(f.id)
+        return f.id in COPYING_BUILTINS and is_builtin(f.id)
     # `base.copy()`, `copy.copy(base)` (not `deepcopy`)
     return isinstance(f, ast.Attribute) and f.attr == "copy" and len(e.args) <= 1
 
